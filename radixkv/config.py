@@ -1,0 +1,65 @@
+"""Frozen, validated configuration dataclasses. No torch.
+
+Each component takes the config it needs; nothing reads module globals.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Policy(enum.Enum):
+    """Order in which waiting requests are admitted."""
+
+    FCFS = "fcfs"
+    LPM = "lpm"  # longest cached prefix first
+    DFS_WEIGHT = "dfs-weight"  # SGLang's: walk the tree, heavier subtrees first
+
+
+KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV pool and radix cache. `num_pages` counts physical pages of `page_size` tokens."""
+
+    page_size: int = 16
+    num_pages: int = 4096
+    kv_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.num_pages < 1:
+            raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"unknown kv_dtype {self.kv_dtype!r}; expected one of {KV_DTYPES}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Per-step budgets and the admission policy.
+
+    max_batch_tokens: new tokens computed per step (decode tokens + prefill chunks).
+    max_running: requests in the running set at once (the replay's --concurrency).
+    starvation_steps / starvation_s: a waiting request older than either bound is served next,
+    whatever the policy (None disables that bound).
+    """
+
+    policy: Policy = Policy.LPM
+    max_batch_tokens: int = 8192
+    max_running: int = 256
+    starvation_steps: int | None = 200
+    starvation_s: float | None = 10.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.policy, Policy):
+            raise TypeError(f"policy must be a Policy, got {self.policy!r}")
+        if self.max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
+        if self.max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if self.starvation_steps is not None and self.starvation_steps < 1:
+            raise ValueError(f"starvation_steps must be >= 1 or None, got {self.starvation_steps}")
+        if self.starvation_s is not None and self.starvation_s <= 0:
+            raise ValueError(f"starvation_s must be > 0 or None, got {self.starvation_s}")

@@ -1,0 +1,76 @@
+"""A request's tokens, status and page ownership. No torch.
+
+Lifetime: WAITING -> RUNNING -> FINISHED; preemption sends RUNNING back to WAITING
+(pages released, generated tokens kept, recomputed on re-admission).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"  # max_tokens generated
+    STOP = "stop"  # a stop token (EOS unless ignore_eos) was generated
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request.
+
+    prompt: token ids (non-empty). output: generated ids so far.
+    num_computed: leading tokens of prompt + output whose K/V sit in `pages`.
+    cached_tokens: prompt tokens served from the prefix cache at first admission.
+    pages: physical pages this request holds a reference on, one per block of its computed tokens.
+    sampling: opaque per-request data for the engine (sampling params); the scheduler never reads it.
+    """
+
+    rid: int
+    prompt: list[int]
+    max_tokens: int
+    arrival_s: float = 0.0
+    namespace: str | None = None
+    stop_token_ids: frozenset[int] = frozenset()
+    sampling: Any = None
+    output: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: FinishReason | None = None
+    num_computed: int = 0
+    cached_tokens: int = 0
+    pages: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.prompt) == 0:
+            raise ValueError(f"request {self.rid}: empty prompt")
+        if self.max_tokens < 1:
+            raise ValueError(f"request {self.rid}: max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def tokens(self) -> list[int]:
+        """Prompt followed by the generated tokens."""
+        return self.prompt + self.output
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def append_token(self, token: int) -> bool:
+        """Record one generated token; returns True when the request is now finished."""
+        assert self.status is Status.RUNNING, f"request {self.rid} appended to while {self.status}"
+        self.output.append(token)
+        if token in self.stop_token_ids:
+            self.finish_reason = FinishReason.STOP
+        elif len(self.output) >= self.max_tokens:
+            self.finish_reason = FinishReason.LENGTH
+        return self.finish_reason is not None
