@@ -1,0 +1,143 @@
+"""Llama-family forward pass (Llama 2/3, Mistral, Qwen2, Qwen3) over a ragged batch.
+
+The model knows nothing about pages: each layer hands its q, k, v to an attention object
+(`PagedAttention` in the engine, planned once per step for the batch) whose `run` stores the
+new K/V and attends over each row's cached prefix plus its new tokens. Only the rows that
+sample this step go through the final norm and the LM head.
+
+Numerics follow transformers' modeling code (RMSNorm in fp32, RoPE cos/sin in fp32 then cast,
+SiLU-gated MLP), so greedy output matches `generate` token for token in fp32.
+"""
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from .weights import ModelSpec, RopeKind, RopeSpec
+
+
+class LayerAttention(Protocol):
+    """Per-step attention: `run` stores k/v for the new tokens, then attends causally."""
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        """q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq, D]."""
+        ...
+
+
+def rope_inv_freq(rope: RopeSpec, head_dim: int) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2] in fp32, with linear or Llama-3 scaling applied."""
+    inv = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope.kind is RopeKind.DEFAULT:
+        return inv
+    if rope.kind is RopeKind.LINEAR:
+        return inv / rope.factor
+    # Llama 3.1: long wavelengths divided by `factor`, short ones kept, a smooth blend between.
+    low_wavelen = rope.original_max_position / rope.low_freq_factor
+    high_wavelen = rope.original_max_position / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / rope.factor, inv)
+    smooth = (rope.original_max_position / wavelen - rope.low_freq_factor) / (
+        rope.high_freq_factor - rope.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class _Layer:
+    """Weights of one decoder layer, q/k/v and gate/up fused into single matmuls."""
+
+    def __init__(self, spec: ModelSpec, sd: dict[str, torch.Tensor], i: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        p = f"model.layers.{i}."
+
+        def w(name: str) -> torch.Tensor:
+            return sd[p + name].to(device=device, dtype=dtype)
+
+        self.w_qkv = torch.cat([w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"),
+                                w("self_attn.v_proj.weight")])  # [(Hq + 2 Hkv) * D, H]
+        self.b_qkv = (torch.cat([w("self_attn.q_proj.bias"), w("self_attn.k_proj.bias"),
+                                 w("self_attn.v_proj.bias")]) if spec.qkv_bias else None)
+        self.w_o = w("self_attn.o_proj.weight")  # [H, Hq * D]
+        self.b_o = w("self_attn.o_proj.bias") if p + "self_attn.o_proj.bias" in sd else None
+        self.q_norm = w("self_attn.q_norm.weight") if spec.qk_norm else None  # [D]
+        self.k_norm = w("self_attn.k_norm.weight") if spec.qk_norm else None
+        self.w_gate_up = torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])  # [2 I, H]
+        self.w_down = w("mlp.down_proj.weight")  # [H, I]
+        self.ln_attn = w("input_layernorm.weight")
+        self.ln_mlp = w("post_attention_layernorm.weight")
+
+
+class LlamaModel:
+    """Forward pass of a Llama-family causal LM held as plain tensors on one device."""
+
+    def __init__(self, spec: ModelSpec, state_dict: dict[str, torch.Tensor], dtype: torch.dtype,
+                 device: torch.device) -> None:
+        missing = [k for k in ("model.embed_tokens.weight", "model.norm.weight") if k not in state_dict]
+        if missing:
+            raise ValueError(f"checkpoint lacks {missing}; is this a Llama-family causal LM?")
+        self.spec = spec
+        self.dtype = dtype
+        self.device = device
+        self.embed = state_dict["model.embed_tokens.weight"].to(device=device, dtype=dtype)  # [V, H]
+        if spec.tie_embeddings or "lm_head.weight" not in state_dict:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = state_dict["lm_head.weight"].to(device=device, dtype=dtype)  # [V, H]
+        self.norm = state_dict["model.norm.weight"].to(device=device, dtype=dtype)
+        self.layers = [_Layer(spec, state_dict, i, dtype, device) for i in range(spec.num_layers)]
+        self.inv_freq = rope_inv_freq(spec.rope, spec.head_dim).to(device)  # [D/2] fp32
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [T] int -> cos, sin: [T, 1, D] in the compute dtype."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+        return emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: LayerAttention,
+                sample_index: torch.Tensor) -> torch.Tensor:
+        """Run all layers over the step's new tokens; return logits of the sampled rows.
+
+        input_ids, positions: [T] int64 (new tokens of all rows, concatenated).
+        sample_index: [S] int64 indices into T (each sampling row's last token).
+        Returns logits: [S, V] float32.
+        """
+        s = self.spec
+        T = input_ids.shape[0]
+        Hq, Hkv, D = s.num_q_heads, s.num_kv_heads, s.head_dim
+        cos, sin = self.rope(positions)
+        h = F.embedding(input_ids, self.embed)  # h: [T, H]
+        for i, L in enumerate(self.layers):
+            x = _rms_norm(h, L.ln_attn, s.rms_norm_eps)
+            qkv = F.linear(x, L.w_qkv, L.b_qkv)  # [T, (Hq + 2 Hkv) * D]
+            q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+            q = q.view(T, Hq, D)
+            k = k.view(T, Hkv, D)
+            v = v.reshape(T, Hkv, D)
+            if L.q_norm is not None:
+                q = _rms_norm(q, L.q_norm, s.rms_norm_eps)
+                k = _rms_norm(k, L.k_norm, s.rms_norm_eps)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            o = attn.run(q, k, v, i)  # o: [T, Hq, D]
+            h = h + F.linear(o.reshape(T, Hq * D), L.w_o, L.b_o)
+            x = _rms_norm(h, L.ln_mlp, s.rms_norm_eps)
+            gate, up = F.linear(x, L.w_gate_up).chunk(2, dim=-1)  # [T, I] each
+            h = h + F.linear(F.silu(gate) * up, L.w_down)
+        h = _rms_norm(h[sample_index], self.norm, s.rms_norm_eps)  # [S, H]
+        return F.linear(h, self.lm_head).float()  # [S, V]

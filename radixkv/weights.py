@@ -1,0 +1,193 @@
+"""Model facts, weights and tokenizer from `transformers`; nothing is downloaded.
+
+`ModelSpec.from_hf(config)` reads the architecture numbers the forward pass needs from a
+Hugging Face `PretrainedConfig` (Llama 2/3, Mistral, Qwen2, Qwen3). `load_checkpoint(path)`
+reads a local folder saved with `save_pretrained` (safetensors or .bin, sharded or not);
+`random_checkpoint(config, seed)` builds seeded random weights through transformers' own
+initialiser, so `LLM(config, seed=s)` holds the same weights as
+`torch.manual_seed(s); AutoModelForCausalLM.from_config(config)`.
+"""
+from __future__ import annotations
+
+import enum
+import glob
+import os
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+
+class Arch(enum.Enum):
+    """Supported model families; they differ only in the flags of `ModelSpec`."""
+
+    LLAMA = "llama"
+    MISTRAL = "mistral"
+    QWEN2 = "qwen2"
+    QWEN3 = "qwen3"
+
+
+class RopeKind(enum.Enum):
+    DEFAULT = "default"
+    LINEAR = "linear"
+    LLAMA3 = "llama3"
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Rotary embedding parameters. `factor` etc. only matter for the scaled kinds."""
+
+    kind: RopeKind
+    theta: float
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture numbers of one Llama-family model."""
+
+    arch: Arch
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    qkv_bias: bool  # Qwen2 (and Llama with attention_bias=True)
+    qk_norm: bool  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    tie_embeddings: bool
+    max_position: int  # max_position_embeddings: prompt + output must fit
+    rope: RopeSpec
+    eos_token_ids: frozenset[int]
+
+    @staticmethod
+    def from_hf(config: Any) -> "ModelSpec":
+        """Read a transformers config; raises ValueError naming what is unsupported."""
+        model_type = getattr(config, "model_type", None)
+        try:
+            arch = Arch(model_type)
+        except ValueError:
+            supported = [a.value for a in Arch]
+            raise ValueError(f"unsupported model_type {model_type!r}; supported: {supported}") from None
+        act = getattr(config, "hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"unsupported hidden_act {act!r}; the Llama family uses 'silu'")
+        if getattr(config, "mlp_bias", False):
+            raise ValueError("mlp_bias=True is not supported")
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        if heads % kv_heads:
+            raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        eos = getattr(config, "eos_token_id", None)
+        eos_ids = frozenset() if eos is None else frozenset([eos] if isinstance(eos, int) else eos)
+        return ModelSpec(
+            arch=arch,
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_q_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=config.rms_norm_eps,
+            qkv_bias=arch is Arch.QWEN2 or bool(getattr(config, "attention_bias", False)),
+            qk_norm=arch is Arch.QWEN3,
+            tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            max_position=config.max_position_embeddings,
+            rope=_rope_spec(config),
+            eos_token_ids=eos_ids,
+        )
+
+
+def _rope_spec(config: Any) -> RopeSpec:
+    # transformers 5 keeps everything in rope_parameters; 4.x had rope_theta + rope_scaling.
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    legacy = getattr(config, "rope_scaling", None)
+    if not params and legacy:
+        params = dict(legacy)
+    theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    kind_name = params.get("rope_type", params.get("type", "default"))
+    try:
+        kind = RopeKind(kind_name)
+    except ValueError:
+        raise ValueError(f"unsupported rope_type {kind_name!r}; supported: {[k.value for k in RopeKind]}") from None
+    if kind is RopeKind.DEFAULT:
+        return RopeSpec(kind, float(theta))
+    factor = float(params["factor"])
+    if kind is RopeKind.LINEAR:
+        return RopeSpec(kind, float(theta), factor=factor)
+    return RopeSpec(
+        kind,
+        float(theta),
+        factor=factor,
+        low_freq_factor=float(params["low_freq_factor"]),
+        high_freq_factor=float(params["high_freq_factor"]),
+        original_max_position=int(params.get("original_max_position_embeddings", config.max_position_embeddings)),
+    )
+
+
+class Checkpoint(NamedTuple):
+    """What a model folder (or a config) provides: its config, weights and tokenizer (or None)."""
+
+    config: Any  # transformers PretrainedConfig
+    state_dict: dict[str, torch.Tensor]  # Hugging Face parameter names
+    tokenizer: Any  # transformers tokenizer, or None when the folder has none
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def load_checkpoint(path: str) -> Checkpoint:
+    """Read config, weights and (when present) tokenizer from a local Hugging Face folder."""
+    from transformers import AutoConfig
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model folder {path!r} does not exist (nothing is downloaded)")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    state = _read_weights(path)
+    tokenizer = None
+    if any(os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return Checkpoint(config, state, tokenizer)
+
+
+def _read_weights(path: str) -> dict[str, torch.Tensor]:
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if files:
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(f))
+        return state
+    files = sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin weights in {path!r}")
+    state = {}
+    for f in files:
+        state.update(torch.load(f, map_location="cpu", weights_only=True))
+    return state
+
+
+def random_checkpoint(config: Any, seed: int, dtype: torch.dtype, device: torch.device) -> Checkpoint:
+    """Seeded random weights from transformers' initialiser, built directly on `device`.
+
+    The global RNG is left untouched (forked), so building a model never changes a caller's stream.
+    """
+    from transformers import AutoModelForCausalLM
+
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            hf = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    state = {k: v.detach() for k, v in hf.state_dict().items()}
+    return Checkpoint(config, state, None)
