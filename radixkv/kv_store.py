@@ -1,0 +1,118 @@
+"""KVStore: the paged K/V tensors of every layer, in fp32/bf16/fp16 or FP8 with scales.
+
+Layout per layer: k_cache[l], v_cache[l] are [num_pages, page_size, Hkv, D].
+
+FP8 scale granularity: one float32 scale per token per KV head, k_scale[l] and v_scale[l]
+of shape [num_pages, page_size, Hkv] (a stored row means `fp8 * scale`). Chosen because it
+needs no calibration and a page is written once and then read by every request sharing it
+through the prefix tree, so its scales never go stale. Cost: 4 bytes per D-element row,
+3% of an FP8 page at D = 128. Non-FP8 stores have no scale tensors (empty lists).
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+from torch import Tensor
+
+
+class KVDtype(enum.Enum):
+    """Storage dtype of the KV pages (the value is the name used in configs)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"
+
+    @classmethod
+    def parse(cls, name: "str | KVDtype") -> "KVDtype":
+        if isinstance(name, KVDtype):
+            return name
+        try:
+            return cls(name)
+        except ValueError:
+            names = [m.value for m in cls]
+            raise ValueError(f"unknown kv_dtype {name!r}; expected one of {names} ('auto' is resolved by the caller)") from None
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _TORCH[self]
+
+    @property
+    def is_fp8(self) -> bool:
+        return self in (KVDtype.FP8_E4M3, KVDtype.FP8_E5M2)
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.torch_dtype).element_size()
+
+
+_TORCH = {
+    KVDtype.FP32: torch.float32,
+    KVDtype.BF16: torch.bfloat16,
+    KVDtype.FP16: torch.float16,
+    KVDtype.FP8_E4M3: torch.float8_e4m3fn,
+    KVDtype.FP8_E5M2: torch.float8_e5m2,
+}
+
+SCALE_DTYPE = torch.float32
+
+
+class KVStore:
+    """Per-layer K/V pages (+ FP8 scales) on one device.
+
+    compute_dtype: dtype of q and of attention outputs (the model's activations).
+    """
+
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
+                 kv_dtype: "str | KVDtype", device: "torch.device | str", compute_dtype: torch.dtype = torch.float32):
+        for name, val in (("num_layers", num_layers), ("num_pages", num_pages), ("page_size", page_size),
+                          ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+            if not isinstance(val, int) or val < 1:
+                raise ValueError(f"KVStore: {name} must be a positive int, got {val!r}")
+        self.kv_dtype = KVDtype.parse(kv_dtype)
+        self.num_layers = num_layers
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.device = torch.device(device)
+        self.compute_dtype = compute_dtype
+        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        dt = self.kv_dtype.torch_dtype
+        self.k_cache: list[Tensor] = [torch.zeros(shape, dtype=dt, device=self.device) for _ in range(num_layers)]
+        self.v_cache: list[Tensor] = [torch.zeros(shape, dtype=dt, device=self.device) for _ in range(num_layers)]
+        self.k_scale: list[Tensor] = []
+        self.v_scale: list[Tensor] = []
+        if self.kv_dtype.is_fp8:
+            sshape = shape[:3]
+            self.k_scale = [torch.ones(sshape, dtype=SCALE_DTYPE, device=self.device) for _ in range(num_layers)]
+            self.v_scale = [torch.ones(sshape, dtype=SCALE_DTYPE, device=self.device) for _ in range(num_layers)]
+
+    def scales(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
+        """(k_scale, v_scale) of a layer, or (None, None) for a non-FP8 store."""
+        if not self.kv_dtype.is_fp8:
+            return None, None
+        return self.k_scale[layer], self.v_scale[layer]
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_pages * self.bytes_per_page(self.page_size, self.num_layers, self.num_kv_heads,
+                                                     self.head_dim, self.kv_dtype)
+
+    @staticmethod
+    def bytes_per_page(page_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                       kv_dtype: "str | KVDtype") -> int:
+        """Bytes one page costs over all layers, K and V, FP8 scales included."""
+        kd = KVDtype.parse(kv_dtype)
+        row = head_dim * kd.itemsize + (SCALE_DTYPE.itemsize if kd.is_fp8 else 0)
+        return 2 * num_layers * page_size * num_kv_heads * row
+
+    @staticmethod
+    def pages_for_budget(budget_bytes: int, page_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                         kv_dtype: "str | KVDtype") -> int:
+        """How many whole pages fit in budget_bytes (0 if not even one)."""
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        return int(budget_bytes) // KVStore.bytes_per_page(page_size, num_layers, num_kv_heads, head_dim, kv_dtype)

@@ -1,0 +1,79 @@
+"""PagedAttention (plan once, run per layer) over a multi-step schedule vs dense attention."""
+import math
+
+import pytest
+import torch
+
+from kv_fixtures import dense_attention
+from radixkv.attention import Backend, PagedAttention, Path, choose_num_splits
+from radixkv.batch import Batch
+from radixkv.kv_store import KVStore
+from radixkv.request import Request
+
+
+def make_batch(page_tables, prev_lens, new_lens, page_size):
+    reqs = [Request(rid=i, prompt=[1] * max(1, p + n), max_tokens=4) for i, (p, n) in enumerate(zip(prev_lens, new_lens))]
+    q_start, positions, slots, start = [], [], [], 0
+    for b, (p, n) in enumerate(zip(prev_lens, new_lens)):
+        q_start.append(start)
+        for pos in range(p, p + n):
+            positions.append(pos)
+            slots.append(page_tables[b][pos // page_size] * page_size + pos % page_size)
+        start += n
+    seq_lens = [p + n for p, n in zip(prev_lens, new_lens)]
+    batch = Batch(requests=reqs, input_ids=[0] * start, positions=positions, q_start=q_start,
+                  q_lens=list(new_lens), seq_lens=seq_lens,
+                  page_tables=[pt[: -(-s // page_size)] for pt, s in zip(page_tables, seq_lens)],
+                  slots=slots, sample=[True] * len(reqs), page_size=page_size)
+    batch.check()
+    return batch
+
+
+@pytest.mark.parametrize("kv_dtype,tol", [("fp32", 1e-5), ("fp8_e4m3", 0.1)])
+def test_steps_match_dense(kv_dtype, tol):
+    gen = torch.Generator().manual_seed(1)
+    page_size, hkv, hq, d, layers = 4, 2, 4, 16, 2
+    kv = KVStore(layers, 16, page_size, hkv, d, kv_dtype, "cpu")
+    attn = PagedAttention(kv, hq, d, 1 / math.sqrt(d), backend=Backend.REFERENCE)
+    tables = [[9, 2, 14, 5], [0, 11, 7, 3]]
+    # step 1: prefill 6 and 3 tokens; step 2: mixed (chunk of 5 + decode); steps 3-4: decode
+    schedule = [([0, 0], [6, 3]), ([6, 3], [5, 1]), ([11, 4], [1, 1]), ([12, 5], [1, 1])]
+    hist_k = [[torch.empty(0, hkv, d) for _ in range(2)] for _ in range(layers)]
+    hist_v = [[torch.empty(0, hkv, d) for _ in range(2)] for _ in range(layers)]
+    for prev, new in schedule:
+        attn.plan(make_batch(tables, prev, new, page_size))
+        assert attn.current_plan.path is (Path.DECODE if new == [1, 1] else Path.PREFILL)
+        T = sum(new)
+        for layer in range(layers):
+            q = torch.randn(T, hq, d, generator=gen)
+            k = torch.randn(T, hkv, d, generator=gen)
+            v = torch.randn(T, hkv, d, generator=gen)
+            out = attn.run(q, k, v, layer)
+            assert out.shape == q.shape and out.dtype == q.dtype
+            s = 0
+            for b, n in enumerate(new):
+                hist_k[layer][b] = torch.cat([hist_k[layer][b], k[s:s + n]])
+                hist_v[layer][b] = torch.cat([hist_v[layer][b], v[s:s + n]])
+                want = dense_attention(q[s:s + n], hist_k[layer][b], hist_v[layer][b], 1 / math.sqrt(d))
+                torch.testing.assert_close(out[s:s + n].double(), want, atol=tol, rtol=tol)
+                s += n
+
+
+def test_run_before_plan_and_bad_shapes():
+    kv = KVStore(1, 4, 2, 1, 8, "fp32", "cpu")
+    attn = PagedAttention(kv, 2, 8, 0.5)
+    with pytest.raises(RuntimeError, match="plan"):
+        attn.run(torch.zeros(1, 2, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), 0)
+    attn.plan(make_batch([[3]], [0], [2], 2))
+    with pytest.raises(ValueError, match="q shape"):
+        attn.run(torch.zeros(1, 2, 8), torch.zeros(2, 1, 8), torch.zeros(2, 1, 8), 0)
+    with pytest.raises(ValueError, match="layer"):
+        attn.run(torch.zeros(2, 2, 8), torch.zeros(2, 1, 8), torch.zeros(2, 1, 8), 1)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        PagedAttention(KVStore(1, 4, 2, 2, 8, "fp32", "cpu"), 3, 8, 0.5)
+
+
+def test_split_choice():
+    assert choose_num_splits(1, 8, 32768, 132) > 8  # one long sequence: split it
+    assert choose_num_splits(256, 8, 4096, 132) == 1  # many rows fill the GPU already
+    assert choose_num_splits(1, 8, 100, 132) == 1  # too short to split
