@@ -1,0 +1,404 @@
+"""Trace formats: load, expand and save recorded or generated traffic. No torch.
+
+Three formats, one in-memory shape (`TraceRequest`):
+
+* radixkv JSONL (ours), one request a line:
+  `{"arrival_s": 0.5, "session": "chat-3", "tokens": [1, 2, ...], "max_tokens": 64}`;
+  `"text"` may replace `"tokens"`: it is tokenised byte-level (UTF-8 bytes -> ids 0..255),
+  deterministic and tokenizer-free, so two texts share a cached prefix exactly when their
+  UTF-8 encodings share it. `session` is optional.
+* Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`
+  (one id per 512-token block; equal ids mean equal content).
+* WEKA kv-cache-tester JSON, one conversation a file (or a folder of them): `block_size`
+  (64) local `hash_ids` per request, `t` (s), `in`, `out`, nested sub-agent requests.
+  Ids are comparable only inside one file, so each file's ids are shifted past the
+  previous files' (conversations never share blocks).
+
+Hash ids expand to tokens in closed form (block h = h * block_tokens + 0..block_tokens-1),
+so equal ids give equal blocks and different ids give blocks with no token in common. Blocks a trace does not cover
+(WEKA's tail after the last full block) get fresh ids: content nobody else has.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+MOONCAKE_BLOCK_TOKENS = 512
+_TOKEN_SPACE = 1 << 31  # tokens are int32 in [0, 2**31)
+
+
+class TraceFormat(enum.Enum):
+    RADIXKV = "radixkv"
+    MOONCAKE = "mooncake"
+    WEKA = "weka"
+
+
+class TraceError(ValueError):
+    """A malformed trace record; names the file, line (1-based; request index for WEKA) and field."""
+
+    def __init__(self, path: str | Path, line: int, field: str, problem: str) -> None:
+        super().__init__(f"{path}:{line}: field {field!r}: {problem}")
+        self.path, self.line, self.field, self.problem = str(path), line, field, problem
+
+
+# ---------------------------------------------------------------- hash ids -> tokens
+
+
+def expand_hash_ids(hash_ids: Sequence[int] | np.ndarray, input_length: int,
+                    block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> np.ndarray:
+    """Deterministic int32 tokens [input_length] for a list of block hash ids.
+
+    Block id h holds tokens h * block_tokens + i for i < block_tokens: equal ids give equal
+    blocks, different ids give blocks sharing no token, and the whole expansion is one
+    vectorised multiply-add (closed form, so no per-block cache is needed: all 61M tokens of
+    the Mooncake synthetic trace expand in ~0.03 s). The last block is cut so the result has
+    exactly `input_length` tokens, which must lie in ((n - 1) * block_tokens, n * block_tokens]
+    for n = len(hash_ids). Ids must be < 2**31 // block_tokens (tokens stay int32).
+    """
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+    ids = np.asarray(hash_ids, dtype=np.int64)  # [num_blocks]
+    if ids.ndim != 1:
+        raise ValueError(f"hash_ids must be one-dimensional, got shape {ids.shape}")
+    lo, hi = (len(ids) - 1) * block_tokens, len(ids) * block_tokens
+    if not lo < input_length <= hi:
+        raise ValueError(f"input_length {input_length} does not fit {len(ids)} blocks of "
+                         f"{block_tokens} tokens (needs {lo} < input_length <= {hi})")
+    if len(ids) == 0:
+        return np.empty(0, dtype=np.int32)
+    if int(ids.min()) < 0 or int(ids.max()) >= _TOKEN_SPACE // block_tokens:
+        raise ValueError(f"hash ids must lie in [0, {_TOKEN_SPACE // block_tokens}) for "
+                         f"{block_tokens}-token blocks, got {int(ids.min())}..{int(ids.max())}")
+    base = ids.astype(np.int32) * np.int32(block_tokens)  # [num_blocks]
+    tokens = base[:, None] + np.arange(block_tokens, dtype=np.int32)  # [num_blocks, block_tokens]
+    return tokens.reshape(-1)[:input_length]
+
+
+def byte_tokenize(text: str) -> np.ndarray:
+    """Tokenizer-free, deterministic tokens: the UTF-8 bytes of `text` (int32 ids 0..255)."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+
+
+# ---------------------------------------------------------------- requests
+
+
+class HashedPrompt(NamedTuple):
+    """A prompt given as block hash ids, expanded to tokens only when needed."""
+
+    hash_ids: np.ndarray  # int64 [num_blocks]
+    input_length: int
+    block_tokens: int
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a trace. `prompt` is explicit tokens (int32 [L]) or a HashedPrompt."""
+
+    arrival_s: float
+    prompt: np.ndarray | HashedPrompt
+    max_tokens: int
+    session: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        p = self.prompt
+        return p.input_length if isinstance(p, HashedPrompt) else len(p)
+
+    def tokens(self) -> np.ndarray:
+        """Prompt tokens, int32 [num_prompt_tokens] (hash ids are expanded on each call)."""
+        p = self.prompt
+        if isinstance(p, HashedPrompt):
+            return expand_hash_ids(p.hash_ids, p.input_length, p.block_tokens)
+        return p
+
+
+class Trace(NamedTuple):
+    requests: list[TraceRequest]  # in file order
+    format: TraceFormat
+    skipped: int  # malformed records skipped under skip_bad
+    block_tokens: int | None  # hash-id block size (Mooncake 512, WEKA 64); None for token traces
+
+
+# ---------------------------------------------------------------- field checks
+
+
+class _Fields:
+    """Typed access to one record's fields; every failure is a TraceError naming path/line/field."""
+
+    def __init__(self, path: Path, line: int, record: Any) -> None:
+        self.path, self.line = path, line
+        if not isinstance(record, dict):
+            raise TraceError(path, line, "<record>", f"expected a JSON object, got {type(record).__name__}")
+        self.record = record
+
+    def fail(self, field: str, problem: str) -> TraceError:
+        return TraceError(self.path, self.line, field, problem)
+
+    def has(self, field: str) -> bool:
+        return field in self.record
+
+    def number(self, field: str, *, minimum: float = 0.0, default: float | None = None) -> float:
+        v = self.record.get(field, default)
+        if v is None:
+            raise self.fail(field, "missing")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise self.fail(field, f"expected a finite number, got {v!r}")
+        if v < minimum:
+            raise self.fail(field, f"must be >= {minimum}, got {v}")
+        return float(v)
+
+    def integer(self, field: str, *, minimum: int = 0, default: int | None = None) -> int:
+        v = self.record.get(field, default)
+        if v is None:
+            raise self.fail(field, "missing")
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.fail(field, f"expected an integer, got {v!r}")
+        if v < minimum:
+            raise self.fail(field, f"must be >= {minimum}, got {v}")
+        return v
+
+    def int_list(self, field: str, *, nonempty: bool) -> np.ndarray:
+        v = self.record.get(field)
+        if not isinstance(v, list):
+            raise self.fail(field, "missing" if v is None else f"expected a list of integers, got {type(v).__name__}")
+        if nonempty and not v:
+            raise self.fail(field, "empty")
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            raise self.fail(field, "expected a list of integers")
+        arr = np.asarray(v, dtype=np.int64)
+        if len(arr) and (arr.min() < 0 or arr.max() >= _TOKEN_SPACE):
+            raise self.fail(field, f"values must lie in [0, 2**31), got {int(arr.min())}..{int(arr.max())}")
+        return arr
+
+
+def _json_lines(path: Path, skip_bad: bool) -> Iterator[tuple[int, Any]]:
+    with path.open("r", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                if not skip_bad:
+                    raise TraceError(path, lineno, "<json>", f"not valid JSON ({e.msg})") from None
+                yield lineno, None
+
+
+def _collect(path: Path, records: Iterable[tuple[int, Any]], parse, skip_bad: bool) -> tuple[list, int]:
+    out, skipped = [], 0
+    for lineno, rec in records:
+        try:
+            if rec is None:  # undecodable line, already judged skippable
+                raise TraceError(path, lineno, "<json>", "not valid JSON")
+            out.append(parse(_Fields(path, lineno, rec)))
+        except TraceError:
+            if not skip_bad:
+                raise
+            skipped += 1
+    return out, skipped
+
+
+# ---------------------------------------------------------------- readers
+
+
+def _parse_radixkv(f: _Fields) -> TraceRequest:
+    if f.has("tokens"):
+        tokens = f.int_list("tokens", nonempty=True).astype(np.int32)
+    elif f.has("text"):
+        text = f.record["text"]
+        if not isinstance(text, str) or not text:
+            raise f.fail("text", "expected a non-empty string")
+        tokens = byte_tokenize(text)
+    else:
+        raise f.fail("tokens", "missing (give 'tokens' or 'text')")
+    session = f.record.get("session")
+    if session is not None and not isinstance(session, (str, int)):
+        raise f.fail("session", f"expected a string, got {session!r}")
+    return TraceRequest(arrival_s=f.number("arrival_s", default=0.0), prompt=tokens,
+                        max_tokens=f.integer("max_tokens", minimum=1, default=1),
+                        session=None if session is None else str(session))
+
+
+def read_radixkv(path: str | Path, skip_bad: bool = False) -> Trace:
+    """Our JSONL: `arrival_s`, `session`, `tokens` or `text`, `max_tokens` (file order kept)."""
+    path = Path(path)
+    reqs, skipped = _collect(path, _json_lines(path, skip_bad), _parse_radixkv, skip_bad)
+    return Trace(reqs, TraceFormat.RADIXKV, skipped, None)
+
+
+class _FreshIds:
+    """Hands out block ids above every id a trace uses, for content that is nobody else's."""
+
+    def __init__(self, start: int) -> None:
+        self.next = start
+
+    def take(self, n: int) -> np.ndarray:
+        ids = np.arange(self.next, self.next + n, dtype=np.int64)
+        self.next += n
+        return ids
+
+
+def _fill_tails(requests: list[TraceRequest], first_free_id: int) -> list[TraceRequest]:
+    """Give every block a HashedPrompt lacks (its uncovered tail) a fresh, unshared id."""
+    fresh = _FreshIds(first_free_id)
+    out = []
+    for r in requests:
+        p = r.prompt
+        if isinstance(p, HashedPrompt):
+            missing = -(-p.input_length // p.block_tokens) - len(p.hash_ids)
+            if missing:
+                p = p._replace(hash_ids=np.concatenate([p.hash_ids, fresh.take(missing)]))
+                r = TraceRequest(r.arrival_s, p, r.max_tokens, r.session)
+        out.append(r)
+    return out
+
+
+def _hashed(f: _Fields, ids_field: str, length_field: str, block_tokens: int) -> HashedPrompt:
+    """Hash ids + length; fewer ids than blocks is allowed (the tail is filled later), more is not."""
+    ids = f.int_list(ids_field, nonempty=False)
+    length = f.integer(length_field, minimum=1)
+    need = -(-length // block_tokens)
+    if len(ids) > need:
+        raise f.fail(ids_field, f"{len(ids)} ids for {length_field}={length} "
+                                f"(at most {need} blocks of {block_tokens} tokens)")
+    return HashedPrompt(ids, length, block_tokens)
+
+
+def _max_id(requests: list[TraceRequest]) -> int:
+    return max((int(r.prompt.hash_ids.max()) for r in requests if len(r.prompt.hash_ids)), default=-1)
+
+
+def read_mooncake(path: str | Path, skip_bad: bool = False) -> Trace:
+    """Mooncake JSONL: `timestamp` ms, `input_length`, `output_length`, 512-token `hash_ids`."""
+    path = Path(path)
+
+    def parse(f: _Fields) -> TraceRequest:
+        prompt = _hashed(f, "hash_ids", "input_length", MOONCAKE_BLOCK_TOKENS)
+        return TraceRequest(arrival_s=f.number("timestamp") / 1000.0, prompt=prompt,
+                            max_tokens=f.integer("output_length", minimum=1, default=1))
+
+    reqs, skipped = _collect(path, _json_lines(path, skip_bad), parse, skip_bad)
+    return Trace(_fill_tails(reqs, _max_id(reqs) + 1), TraceFormat.MOONCAKE, skipped, MOONCAKE_BLOCK_TOKENS)
+
+
+_NESTED_KEYS = ("requests", "subagent_requests", "subagents", "children")
+
+
+def _weka_records(reqs: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+    """Flatten a conversation's requests, depth first; nested sub-agent lists follow their parent."""
+    for i, r in enumerate(reqs if isinstance(reqs, list) else []):
+        yield f"{prefix}{i}", r
+        if isinstance(r, dict):
+            for key in _NESTED_KEYS:
+                if isinstance(r.get(key), list):
+                    yield from _weka_records(r[key], f"{prefix}{i}.{key}.")
+
+
+def read_weka(paths: str | Path | Sequence[str | Path], skip_bad: bool = False) -> Trace:
+    """WEKA kv-cache-tester conversations (files, or a folder of `*.json`), merged by arrival.
+
+    Each file's local hash ids are shifted past all earlier files' ids; the prompt tail after
+    the last full block gets fresh ids. Arrival = `t` (seconds from the conversation start;
+    upstream `t` already includes `think_time`, so it is not added again). Sessions are the
+    conversation ids; nested sub-agent requests keep their parent's session.
+    """
+    staged: list[TraceRequest] = []
+    skipped, offset, block_tokens = 0, 0, None
+    for path in _weka_files(paths):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise TraceError(path, e.lineno, "<json>", f"not valid JSON ({e.msg})") from None
+        head = _Fields(path, 0, doc)
+        bt = head.integer("block_size", minimum=1, default=64)
+        if block_tokens is not None and bt != block_tokens:
+            raise head.fail("block_size", f"{bt} differs from earlier files' {block_tokens}")
+        block_tokens, session = bt, str(doc.get("id", path.stem))
+
+        def parse(f: _Fields) -> TraceRequest:
+            prompt = _hashed(f, "hash_ids", "in", bt)
+            return TraceRequest(f.number("t", default=0.0), prompt._replace(hash_ids=prompt.hash_ids + offset),
+                                max(f.integer("out", minimum=0, default=1), 1), session)
+
+        records = ((i + 1, rec) for i, (_, rec) in enumerate(_weka_records(doc.get("requests"), "")))
+        reqs, bad = _collect(path, records, parse, skip_bad)
+        skipped += bad
+        staged.extend(reqs)
+        offset = max(offset, _max_id(reqs) + 1)
+    order = sorted(range(len(staged)), key=lambda i: (staged[i].arrival_s, i))  # stable merge
+    reqs = _fill_tails([staged[i] for i in order], offset)
+    return Trace(reqs, TraceFormat.WEKA, skipped, block_tokens or 64)
+
+
+def _weka_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
+    items = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    files: list[Path] = []
+    for p in map(Path, items):
+        files.extend(sorted(p.glob("*.json")) if p.is_dir() else [p])
+    if not files:
+        raise FileNotFoundError(f"no WEKA trace files in {paths}")
+    return files
+
+
+# ---------------------------------------------------------------- detection, loading, writing
+
+
+def detect_format(path: str | Path) -> TraceFormat:
+    """Guess a trace's format from its first record (a folder means WEKA conversation files)."""
+    path = Path(path)
+    if path.is_dir():
+        return TraceFormat.WEKA
+    with path.open("r", encoding="utf-8") as f:
+        head = f.read(1 << 16).lstrip()
+    first = head.split("\n", 1)[0]
+    try:
+        rec = json.loads(first)
+    except json.JSONDecodeError:
+        if head.startswith("{") and '"requests"' in head:
+            return TraceFormat.WEKA  # one pretty-printed JSON document
+        raise TraceError(path, 1, "<json>", "cannot detect the format: first line is not JSON") from None
+    if isinstance(rec, dict):
+        if "requests" in rec:
+            return TraceFormat.WEKA
+        if "hash_ids" in rec and "input_length" in rec:
+            return TraceFormat.MOONCAKE
+        if "tokens" in rec or "text" in rec:
+            return TraceFormat.RADIXKV
+    raise TraceError(path, 1, "<record>", "cannot detect the format (expected radixkv 'tokens'/'text', "
+                                          "Mooncake 'hash_ids'+'input_length', or a WEKA 'requests' document)")
+
+
+def load_trace(path: str | Path, fmt: TraceFormat | None = None, skip_bad: bool = False) -> Trace:
+    """Read any supported trace; `fmt=None` detects the format. Raises TraceError on bad records
+    unless `skip_bad`, which skips them and counts them in `Trace.skipped`."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"trace not found: {path}")
+    fmt = fmt or detect_format(path)
+    if fmt is TraceFormat.MOONCAKE:
+        return read_mooncake(path, skip_bad)
+    if fmt is TraceFormat.WEKA:
+        return read_weka(path, skip_bad)
+    return read_radixkv(path, skip_bad)
+
+
+def write_trace(path: str | Path, requests: Iterable[TraceRequest]) -> int:
+    """Write requests as radixkv JSONL (tokens spelled out); returns how many were written."""
+    n = 0
+    with Path(path).open("w", encoding="utf-8") as f:
+        for r in requests:
+            rec: dict[str, Any] = {"arrival_s": round(float(r.arrival_s), 6)}
+            if r.session is not None:
+                rec["session"] = r.session
+            rec["tokens"] = r.tokens().tolist()
+            rec["max_tokens"] = int(r.max_tokens)
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            n += 1
+    return n
