@@ -63,3 +63,53 @@ class SchedulerConfig:
             raise ValueError(f"starvation_steps must be >= 1 or None, got {self.starvation_steps}")
         if self.starvation_s is not None and self.starvation_s <= 0:
             raise ValueError(f"starvation_s must be > 0 or None, got {self.starvation_s}")
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
+                  "half": "float16"}
+
+
+def canonical_dtype_name(dtype: object) -> str:
+    """'auto' or a float dtype name ('float32', 'bfloat16', 'float16') from a name or torch.dtype."""
+    name = str(dtype).removeprefix("torch.")
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected a torch float dtype or one of "
+                         f"{DTYPES + tuple(_DTYPE_ALIASES)}")
+    return name
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything LLM(...) needs besides the model.
+
+    dtype: compute dtype name ('auto' = the checkpoint's, bf16 for an fp32 checkpoint on CUDA).
+    kv_dtype: 'auto' = the compute dtype, else one of KV_DTYPES.
+    device: 'cpu', 'cuda', 'cuda:1', ... or None (CUDA when available).
+    num_pages: KV pages; None sizes the pool from `gpu_memory_utilization` of the free device
+    memory left after the weights (CUDA) or a fixed token budget (CPU).
+    seed: random weights (model given as a config) and the default sampling stream.
+    """
+
+    page_size: int = 16
+    dtype: str = "auto"
+    kv_dtype: str = "auto"
+    device: str | None = None
+    num_pages: int | None = None
+    gpu_memory_utilization: float = 0.9
+    seed: int = 0
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", canonical_dtype_name(self.dtype))
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"unknown kv_dtype {self.kv_dtype!r}; expected one of {KV_DTYPES}")
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise ValueError(f"num_pages must be >= 1 or None, got {self.num_pages}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if not isinstance(self.scheduler, SchedulerConfig):
+            raise TypeError(f"scheduler must be a SchedulerConfig, got {self.scheduler!r}")
