@@ -1,11 +1,15 @@
 """PagePool: physical KV pages with a free list and per-page reference counts. No torch.
 
 Invariant: a page is either free (refcount 0, on the free list exactly once) or held
-(refcount >= 1, not on the free list). `alloc` is all-or-nothing.
+(refcount >= 1, not on the free list). `alloc` is all-or-nothing; a bad incref/decref
+raises before changing anything. Counts live in numpy arrays so that pools of millions
+of pages cost no Python objects (and no garbage-collector time).
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+import numpy as np
 
 
 class OutOfPages(RuntimeError):
@@ -17,6 +21,21 @@ class OutOfPages(RuntimeError):
         self.free = free
 
 
+def _as_pages(pages: Iterable[int], num_pages: int) -> np.ndarray:
+    if isinstance(pages, np.ndarray) and pages.dtype.kind in "iu":
+        arr = pages
+    elif isinstance(pages, (list, tuple)):
+        arr = np.asarray(pages, dtype=np.int64)
+    else:
+        arr = np.fromiter(pages, dtype=np.int64)
+    if arr.ndim != 1:
+        raise ValueError(f"pages must be a flat sequence, got shape {arr.shape}")
+    if arr.size and (arr.min() < 0 or arr.max() >= num_pages):
+        bad = int(arr[(arr < 0) | (arr >= num_pages)][0])
+        raise IndexError(f"page {bad} outside pool of {num_pages}")
+    return arr
+
+
 class PagePool:
     """A fixed set of `num_pages` page ids 0..num_pages-1."""
 
@@ -24,67 +43,107 @@ class PagePool:
         if num_pages < 0:
             raise ValueError(f"num_pages must be >= 0, got {num_pages}")
         self.num_pages = num_pages
-        self._refs = [0] * num_pages
-        # Popped from the end: low ids are handed out first, which keeps tests readable.
-        self._free = list(range(num_pages - 1, -1, -1))
+        self._refs = np.zeros(num_pages, dtype=np.int32)
+        # A stack: _free[:_top] are the free pages, popped from the top (low ids first).
+        self._free = np.arange(num_pages - 1, -1, -1, dtype=np.int64)
+        self._top = num_pages
+        self._mark = np.zeros(num_pages, dtype=np.int64)  # scratch for duplicate detection
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._top
 
     @property
     def num_used(self) -> int:
-        return self.num_pages - len(self._free)
+        return self.num_pages - self._top
 
     def alloc(self, n: int) -> list[int]:
         """Take `n` free pages, each with refcount 1."""
         if n < 0:
             raise ValueError(f"cannot allocate {n} pages")
-        if n > len(self._free):
-            raise OutOfPages(n, len(self._free))
+        if n > self._top:
+            raise OutOfPages(n, self._top)
         if n == 0:
             return []
-        pages = self._free[-n:]
-        del self._free[-n:]
-        pages.reverse()
-        refs = self._refs
-        for p in pages:
-            refs[p] = 1
-        return pages
+        pages = self._free[self._top - n: self._top][::-1]
+        self._top -= n
+        self._refs[pages] = 1
+        return pages.tolist()
+
+    def _no_duplicates(self, arr: np.ndarray) -> bool:
+        idx = np.arange(arr.size, dtype=np.int64)
+        self._mark[arr] = idx
+        return bool((self._mark[arr] == idx).all())
 
     def incref(self, pages: Iterable[int]) -> None:
         """Add one reference to each held page (a page listed twice gets two)."""
-        refs = self._refs
-        for p in pages:
-            if refs[p] <= 0:
-                raise ValueError(f"incref of free page {p}")
-            refs[p] += 1
+        arr = _as_pages(pages, self.num_pages)
+        if arr.size == 0:
+            return
+        held = self._refs[arr]
+        if (held <= 0).any():
+            raise ValueError(f"incref of free page {int(arr[held <= 0][0])}")
+        if self._no_duplicates(arr):
+            self._refs[arr] = held + 1
+        else:
+            np.add.at(self._refs, arr, 1)
 
-    def decref(self, pages: Iterable[int]) -> None:
-        """Drop one reference from each page; a page reaching 0 returns to the free list."""
-        refs = self._refs
-        for p in pages:
-            r = refs[p]
-            if r <= 0:
-                raise ValueError(f"decref of free page {p} (double free)")
-            refs[p] = r - 1
-            if r == 1:
-                self._free.append(p)
+    def incref_distinct(self, pages: np.ndarray) -> None:
+        """incref for an integer array known to hold no page twice (the tree's adoption path)."""
+        held = self._refs[pages]
+        if held.size and held.min() <= 0:
+            raise ValueError(f"incref of free page {int(pages[held <= 0][0])}")
+        self._refs[pages] = held + 1
+
+    def decref(self, pages: Iterable[int]) -> int:
+        """Drop one reference from each page; a page reaching 0 returns to the free list.
+
+        Returns how many pages were freed."""
+        arr = _as_pages(pages, self.num_pages)
+        if arr.size == 0:
+            return 0
+        if self._no_duplicates(arr):
+            return self.decref_distinct(arr)
+        uniq, counts = np.unique(arr, return_counts=True)
+        return self._set_refs(uniq, self._refs[uniq] - counts)
+
+    def decref_distinct(self, pages: np.ndarray) -> int:
+        """decref for an integer array known to hold no page twice (the tree's eviction path)."""
+        return self._set_refs(pages, self._refs[pages] - 1)
+
+    def _set_refs(self, pages: np.ndarray, after: np.ndarray) -> int:
+        if after.size and after.min() < 0:
+            bad = int(pages[after < 0][0])
+            raise ValueError(f"decref of page {bad} below zero (double free): "
+                             f"refcount {int(self._refs[bad])}")
+        self._refs[pages] = after
+        freed = pages[after == 0]
+        if freed.size:
+            # Pushed in reverse so the lowest freed id is popped first.
+            self._free[self._top: self._top + freed.size] = freed[::-1]
+            self._top += freed.size
+        return int(freed.size)
 
     def refcount(self, page: int) -> int:
         if not 0 <= page < self.num_pages:
             raise IndexError(f"page {page} outside pool of {self.num_pages}")
-        return self._refs[page]
+        return int(self._refs[page])
+
+    def refcounts(self, pages: Iterable[int]) -> np.ndarray:
+        """Reference counts of several pages at once."""
+        return self._refs[_as_pages(pages, self.num_pages)]
 
     def check_invariants(self) -> None:
         """Every page is free (refcount 0, on the free list once) or held, never both, never negative."""
-        on_free = [0] * self.num_pages
-        for p in self._free:
-            assert 0 <= p < self.num_pages, f"free list holds out-of-range page {p}"
-            on_free[p] += 1
-        for p, r in enumerate(self._refs):
-            assert r >= 0, f"page {p} has negative refcount {r}"
-            if r == 0:
-                assert on_free[p] == 1, f"page {p} has refcount 0 but is on the free list {on_free[p]} times"
-            else:
-                assert on_free[p] == 0, f"page {p} is held (refcount {r}) and also on the free list"
+        refs = self._refs
+        assert 0 <= self._top <= self.num_pages, f"free-stack top {self._top} out of range"
+        neg = np.flatnonzero(refs < 0)
+        assert neg.size == 0, f"page {int(neg[0]) if neg.size else 0} has a negative refcount"
+        on_free = np.bincount(self._free[: self._top], minlength=self.num_pages)
+        twice = np.flatnonzero(on_free > 1)
+        assert twice.size == 0, f"page {int(twice[0]) if twice.size else 0} is on the free list twice"
+        held_and_free = np.flatnonzero((on_free == 1) & (refs != 0))
+        assert held_and_free.size == 0, \
+            f"page {int(held_and_free[0]) if held_and_free.size else 0} is held and also on the free list"
+        lost = np.flatnonzero((on_free == 0) & (refs == 0))
+        assert lost.size == 0, f"page {int(lost[0]) if lost.size else 0} has refcount 0 but is not on the free list"
