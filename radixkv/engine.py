@@ -1,0 +1,258 @@
+"""LLM: the step loop over scheduler, model and sampler; generate(); sessions.
+
+One step: the scheduler picks work (prefix matches give cached pages, so only uncached
+tokens are computed) -> attention is planned for the Batch -> the model runs the ragged
+batch, storing new K/V -> rows with `sample[b]` draw a token -> `scheduler.update` appends
+it, and finished requests are inserted into the radix tree (prompt + output) and release
+their pages, so the next turn of a chat or the next few-shot prompt hits.
+
+Every request is validated before anything is scheduled; a bad one raises and leaves
+requests already in flight untouched.
+"""
+from __future__ import annotations
+
+import itertools
+import operator
+import time
+from dataclasses import dataclass, replace
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from .attention import PagedAttention
+from .config import EngineConfig
+from .kv_store import KVDtype, KVStore
+from .model import LlamaModel
+from .pages import PagePool
+from .radix_tree import RadixCache
+from .request import FinishReason, Request
+from .sampling import SamplingParams, sample
+from .session import Session
+from .weights import Checkpoint, ModelSpec, load_checkpoint, random_checkpoint
+
+Prompt = str | Sequence[int]
+
+# CPU pools without an explicit num_pages: room for this many tokens, capped at this many bytes.
+_CPU_DEFAULT_TOKENS = 65536
+_CPU_DEFAULT_BYTES = 1 << 30
+_KV_NAME = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """Result of one prompt. token_ids: generated ids (a stop token that ended it included).
+
+    cached_tokens: prompt tokens served from the prefix cache instead of being computed.
+    """
+
+    request_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str | None  # None when the model has no tokenizer
+    cached_tokens: int
+    finish_reason: FinishReason
+
+
+class _RowSampling(NamedTuple):
+    """What the engine keeps in Request.sampling."""
+
+    params: SamplingParams
+    generator: torch.Generator
+
+
+class LLM:
+    """A Llama-family model served from a paged, prefix-cached KV pool.
+
+    model: a local Hugging Face folder, or a transformers PretrainedConfig (seeded random weights).
+    Other keyword arguments are EngineConfig fields (num_pages, seed, scheduler, ...).
+    """
+
+    def __init__(self, model: Any, dtype: Any = "auto", kv_dtype: str = "auto", page_size: int = 16,
+                 device: str | torch.device | None = None, **more: Any) -> None:
+        dev_name = None if device is None else str(device)
+        self.config = EngineConfig(page_size=page_size, dtype=dtype, kv_dtype=kv_dtype, device=dev_name, **more)
+        cfg = self.config
+        self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if isinstance(model, str) or hasattr(model, "__fspath__"):
+            ckpt = load_checkpoint(str(model))
+            self.dtype = _resolve_dtype(cfg.dtype, ckpt.config, self.device)
+        else:
+            if not hasattr(model, "model_type"):
+                raise TypeError(f"model must be a folder path or a transformers PretrainedConfig, got {model!r}")
+            self.dtype = _resolve_dtype(cfg.dtype, model, self.device)
+            ckpt = random_checkpoint(model, cfg.seed, self.dtype, self.device)
+        self.spec = ModelSpec.from_hf(ckpt.config)
+        self.tokenizer = ckpt.tokenizer
+        self.hf_config = ckpt.config
+        self.model = LlamaModel(self.spec, ckpt.state_dict, self.dtype, self.device)
+        del ckpt
+        kv = KVDtype.parse(_KV_NAME[str(self.dtype).removeprefix("torch.")] if cfg.kv_dtype == "auto"
+                           else cfg.kv_dtype)
+        self.kv_dtype = kv
+        num_pages = cfg.num_pages or self._default_num_pages(kv)
+        s = self.spec
+        self.kv = KVStore(s.num_layers, num_pages, cfg.page_size, s.num_kv_heads, s.head_dim, kv,
+                          self.device, self.dtype)
+        self.attention = PagedAttention(self.kv, s.num_q_heads, s.head_dim, s.head_dim ** -0.5)
+        self.pool = PagePool(num_pages)
+        self.cache = RadixCache(self.pool, page_size=cfg.page_size)
+        self.scheduler = self._make_scheduler()
+        self._rids = itertools.count()
+        self._seeds = torch.Generator().manual_seed(cfg.seed)  # per-request seeds when none is given
+        self._t0 = time.monotonic()
+        self.num_steps = 0
+
+    def _make_scheduler(self) -> Any:
+        """The seam where the scheduler plugs in (add / schedule / update / has_work)."""
+        from .scheduler import Scheduler
+
+        return Scheduler(self.pool, self.cache, self.config.scheduler, self.config.page_size)
+
+    # ------------------------------------------------------------------ sizing
+
+    def _default_num_pages(self, kv: KVDtype) -> int:
+        s, ps = self.spec, self.config.page_size
+        per_page = KVStore.bytes_per_page(ps, s.num_layers, s.num_kv_heads, s.head_dim, kv)
+        if self.device.type != "cuda":
+            return max(1, min(-(-_CPU_DEFAULT_TOKENS // ps), _CPU_DEFAULT_BYTES // per_page))
+        free, _ = torch.cuda.mem_get_info(self.device)
+        sched = self.config.scheduler
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        # activations of a full step (MLP is the widest) + fp32 logits of every sampling row
+        reserve = sched.max_batch_tokens * (4 * s.intermediate_size + 8 * s.hidden_size) * itemsize
+        reserve += min(sched.max_running, sched.max_batch_tokens) * s.vocab_size * 8
+        pages = KVStore.pages_for_budget(max(0, int(free * self.config.gpu_memory_utilization) - reserve),
+                                         ps, s.num_layers, s.num_kv_heads, s.head_dim, kv)
+        if pages < 1:
+            raise RuntimeError(f"no device memory left for KV pages ({free / 2**30:.1f} GiB free after weights)")
+        return pages
+
+    @property
+    def num_pages(self) -> int:
+        return self.pool.num_pages
+
+    # ------------------------------------------------------------------ requests
+
+    def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
+        """Token ids of one prompt, validated (ValueError/TypeError naming the prompt and problem)."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"prompt {index} is text but the model has no tokenizer; pass token ids")
+            if not prompt:
+                raise ValueError(f"prompt {index} is empty")
+            ids = list(self.tokenizer(prompt).input_ids)
+        else:
+            if not isinstance(prompt, Iterable):
+                raise TypeError(f"prompt {index} must be a string or a sequence of token ids, got {prompt!r}")
+            try:
+                ids = [operator.index(t) for t in prompt]
+            except TypeError:
+                raise TypeError(f"prompt {index} holds a token id that is not an integer") from None
+        if not ids:
+            raise ValueError(f"prompt {index} is empty")
+        V = self.spec.vocab_size
+        bad = [t for t in ids if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"prompt {index}: token id {bad[0]} is outside the vocabulary [0, {V})")
+        return ids
+
+    def _make_request(self, ids: list[int], params: SamplingParams, index: int) -> Request:
+        total = len(ids) + params.max_tokens
+        if total > self.spec.max_position:
+            raise ValueError(f"prompt {index}: {len(ids)} prompt tokens + max_tokens {params.max_tokens} = {total} "
+                             f"exceeds the model's context of {self.spec.max_position} tokens")
+        ps = self.config.page_size
+        if -(-total // ps) > self.num_pages:
+            raise ValueError(f"prompt {index}: {total} tokens need {-(-total // ps)} KV pages, "
+                             f"more than the pool's {self.num_pages}")
+        stop = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop |= self.spec.eos_token_ids
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seeds))
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        return Request(rid=next(self._rids), prompt=ids, max_tokens=params.max_tokens,
+                       arrival_s=self._now(), stop_token_ids=frozenset(stop), sampling=_RowSampling(params, gen))
+
+    def add_requests(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams]) -> list[Request]:
+        """Validate every prompt, then queue them all (all or nothing)."""
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        for i, p in enumerate(params):
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"params {i} must be a SamplingParams, got {p!r}")
+        reqs = [self._make_request(self.encode(p, i), sp, i) for i, (p, sp) in enumerate(zip(prompts, params))]
+        for r in reqs:
+            self.scheduler.add(r, r.arrival_s)
+        return reqs
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def _now(self) -> float:
+        return time.monotonic() - self._t0
+
+    # ------------------------------------------------------------------ the step
+
+    @torch.inference_mode()
+    def step(self) -> list[Request]:
+        """Run one scheduler step; returns the requests that finished in it."""
+        batch = self.scheduler.schedule(self._now())
+        if batch is None:
+            return []
+        self.attention.plan(batch)
+        dev = self.device
+        rows = [b for b, s in enumerate(batch.sample) if s]
+        last = [batch.q_start[b] + batch.q_lens[b] - 1 for b in rows]
+        logits = self.model.forward(torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
+                                    torch.tensor(batch.positions, dtype=torch.int64, device=dev),
+                                    self.attention, torch.tensor(last, dtype=torch.int64, device=dev))
+        row_sampling = [batch.requests[b].sampling for b in rows]
+        drawn = sample(logits, [r.params for r in row_sampling], [r.generator for r in row_sampling])
+        tokens: list[int | None] = [None] * len(batch.requests)
+        for b, t in zip(rows, drawn):
+            tokens[b] = t
+        self.num_steps += 1
+        return self.scheduler.update(batch, tokens, self._now())
+
+    def output_of(self, req: Request) -> RequestOutput:
+        assert req.finish_reason is not None, f"request {req.rid} has not finished"
+        text = None if self.tokenizer is None else self.tokenizer.decode(req.output, skip_special_tokens=True)
+        return RequestOutput(req.rid, list(req.prompt), list(req.output), text, req.cached_tokens, req.finish_reason)
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Generate for every prompt (str or token ids); outputs in prompt order."""
+        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
+                                        and all(isinstance(t, int) for t in prompts)):
+            prompts = [prompts]  # one prompt given bare
+        params = SamplingParams() if params is None else params
+        reqs = self.add_requests(list(prompts), params)
+        pending = {r.rid for r in reqs}
+        while pending:
+            if not self.has_work():
+                raise RuntimeError(f"scheduler idle with requests {sorted(pending)} unfinished")
+            for r in self.step():
+                pending.discard(r.rid)
+        return [self.output_of(r) for r in reqs]
+
+    def session(self, system: str | None = None, params: SamplingParams | None = None) -> "Session":
+        """A multi-turn chat whose every turn reuses the KV of all earlier turns."""
+        return Session(self, system, params or SamplingParams(temperature=0.0, max_tokens=64))
+
+
+def _resolve_dtype(name: str, hf_config: Any, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return getattr(torch, name)
+    d = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(d, str):
+        d = getattr(torch, d, None)
+    if not isinstance(d, torch.dtype) or not d.is_floating_point:
+        d = torch.float32
+    if device.type == "cuda" and d == torch.float32:
+        return torch.bfloat16
+    if device.type != "cuda" and d == torch.float16:
+        return torch.float32  # fp16 matmuls on CPU are slow and lossy; fp32 is exact
+    return d
