@@ -43,7 +43,13 @@ class SchedulerConfig:
     max_batch_tokens: new tokens computed per step (decode tokens + prefill chunks).
     max_running: requests in the running set at once (the replay's --concurrency).
     starvation_steps / starvation_s: a waiting request older than either bound is served next,
-    whatever the policy (None disables that bound).
+    whatever the policy (None disables that bound): starved requests go first, oldest arrival
+    first, and no later arrival is admitted while one of them waits. Requests that arrived at
+    the same time (a burst) are ordered among themselves by the policy.
+    policy_window: the policy orders only the oldest `policy_window` waiting requests each step
+    (the cache-aware policies match each one against the tree), which bounds per-step work.
+    in_batch_sharing: a waiting request whose first uncached block is being computed this step
+    by another request waits one step and then hits it, instead of computing it twice.
     """
 
     policy: Policy = Policy.LPM
@@ -51,6 +57,8 @@ class SchedulerConfig:
     max_running: int = 256
     starvation_steps: int | None = 200
     starvation_s: float | None = 10.0
+    policy_window: int = 256
+    in_batch_sharing: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, Policy):
@@ -63,6 +71,8 @@ class SchedulerConfig:
             raise ValueError(f"starvation_steps must be >= 1 or None, got {self.starvation_steps}")
         if self.starvation_s is not None and self.starvation_s <= 0:
             raise ValueError(f"starvation_s must be > 0 or None, got {self.starvation_s}")
+        if self.policy_window < 1:
+            raise ValueError(f"policy_window must be >= 1, got {self.policy_window}")
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -25,7 +25,8 @@ class FinishReason(enum.Enum):
 class Request:
     """One generation request.
 
-    prompt: token ids (non-empty). output: generated ids so far.
+    prompt: token ids (non-empty): a list[int], or a 1-D int32 numpy array for long replayed
+    traces (the scheduler hands it to the radix tree without conversion). output: generated ids.
     num_computed: leading tokens of prompt + output whose K/V sit in `pages`.
     cached_tokens: prompt tokens served from the prefix cache at first admission.
     pages: physical pages this request holds a reference on, one per block of its computed tokens.
@@ -54,8 +55,9 @@ class Request:
 
     @property
     def tokens(self) -> list[int]:
-        """Prompt followed by the generated tokens."""
-        return self.prompt + self.output
+        """Prompt followed by the generated tokens, as a list."""
+        prompt = self.prompt if isinstance(self.prompt, list) else list(map(int, self.prompt))
+        return prompt + self.output
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,63 @@
+"""Scheduler metrics: prefix hits, preemptions, queueing delay, pool occupancy. No torch.
+
+The scheduler owns one `SchedulerMetrics` and updates it as it admits, preempts and finishes
+requests; the simulator and the engine read it at the end of a run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+
+class TimelinePoint(NamedTuple):
+    """One step's state, recorded when the step's results come back (`Scheduler.update`)."""
+
+    now: float  # clock at the end of the step (simulated or wall seconds)
+    hit_rate: float  # hit_tokens / prompt_tokens of every request admitted so far
+    pages_in_use: int  # pool pages not free (held by requests or by the cache)
+
+
+class WaitStats(NamedTuple):
+    """Queueing delay percentiles in seconds (0.0 when no request finished)."""
+
+    p50: float
+    p99: float
+    max: float
+
+
+@dataclass
+class SchedulerMetrics:
+    """Counters of one scheduler run.
+
+    prompt_tokens / hit_tokens: counted once per request, at its first admission
+    (hit_tokens = prompt tokens served from the prefix cache, i.e. `Request.cached_tokens`).
+    waits_s: per finished request, its total time in the waiting queue (first wait plus every
+    wait after a preemption). peak_pages: most pool pages in use at the end of any step.
+    """
+
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    preemptions: int = 0
+    completed: int = 0
+    steps: int = 0
+    peak_pages: int = 0
+    waits_s: list[float] = field(default_factory=list)
+    timeline: list[TimelinePoint] = field(default_factory=list)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def wait_stats(self) -> WaitStats:
+        if not self.waits_s:
+            return WaitStats(0.0, 0.0, 0.0)
+        w = np.asarray(self.waits_s, dtype=np.float64)
+        return WaitStats(float(np.percentile(w, 50)), float(np.percentile(w, 99)), float(w.max()))
+
+    def record_step(self, now: float, pages_in_use: int) -> None:
+        self.steps += 1
+        if pages_in_use > self.peak_pages:
+            self.peak_pages = pages_in_use
+        self.timeline.append(TimelinePoint(now, self.hit_rate, pages_in_use))
