@@ -246,7 +246,8 @@ class LLM:
 def _resolve_dtype(name: str, hf_config: Any, device: torch.device) -> torch.dtype:
     if name != "auto":
         return getattr(torch, name)
-    d = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    # transformers 5 names it `dtype`; 4.x `torch_dtype` (reading that in 5.x warns)
+    d = getattr(hf_config, "dtype", None) if hasattr(hf_config, "dtype") else getattr(hf_config, "torch_dtype", None)
     if isinstance(d, str):
         d = getattr(torch, d, None)
     if not isinstance(d, torch.dtype) or not d.is_floating_point:

@@ -14,14 +14,16 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-@pytest.fixture(autouse=True)
-def _scheduler_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(autouse=True, scope="session")
+def _scheduler_stand_in():
     """Until radixkv.scheduler lands, drive the engine with the FCFS stand-in."""
-    if importlib.util.find_spec("radixkv.scheduler") is None:
-        from .fcfs_scheduler import FcfsScheduler
+    with pytest.MonkeyPatch.context() as mp:
+        if importlib.util.find_spec("radixkv.scheduler") is None:
+            from .fcfs_scheduler import FcfsScheduler
 
-        monkeypatch.setattr(LLM, "_make_scheduler", lambda self: FcfsScheduler(
-            self.pool, self.cache, self.config.scheduler, self.config.page_size))
+            mp.setattr(LLM, "_make_scheduler", lambda self: FcfsScheduler(
+                self.pool, self.cache, self.config.scheduler, self.config.page_size))
+        yield
 
 
 def char_tokenizer(chat_template: str | None):
