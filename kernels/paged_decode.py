@@ -1,2 +1,164 @@
-"""placeholder"""
-from .reference import paged_decode_ref as paged_decode
+"""paged_decode: one query token per sequence attending to its whole paged KV (flash-decoding).
+
+Grid (B, Hkv, NUM_SPLITS). A program owns one KV head of one sequence and all the query
+heads that share it (the GQA group, padded to BLOCK_H >= 16 rows so q.K^T and P.V are tensor-
+core dots and each K/V byte is read once). The sequence is cut into NUM_SPLITS token ranges;
+tiles of BLOCK_N tokens are independent of the page size (each token looks its page up).
+With one split the program writes the output; otherwise each split writes its normalised
+partial output and log-sum-exp, and `_merge_kernel` combines them.
+
+FP8 caches are dequantised in-kernel: K/V tiles are converted to q's dtype, the per-token
+scales multiply the score columns (K) and the probabilities (V); accumulation stays fp32.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .launch import LOG2E, check_paged_args, for_device
+
+
+@triton.jit
+def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
+            qk_scale,
+            stride_qb, stride_qh, stride_qd,
+            stride_cp, stride_cs, stride_ch, stride_cd,
+            stride_xp, stride_xs, stride_xh,
+            stride_ptb, stride_ob, stride_oh, stride_od,
+            GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+            BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+            NUM_SPLITS: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(lens_ptr + b)
+    # Tile-aligned token range of this split.
+    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + offs_h
+    h_mask = offs_h < GROUP
+    d_mask = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=h_mask[:, None] & d_mask[None, :], other=0.0)  # q: [BLOCK_H, BLOCK_D]
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    pt_row = pt_ptr + b * stride_ptb
+    kv_head = kvh * stride_ch
+    for start in range(0, hi - lo, BLOCK_N):
+        offs_n = lo + start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < hi
+        page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+        row = page * stride_cp + (offs_n % PAGE_SIZE) * stride_cs + kv_head  # [BLOCK_N]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(kc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
+        if IS_FP8:
+            xrow = page * stride_xp + (offs_n % PAGE_SIZE) * stride_xs + kvh * stride_xh
+            k_s = tl.load(ks_ptr + xrow, mask=n_mask, other=0.0)
+            v_s = tl.load(vs_ptr + xrow, mask=n_mask, other=0.0)
+            qk = qk * (k_s * qk_scale)[None, :]
+        else:
+            qk = qk * qk_scale
+        qk = tl.where(n_mask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if IS_FP8:
+            p = p * v_s[None, :]
+        v = tl.load(vc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None]
+        acc += tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out_mask = h_mask[:, None] & d_mask[None, :]
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+                 o.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        # mid_o: [B, Hq, NUM_SPLITS, BLOCK_D] fp32, mid_lse: [B, Hq, NUM_SPLITS] fp32 (log2 units), contiguous
+        hq = tl.num_programs(1) * GROUP
+        base = (b * hq + heads) * NUM_SPLITS + split  # [BLOCK_H]
+        tl.store(mid_o_ptr + base[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :], o, mask=out_mask)
+        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(mid_lse_ptr + base, lse, mask=h_mask)
+
+
+@triton.jit
+def _merge_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, stride_ob, stride_oh, stride_od,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    row = b * tl.num_programs(1) + h
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < NUM_SPLITS
+    lse = tl.load(mid_lse_ptr + row * NUM_SPLITS + offs_s, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
+    w = tl.exp2(lse - tl.max(lse, axis=0))
+    o = tl.load(mid_o_ptr + (row.to(tl.int64) * NUM_SPLITS + offs_s[:, None]) * BLOCK_D + offs_d[None, :],
+                mask=s_mask[:, None], other=0.0)  # [BLOCK_S, BLOCK_D]
+    merged = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od,
+             merged.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor,
+                 sm_scale: float | None = None, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+                 num_splits: int = 1, block_n: int | None = None, out: Tensor | None = None) -> Tensor:
+    """q: [B, Hq, D] (the last token of each sequence) over pages -> [B, Hq, D] in q's dtype.
+
+    page_table int32 [B, max_pages], seq_lens int32 [B] (>= 1). num_splits > 1 cuts each sequence
+    into that many ranges (flash-decoding) merged by a second kernel; it is a launch parameter so
+    the caller (PagedAttention.plan) picks it without a host sync here. `out` (optional, like q) is
+    written in place, for CUDA-graph capture and for tests that poison it first.
+    """
+    fp8 = check_paged_args("paged_decode", q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale)
+    B, hq, d = q.shape
+    if B != page_table.shape[0]:
+        raise ValueError(f"paged_decode: q has {B} rows, page_table {page_table.shape[0]}")
+    if num_splits < 1:
+        raise ValueError(f"paged_decode: num_splits must be >= 1, got {num_splits}")
+    hkv = k_cache.shape[2]
+    group = hq // hkv
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
+    if B == 0:
+        return out
+    on_gpu = q.device.type == "cuda"
+    block_d = max(16, triton.next_power_of_2(d))
+    block_n = block_n or (64 if on_gpu else 16)
+    if num_splits > 1:
+        mid_o = torch.empty(B, hq, num_splits, block_d, dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty(B, hq, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        mid_o = mid_lse = out  # placeholders, never touched with one split
+    xs = k_scale.stride() if fp8 else (0, 0, 0)
+    extra = dict(num_warps=4, num_stages=3) if on_gpu else {}
+    for_device(_kernel, q.device)[(B, hkv, num_splits)](
+        q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table, seq_lens,
+        out, mid_o, mid_lse, sm_scale * LOG2E,
+        *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(),
+        GROUP=group, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
+        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
+        NUM_SPLITS=num_splits, IS_FP8=fp8,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **extra)
+    if num_splits > 1:
+        for_device(_merge_kernel, q.device)[(B, hq)](
+            mid_o, mid_lse, out, *out.stride(), HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=num_splits,
+            BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+    return out

@@ -1,2 +1,100 @@
-"""placeholder"""
-from .reference import store_kv_ref as store_kv
+"""store_kv: scatter the new tokens' K/V rows into their page slots (quantising to FP8 in-kernel).
+
+One program per new token writes all its KV heads: K and V rows [Hkv, D] go to
+`cache[slot // page_size, slot % page_size]`. For FP8 caches each (token, head) row gets its
+own absmax scale (see kernels/reference.py); values are clamped to the FP8 range before the cast.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .launch import for_device
+from .reference import fp8_max, is_fp8
+
+
+@triton.jit
+def _store_one(src_ptr, t, stride_st, stride_sh, stride_sd,
+               cache_ptr, page, off, stride_cp, stride_cs, stride_ch, stride_cd,
+               scale_ptr, stride_xp, stride_xs, stride_xh,
+               NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+               IS_FP8: tl.constexpr, FP8_MAX: tl.constexpr):
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_h[:, None] < NUM_HEADS) & (offs_d[None, :] < HEAD_DIM)
+    x = tl.load(src_ptr + t * stride_st + offs_h[:, None] * stride_sh + offs_d[None, :] * stride_sd,
+                mask=mask, other=0.0)  # [BLOCK_H, BLOCK_D]
+    dst = cache_ptr + page * stride_cp + off * stride_cs + offs_h[:, None] * stride_ch + offs_d[None, :] * stride_cd
+    if IS_FP8:
+        x = x.to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=1) / FP8_MAX, 1e-12)  # [BLOCK_H]
+        qx = tl.minimum(tl.maximum(x / scale[:, None], -FP8_MAX), FP8_MAX)
+        tl.store(dst, qx.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(scale_ptr + page * stride_xp + off * stride_xs + offs_h * stride_xh, scale,
+                 mask=offs_h < NUM_HEADS)
+    else:
+        tl.store(dst, x.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _kernel(k_ptr, v_ptr, slots_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
+            stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
+            stride_cp, stride_cs, stride_ch, stride_cd,
+            stride_xp, stride_xs, stride_xh,
+            PAGE_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+            BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IS_FP8: tl.constexpr, FP8_MAX: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slots_ptr + t).to(tl.int64)
+    page = slot // PAGE_SIZE
+    off = slot % PAGE_SIZE
+    _store_one(k_ptr, t, stride_kt, stride_kh, stride_kd, kc_ptr, page, off,
+               stride_cp, stride_cs, stride_ch, stride_cd, ks_ptr, stride_xp, stride_xs, stride_xh,
+               NUM_HEADS, HEAD_DIM, BLOCK_H, BLOCK_D, IS_FP8, FP8_MAX)
+    _store_one(v_ptr, t, stride_vt, stride_vh, stride_vd, vc_ptr, page, off,
+               stride_cp, stride_cs, stride_ch, stride_cd, vs_ptr, stride_xp, stride_xs, stride_xh,
+               NUM_HEADS, HEAD_DIM, BLOCK_H, BLOCK_D, IS_FP8, FP8_MAX)
+
+
+def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
+             k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> None:
+    """Write k, v [T, Hkv, D] into k_cache, v_cache [P, S, Hkv, D] at slots int64 [T] (= page * S + offset).
+
+    FP8 caches need k_scale, v_scale float32 [P, S, Hkv]; each written row's scale is stored there.
+    """
+    T, hkv, d = k.shape
+    if v.shape != k.shape:
+        raise ValueError(f"store_kv: k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    if k_cache.dim() != 4 or k_cache.shape[2:] != (hkv, d) or v_cache.shape != k_cache.shape:
+        raise ValueError(f"store_kv: caches {tuple(k_cache.shape)}/{tuple(v_cache.shape)} do not hold [*, *, {hkv}, {d}] rows")
+    if k_cache.stride() != v_cache.stride() or v_cache.dtype != k_cache.dtype:
+        raise ValueError("store_kv: k_cache and v_cache must share dtype and strides")
+    if slots.shape != (T,) or slots.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"store_kv: slots must be int64 [{T}], got {slots.dtype} {tuple(slots.shape)}")
+    fp8 = is_fp8(k_cache.dtype)
+    if fp8:
+        want = tuple(k_cache.shape[:3])
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if s is None or tuple(s.shape) != want or s.dtype != torch.float32:
+                raise ValueError(f"store_kv: FP8 cache needs {name} float32 {want}")
+        if k_scale.stride() != v_scale.stride():
+            raise ValueError("store_kv: k_scale and v_scale must share strides")
+    elif k_scale is not None or v_scale is not None:
+        raise ValueError(f"store_kv: scales given for a non-FP8 cache ({k_cache.dtype})")
+    devices = {t.device for t in (k, v, k_cache, v_cache, slots)}
+    if len(devices) != 1:
+        raise ValueError(f"store_kv: tensors on several devices {devices}")
+    if T == 0:
+        return
+    ks = k_scale if fp8 else k_cache  # placeholders: never read when not FP8
+    vs = v_scale if fp8 else v_cache
+    xstride = k_scale.stride() if fp8 else (0, 0, 0)
+    kernel = for_device(_kernel, k.device)
+    kernel[(T,)](
+        k, v, slots, k_cache, v_cache, ks, vs,
+        *k.stride(), *v.stride(), *k_cache.stride(), *xstride,
+        PAGE_SIZE=k_cache.shape[1], NUM_HEADS=hkv, HEAD_DIM=d,
+        BLOCK_H=triton.next_power_of_2(hkv), BLOCK_D=triton.next_power_of_2(d),
+        IS_FP8=fp8, FP8_MAX=fp8_max(k_cache.dtype) if fp8 else 1.0,
+    )

@@ -29,12 +29,14 @@ def make_batch(page_tables, prev_lens, new_lens, page_size):
     return batch
 
 
-@pytest.mark.parametrize("kv_dtype,tol", [("fp32", 1e-5), ("fp8_e4m3", 0.1)])
-def test_steps_match_dense(kv_dtype, tol):
+@pytest.mark.parametrize("backend,kv_dtype,tol", [
+    (Backend.REFERENCE, "fp32", 1e-5), (Backend.REFERENCE, "fp8_e4m3", 0.1),
+    (Backend.TRITON, "fp32", 1e-5), (Backend.TRITON, "fp16", 5e-3)])  # TRITON on CPU = interpreter
+def test_steps_match_dense(backend, kv_dtype, tol):
     gen = torch.Generator().manual_seed(1)
     page_size, hkv, hq, d, layers = 4, 2, 4, 16, 2
     kv = KVStore(layers, 16, page_size, hkv, d, kv_dtype, "cpu")
-    attn = PagedAttention(kv, hq, d, 1 / math.sqrt(d), backend=Backend.REFERENCE)
+    attn = PagedAttention(kv, hq, d, 1 / math.sqrt(d), backend=backend)
     tables = [[9, 2, 14, 5], [0, 11, 7, 3]]
     # step 1: prefill 6 and 3 tokens; step 2: mixed (chunk of 5 + decode); steps 3-4: decode
     schedule = [([0, 0], [6, 3]), ([6, 3], [5, 1]), ([11, 4], [1, 1]), ([12, 5], [1, 1])]

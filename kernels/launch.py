@@ -1,0 +1,60 @@
+"""Launcher helpers shared by the kernel files: device dispatch and argument checks."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .reference import is_fp8
+
+LOG2E = 1.4426950408889634
+
+
+def for_device(kernel: Any, device: torch.device) -> Any:
+    """The kernel itself, after checking it can run on `device`.
+
+    CPU tensors need Triton's interpreter, which Triton picks when it is imported: TRITON_INTERPRET=1
+    must be set before the first `import triton` (tests/kernels/conftest.py does so).
+    """
+    if device.type == "cpu":
+        from triton.runtime.interpreter import InterpretedFunction
+
+        if not isinstance(kernel, InterpretedFunction):
+            raise RuntimeError(
+                "Triton kernel called on CPU tensors but Triton was imported in compiled mode "
+                f"(TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r}); set TRITON_INTERPRET=1 before "
+                "importing triton, or use radixkv.kernels.reference on CPU")
+    return kernel
+
+
+def check_paged_args(fn: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor,
+                     k_scale: Tensor | None, v_scale: Tensor | None) -> bool:
+    """Shared checks of the attention launchers; returns whether the cache is FP8."""
+    if q.dim() != 3 or k_cache.dim() != 4:
+        raise ValueError(f"{fn}: q must be 3-D and caches [P, S, Hkv, D], got {tuple(q.shape)} / {tuple(k_cache.shape)}")
+    _, _, hkv, d = k_cache.shape
+    if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype or v_cache.stride() != k_cache.stride():
+        raise ValueError(f"{fn}: k_cache and v_cache must share shape, dtype and strides")
+    if q.shape[2] != d or q.shape[1] % hkv != 0:
+        raise ValueError(f"{fn}: q {tuple(q.shape)} does not fit caches with {hkv} KV heads of dim {d}")
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"{fn}: q dtype {q.dtype} not supported (fp32/fp16/bf16)")
+    if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.stride(1) != 1:
+        raise ValueError(f"{fn}: page_table must be int32 [B, max_pages] with unit inner stride")
+    B = page_table.shape[0]
+    if seq_lens.dtype != torch.int32 or seq_lens.shape != (B,) or not seq_lens.is_contiguous():
+        raise ValueError(f"{fn}: seq_lens must be contiguous int32 [{B}]")
+    fp8 = is_fp8(k_cache.dtype)
+    if fp8:
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if s is None or s.shape != k_cache.shape[:3] or s.dtype != torch.float32:
+                raise ValueError(f"{fn}: FP8 cache needs {name} float32 {tuple(k_cache.shape[:3])}")
+        if k_scale.stride() != v_scale.stride():
+            raise ValueError(f"{fn}: k_scale and v_scale must share strides")
+    elif k_scale is not None or v_scale is not None:
+        raise ValueError(f"{fn}: scales given for a non-FP8 cache ({k_cache.dtype})")
+    if len({t.device for t in (q, k_cache, v_cache, page_table, seq_lens)}) != 1:
+        raise ValueError(f"{fn}: all tensors must be on one device")
+    return fp8
