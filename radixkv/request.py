@@ -16,7 +16,7 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-class FinishReason(enum.Enum):
+class FinishReason(str, enum.Enum):
     LENGTH = "length"  # max_tokens generated
     STOP = "stop"  # a stop token (EOS unless ignore_eos) was generated
 

@@ -1,29 +1,14 @@
 """Fixtures: tiny random model folders (saved with save_pretrained) and a tiny tokenizer."""
 from __future__ import annotations
 
-import importlib.util
 import string
 
 import pytest
-
-from radixkv.engine import LLM
 
 from .tiny_models import hf_model, tiny_config
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _scheduler_stand_in():
-    """Until radixkv.scheduler lands, drive the engine with the FCFS stand-in."""
-    with pytest.MonkeyPatch.context() as mp:
-        if importlib.util.find_spec("radixkv.scheduler") is None:
-            from .fcfs_scheduler import FcfsScheduler
-
-            mp.setattr(LLM, "_make_scheduler", lambda self: FcfsScheduler(
-                self.pool, self.cache, self.config.scheduler, self.config.page_size))
-        yield
 
 
 def char_tokenizer(chat_template: str | None):
