@@ -1,0 +1,122 @@
+"""The `radixkv` command end to end: replay (bundled sample, JSON, plot, malformed input),
+gen, the engine commands, and real-mode replay on a tiny random model."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from radixkv.cli import main
+
+DESIGN_KEYS = {"requests", "completed", "prompt_tokens", "hit_tokens", "hit_rate", "peak_pages", "preemptions",
+               "wait_p50_s", "wait_p99_s", "wait_max_s", "leaked_pages", "wall_s"}
+
+
+def test_replay_without_arguments_runs_bundled_sample():
+    """The fresh-install path: a real subprocess, no TRACE, simulated through the scheduler."""
+    out = subprocess.run([sys.executable, "-m", "radixkv.cli", "replay"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "mooncake_sample.jsonl (mooncake)" in out.stdout and "mode" in out.stdout
+    assert "300 (300 completed" in out.stdout
+    rate = float(next(l for l in out.stdout.splitlines() if l.startswith("prefix hit rate")).split()[-1])
+    assert 0.5 < rate < 0.7
+
+
+def test_replay_sequential_json_plot(tmp_path, capsys):
+    assert main(["gen", "shared-prefix", "-o", str(tmp_path / "sp.jsonl"), "--groups", "2", "--prompts", "5",
+                 "--system-len", "64", "--question-len", "16"]) == 0
+    js, png = tmp_path / "r.json", tmp_path / "r.png"
+    assert main(["replay", str(tmp_path / "sp.jsonl"), "--simulate", "--sequential", "--json", str(js),
+                 "--plot", str(png)]) == 0
+    stdout = capsys.readouterr().out
+    d = json.loads(js.read_text())
+    assert DESIGN_KEYS <= d.keys()
+    # 10 prompts of 80 tokens; each group's 64-token system prompt is computed once
+    assert (d["requests"], d["completed"], d["prompt_tokens"], d["hit_tokens"]) == (10, 10, 800, 8 * 64)
+    assert d["hit_rate"] == pytest.approx(0.64) and d["leaked_pages"] == 0 and d["mode"] == "sequential"
+    assert "prefix hit rate             0.6400" in stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_replay_capped_pool_and_policies(tmp_path):
+    trace = tmp_path / "mt.jsonl"
+    assert main(["gen", "multi-turn", "-o", str(trace), "--sessions", "4", "--turns", "3", "--max-tokens", "16"]) == 0
+    results = {}
+    for extra in (["--sequential"], ["--policy", "fcfs", "--burst"], ["--policy", "lpm", "--concurrency", "4"],
+                  ["--policy", "dfs-weight"]):
+        js = tmp_path / "out.json"
+        assert main(["replay", str(trace), "--num-pages", "400", "--page-size", "8", "--json", str(js)] + extra) == 0
+        d = json.loads(js.read_text())
+        assert d["completed"] == d["requests"] == 12 and d["leaked_pages"] == 0 and d["peak_pages"] <= 400
+        results[tuple(extra)] = d["hit_rate"]
+    assert all(0.0 < h < 1.0 for h in results.values())
+
+
+def test_replay_malformed_trace_names_line_and_skip_bad(tmp_path, capsys):
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [0, 1]}\n'
+                     '{"timestamp": 5, "input_length": 600, "output_length": 2}\n'
+                     '{"timestamp": 9, "input_length": 512, "output_length": 2, "hash_ids": [0]}\n')
+    assert main(["replay", str(trace), "--sequential"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl:2: field 'hash_ids': missing" in err
+    js = tmp_path / "r.json"
+    assert main(["replay", str(trace), "--sequential", "--skip-bad", "--json", str(js)]) == 0
+    d = json.loads(js.read_text())
+    assert (d["requests"], d["skipped"], d["hit_tokens"]) == (2, 1, 512)
+
+
+def test_replay_format_override_and_missing_file(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "text": "hello world", "max_tokens": 2}\n'
+                     '{"arrival_s": 1, "text": "hello world again", "max_tokens": 2}\n')
+    assert main(["replay", str(trace), "--format", "radixkv", "--sequential", "--page-size", "1"]) == 0
+    assert "prefix hit rate             0.3929" in capsys.readouterr().out  # 11 of 28 bytes
+    assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
+    assert "trace not found" in capsys.readouterr().err
+    assert main(["replay", str(trace), "--format", "mooncake"]) == 2
+    assert "t.jsonl:1: field 'hash_ids'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["multi-turn", "few-shot", "shared-prefix"])
+def test_gen_writes_loadable_trace(tmp_path, kind, capsys):
+    out = tmp_path / f"{kind}.jsonl"
+    assert main(["gen", kind, "-o", str(out), "--seed", "3"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    first = json.loads(out.read_text().splitlines()[0])
+    assert {"arrival_s", "tokens", "max_tokens", "session"} <= first.keys()
+
+
+def test_help_and_engine_commands(capsys):
+    for argv in (["--help"], ["replay", "--help"], ["gen", "--help"], ["generate", "--help"], ["bench", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 0
+    assert "--sequential" in capsys.readouterr().out
+    assert main(["bench"]) == 2
+    assert "not implemented yet" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["replay", "--num-pages", "0"])
+    assert "positive integer" in capsys.readouterr().err
+
+
+def test_replay_real_mode_on_tiny_random_model(tmp_path, capsys):
+    pytest.importorskip("torch")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "vocab_size": 160, "hidden_size": 32,
+                               "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                               "num_key_value_heads": 1, "max_position_embeddings": 256}))
+    trace = tmp_path / "sp.jsonl"
+    assert main(["gen", "shared-prefix", "-o", str(trace), "--groups", "1", "--prompts", "3",
+                 "--system-len", "32", "--question-len", "8", "--max-tokens", "2"]) == 0
+    js = tmp_path / "real.json"
+    assert main(["replay", str(trace), "--model", str(cfg), "--sequential", "--json", str(js)]) == 0
+    d = json.loads(js.read_text())
+    assert d["mode"] == "real" and d["completed"] == 3 and d["leaked_pages"] == 0
+    assert d["hit_tokens"] == 2 * 32  # the 2nd and 3rd prompts reuse the shared 32-token prefix
+    assert main(["replay", str(trace), "--model", str(cfg), "--simulate"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
