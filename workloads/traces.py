@@ -402,3 +402,10 @@ def write_trace(path: str | Path, requests: Iterable[TraceRequest]) -> int:
             f.write(json.dumps(rec, separators=(",", ":")) + "\n")
             n += 1
     return n
+
+
+def record_requests(path: str | Path, requests: Iterable[Any]) -> int:
+    """Write served `radixkv.request.Request`s (prompt, max_tokens, arrival_s, namespace as the
+    session) as radixkv JSONL, so recorded traffic can be replayed. Returns how many were written."""
+    return write_trace(path, (TraceRequest(float(r.arrival_s), np.asarray(r.prompt, dtype=np.int32),
+                                           int(r.max_tokens), r.namespace) for r in requests))

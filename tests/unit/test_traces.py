@@ -9,7 +9,7 @@ import pytest
 
 from radixkv.workloads.traces import (
     HashedPrompt, TraceError, TraceFormat, TraceRequest, byte_tokenize, detect_format,
-    expand_hash_ids, load_trace, read_weka, write_trace,
+    expand_hash_ids, load_trace, read_weka, record_requests, write_trace,
 )
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
@@ -143,6 +143,18 @@ def test_radixkv_malformed(tmp_path, record, field):
     with pytest.raises(TraceError) as e:
         load_trace(p, TraceFormat.RADIXKV)
     assert (e.value.line, e.value.field) == (2, field)
+
+
+def test_record_served_requests(tmp_path):
+    from radixkv.request import Request
+
+    served = [Request(0, [4, 5, 6], 3, arrival_s=0.5, namespace="chat-1"),
+              Request(1, np.arange(5, dtype=np.int32), 1, arrival_s=2.0)]
+    p = tmp_path / "rec.jsonl"
+    assert record_requests(p, served) == 2
+    back = load_trace(p).requests
+    assert [(r.arrival_s, r.session, r.max_tokens, r.tokens().tolist()) for r in back] == \
+           [(0.5, "chat-1", 3, [4, 5, 6]), (2.0, None, 1, [0, 1, 2, 3, 4])]
 
 
 def test_detect_rejects_unknown(tmp_path):
