@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -10,6 +10,29 @@ from torch import Tensor
 from .reference import is_fp8
 
 LOG2E = 1.4426950408889634
+
+
+class KernelConfig(NamedTuple):
+    """Tile sizes and launch options of an attention kernel (block_m is unused by decode)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# GPU defaults (H200, D = 128, bf16/fp8), picked with benchmarks/bench_kernels.py's sweep;
+# CPU (interpreter) runs use small tiles so tests stay fast.
+DECODE_GPU = KernelConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
+PREFILL_GPU = KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+CPU_TILES = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
+
+
+def launch_options(config: KernelConfig, device: torch.device) -> dict:
+    """Triton launch keywords (the interpreter takes none)."""
+    if device.type == "cpu":
+        return {}
+    return {"num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
 def for_device(kernel: Any, device: torch.device) -> Any:

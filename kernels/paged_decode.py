@@ -1,6 +1,6 @@
 """paged_decode: one query token per sequence attending to its whole paged KV (flash-decoding).
 
-Grid (B, Hkv, NUM_SPLITS). A program owns one KV head of one sequence and all the query
+Grid (Hkv, B, NUM_SPLITS). A program owns one KV head of one sequence and all the query
 heads that share it (the GQA group, padded to BLOCK_H >= 16 rows so q.K^T and P.V are tensor-
 core dots and each K/V byte is read once). The sequence is cut into NUM_SPLITS token ranges;
 tiles of BLOCK_N tokens are independent of the page size (each token looks its page up).
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import LOG2E, check_paged_args, for_device
+from .launch import CPU_TILES, DECODE_GPU, LOG2E, KernelConfig, check_paged_args, for_device, launch_options
 
 
 @triton.jit
@@ -32,8 +32,8 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
             BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
             NUM_SPLITS: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(0)  # heads of one row are launch neighbours: they share FP8 scale sectors in L2
+    b = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
     # Tile-aligned token range of this split.
@@ -89,7 +89,7 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
                  o.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
         # mid_o: [B, Hq, NUM_SPLITS, BLOCK_D] fp32, mid_lse: [B, Hq, NUM_SPLITS] fp32 (log2 units), contiguous
-        hq = tl.num_programs(1) * GROUP
+        hq = tl.num_programs(0) * GROUP
         base = (b * hq + heads) * NUM_SPLITS + split  # [BLOCK_H]
         tl.store(mid_o_ptr + base[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :], o, mask=out_mask)
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
@@ -116,7 +116,7 @@ def _merge_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, stride_ob, stride_oh, stride_
 
 def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor,
                  sm_scale: float | None = None, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
-                 num_splits: int = 1, block_n: int | None = None, out: Tensor | None = None) -> Tensor:
+                 num_splits: int = 1, config: KernelConfig | None = None, out: Tensor | None = None) -> Tensor:
     """q: [B, Hq, D] (the last token of each sequence) over pages -> [B, Hq, D] in q's dtype.
 
     page_table int32 [B, max_pages], seq_lens int32 [B] (>= 1). num_splits > 1 cuts each sequence
@@ -139,24 +139,22 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
         raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
     if B == 0:
         return out
-    on_gpu = q.device.type == "cuda"
+    config = config or (DECODE_GPU if q.device.type == "cuda" else CPU_TILES)
     block_d = max(16, triton.next_power_of_2(d))
-    block_n = block_n or (64 if on_gpu else 16)
     if num_splits > 1:
         mid_o = torch.empty(B, hq, num_splits, block_d, dtype=torch.float32, device=q.device)
         mid_lse = torch.empty(B, hq, num_splits, dtype=torch.float32, device=q.device)
     else:
         mid_o = mid_lse = out  # placeholders, never touched with one split
     xs = k_scale.stride() if fp8 else (0, 0, 0)
-    extra = dict(num_warps=4, num_stages=3) if on_gpu else {}
-    for_device(_kernel, q.device)[(B, hkv, num_splits)](
+    for_device(_kernel, q.device)[(hkv, B, num_splits)](
         q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table, seq_lens,
         out, mid_o, mid_lse, sm_scale * LOG2E,
         *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(),
         GROUP=group, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
-        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
+        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=config.block_n,
         NUM_SPLITS=num_splits, IS_FP8=fp8,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **extra)
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
     if num_splits > 1:
         for_device(_merge_kernel, q.device)[(B, hq)](
             mid_o, mid_lse, out, *out.stride(), HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=num_splits,

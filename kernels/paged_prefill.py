@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import LOG2E, check_paged_args, for_device
+from .launch import CPU_TILES, LOG2E, PREFILL_GPU, KernelConfig, check_paged_args, for_device, launch_options
 
 
 @triton.jit
@@ -108,7 +108,7 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr,
 def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor,
                   q_start: Tensor, q_lens: Tensor, sm_scale: float | None = None,
                   k_scale: Tensor | None = None, v_scale: Tensor | None = None,
-                  max_q_len: int | None = None, block_m: int | None = None, block_n: int | None = None,
+                  max_q_len: int | None = None, config: KernelConfig | None = None,
                   out: Tensor | None = None) -> Tensor:
     """q: [T, Hq, D] ragged rows (see module doc) -> [T, Hq, D] in q's dtype.
 
@@ -132,17 +132,14 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
         return out
     if max_q_len is None:
         max_q_len = int(q_lens.max().item())
-    on_gpu = q.device.type == "cuda"
-    block_m = block_m or (128 if on_gpu else 16)
-    block_n = block_n or (64 if on_gpu else 16)
-    extra = dict(num_warps=8, num_stages=3) if on_gpu else {}
+    config = config or (PREFILL_GPU if q.device.type == "cuda" else CPU_TILES)
     xs = k_scale.stride() if fp8 else (0, 0, 0)
-    grid = (hq, B, triton.cdiv(max(1, max_q_len), block_m))
+    grid = (hq, B, triton.cdiv(max(1, max_q_len), config.block_m))
     for_device(_kernel, q.device)[grid](
         q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table, seq_lens,
         q_start, q_lens, out, sm_scale * LOG2E,
         *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(),
         GROUP=hq // hkv, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
-        BLOCK_M=block_m, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=block_n, IS_FP8=fp8,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **extra)
+        BLOCK_M=config.block_m, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=config.block_n, IS_FP8=fp8,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
     return out
