@@ -124,6 +124,11 @@ def _slots(pages: list[int], start: int, end: int, ps: int) -> list[int]:
     return (table[pos // ps - first] * ps + pos % ps).tolist()
 
 
+def worst_case_pages(req: Request, page_size: int) -> int:
+    """Pages a request holds at most: K/V of its prompt and all outputs but the last."""
+    return -(-(len(req.prompt) + req.max_tokens - 1) // page_size)
+
+
 class Scheduler:
     """Decides each step's work; see the module docstring for the page lifetime rules."""
 
@@ -156,7 +161,7 @@ class Scheduler:
             raise ValueError(f"request {req.rid} is not fresh: status {req.status.value}, "
                              f"{len(req.output)} output tokens, {len(req.pages)} pages")
         ps = self.page_size
-        worst = -(-(len(req.prompt) + req.max_tokens - 1) // ps)
+        worst = worst_case_pages(req, ps)
         if worst > self.pool.num_pages:
             raise ValueError(f"request {req.rid} needs up to {worst} pages ({len(req.prompt)} prompt "
                              f"+ {req.max_tokens} max_tokens, page_size {ps}) but the pool has "
