@@ -22,32 +22,43 @@ class OutOfPages(RuntimeError):
 
 
 def _as_pages(pages: Iterable[int], num_pages: int) -> np.ndarray:
-    if isinstance(pages, np.ndarray) and pages.dtype.kind in "iu":
+    """pages as a flat integer array, every id checked to lie in the pool."""
+    if isinstance(pages, np.ndarray):
+        if pages.dtype.kind not in "iu":
+            raise ValueError(f"pages must be integers, got dtype {pages.dtype}")
         arr = pages
     elif isinstance(pages, (list, tuple)):
-        arr = np.asarray(pages, dtype=np.int64)
+        try:
+            arr = np.asarray(pages, dtype=np.int64)
+        except (OverflowError, TypeError, ValueError) as e:
+            raise ValueError(f"pages must be integer page ids: {e}") from None
     else:
         arr = np.fromiter(pages, dtype=np.int64)
     if arr.ndim != 1:
         raise ValueError(f"pages must be a flat sequence, got shape {arr.shape}")
+    _check_range(arr, num_pages)
+    return arr
+
+
+def _check_range(arr: np.ndarray, num_pages: int) -> None:
     if arr.size and (arr.min() < 0 or arr.max() >= num_pages):
         bad = int(arr[(arr < 0) | (arr >= num_pages)][0])
         raise IndexError(f"page {bad} outside pool of {num_pages}")
-    return arr
 
 
 class PagePool:
     """A fixed set of `num_pages` page ids 0..num_pages-1."""
 
     def __init__(self, num_pages: int) -> None:
-        if num_pages < 0:
-            raise ValueError(f"num_pages must be >= 0, got {num_pages}")
+        if not 0 <= num_pages < 2**31:
+            raise ValueError(f"num_pages must be in [0, 2**31), got {num_pages}")
         self.num_pages = num_pages
-        self._refs = np.zeros(num_pages, dtype=np.int32)
+        self._refs = np.zeros(num_pages, dtype=np.int32)  # [num_pages]
         # A stack: _free[:_top] are the free pages, popped from the top (low ids first).
-        self._free = np.arange(num_pages - 1, -1, -1, dtype=np.int64)
+        self._free = np.arange(num_pages - 1, -1, -1, dtype=np.int32)  # [num_pages]
         self._top = num_pages
-        self._mark = np.zeros(num_pages, dtype=np.int64)  # scratch for duplicate detection
+        self._mark = np.zeros(num_pages, dtype=np.int32)  # scratch for duplicate detection
+        self._iota = np.arange(min(num_pages, 4096), dtype=np.int32)  # 0, 1, 2, ... (grows)
 
     @property
     def num_free(self) -> int:
@@ -58,7 +69,7 @@ class PagePool:
         return self.num_pages - self._top
 
     def alloc(self, n: int) -> list[int]:
-        """Take `n` free pages, each with refcount 1."""
+        """Take `n` free pages, each with refcount 1; all or nothing (OutOfPages)."""
         if n < 0:
             raise ValueError(f"cannot allocate {n} pages")
         if n > self._top:
@@ -70,27 +81,51 @@ class PagePool:
         self._refs[pages] = 1
         return pages.tolist()
 
-    def _no_duplicates(self, arr: np.ndarray) -> bool:
-        idx = np.arange(arr.size, dtype=np.int64)
-        self._mark[arr] = idx
-        return bool((self._mark[arr] == idx).all())
+    def are_distinct(self, pages: np.ndarray) -> bool:
+        """Whether an integer array of in-pool page ids lists no page twice."""
+        n = pages.size
+        if n > self.num_pages:
+            return False
+        if n > len(self._iota):
+            self._iota = np.arange(max(n, 2 * len(self._iota)), dtype=np.int32)
+        idx = self._iota[:n]
+        self._mark[pages] = idx  # a repeated page keeps only its last position
+        return bool((self._mark[pages] == idx).all())
+
+    def check_held(self, pages: np.ndarray) -> np.ndarray:
+        """Refcounts of `pages` (an integer array); raises IndexError / ValueError naming the
+        page unless every page is in the pool and held."""
+        try:
+            held = self._refs[pages]
+        except IndexError:
+            held = None
+        if held is None or (pages.dtype.kind == "i" and pages.size and pages.min() < 0):
+            _check_range(pages, self.num_pages)  # past the end, or negative (numpy would wrap it)
+        if held.size and held.min() <= 0:
+            raise ValueError(f"page {int(pages[held <= 0][0])} is free (refcount 0)")
+        return held
 
     def incref(self, pages: Iterable[int]) -> None:
-        """Add one reference to each held page (a page listed twice gets two)."""
+        """Add one reference to each held page (a page listed twice gets two).
+
+        Raises, changing nothing, if a page is outside the pool or free."""
         arr = _as_pages(pages, self.num_pages)
         if arr.size == 0:
             return
         held = self._refs[arr]
         if (held <= 0).any():
             raise ValueError(f"incref of free page {int(arr[held <= 0][0])}")
-        if self._no_duplicates(arr):
+        if self.are_distinct(arr):
             self._refs[arr] = held + 1
         else:
             np.add.at(self._refs, arr, 1)
 
-    def incref_distinct(self, pages: np.ndarray) -> None:
-        """incref for an integer array known to hold no page twice (the tree's adoption path)."""
-        held = self._refs[pages]
+    def incref_distinct(self, pages: np.ndarray, held: np.ndarray | None = None) -> None:
+        """incref for an integer array known to hold no page twice (the tree's adoption path).
+
+        `held`: the pages' refcounts if the caller just read them with check_held."""
+        if held is None:
+            held = self._refs[pages]
         if held.size and held.min() <= 0:
             raise ValueError(f"incref of free page {int(pages[held <= 0][0])}")
         self._refs[pages] = held + 1
@@ -98,11 +133,12 @@ class PagePool:
     def decref(self, pages: Iterable[int]) -> int:
         """Drop one reference from each page; a page reaching 0 returns to the free list.
 
-        Returns how many pages were freed."""
+        Returns how many pages were freed. Raises, changing nothing, if a page would go below
+        zero (a double free) or lies outside the pool."""
         arr = _as_pages(pages, self.num_pages)
         if arr.size == 0:
             return 0
-        if self._no_duplicates(arr):
+        if self.are_distinct(arr):
             return self.decref_distinct(arr)
         uniq, counts = np.unique(arr, return_counts=True)
         return self._set_refs(uniq, self._refs[uniq] - counts)
@@ -112,17 +148,23 @@ class PagePool:
         return self._set_refs(pages, self._refs[pages] - 1)
 
     def _set_refs(self, pages: np.ndarray, after: np.ndarray) -> int:
-        if after.size and after.min() < 0:
+        if after.size == 0:
+            return 0
+        if after.min() < 0:
             bad = int(pages[after < 0][0])
             raise ValueError(f"decref of page {bad} below zero (double free): "
                              f"refcount {int(self._refs[bad])}")
         self._refs[pages] = after
-        freed = pages[after == 0]
-        if freed.size:
-            # Pushed in reverse so the lowest freed id is popped first.
-            self._free[self._top: self._top + freed.size] = freed[::-1]
-            self._top += freed.size
-        return int(freed.size)
+        if after.any():
+            freed = pages[after == 0]
+        else:
+            freed = pages  # the common eviction case: every page was the tree's alone
+        n = freed.size
+        if n:
+            # Pushed in reverse so the lowest-positioned freed id is popped first.
+            self._free[self._top: self._top + n] = freed[::-1]
+            self._top += n
+        return int(n)
 
     def refcount(self, page: int) -> int:
         if not 0 <= page < self.num_pages:

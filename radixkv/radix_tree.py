@@ -1,21 +1,25 @@
 """RadixCache: a radix tree over full token blocks mapping prefixes to KV pages. No torch.
 
 Each edge holds a whole number of `page_size`-token blocks (an int32 array) and one page
-per block. Children are found by an xxhash of their first block; the block's tokens are
-compared on every hit, so a hash collision can never return another prefix's pages
-(colliding siblings are chained through `Node.next_sibling`).
+per block. Children are found by a hash of their first block (xxh3 by default); the block's
+tokens are compared on every hit, so a hash collision can never return another prefix's
+pages (colliding siblings are chained through `Node.next_sibling`).
 
 Lifetime rules:
 - The tree holds one reference on each page it adopted (`insert` increfs them); eviction
   drops that reference. The caller keeps, and later drops, its own references.
 - A caller that keeps using matched pages must `lock` the match (its path is then never
   evicted and counts as locked, not evictable) and `unlock` it exactly once when done.
+  A match whose path was evicted (wholly or its tail) since is stale: locking it raises.
 - `num_cached_pages == num_evictable_pages + num_locked_pages` at all times.
+- Bad input (a missing, free, repeated or already-cached page; a stale or unlocked match;
+  a negative eviction count) raises before the tree or the pool changes.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -25,6 +29,7 @@ import xxhash
 from .pages import PagePool
 
 HashFn = Callable[[np.ndarray], int]
+Namespace = str | None
 
 
 def xxhash_block(block: np.ndarray) -> int:
@@ -33,20 +38,23 @@ def xxhash_block(block: np.ndarray) -> int:
 
 
 class Node:
-    __slots__ = ("key", "pages", "children", "parent", "next_sibling", "hkey",
+    """One edge of the tree: `key` tokens (whole blocks) and one page per block."""
+
+    __slots__ = ("key", "pages", "page_list", "children", "parent", "next_sibling", "hkey",
                  "lock_count", "last_access", "heap_seq", "namespace")
 
-    def __init__(self, key: np.ndarray, pages: np.ndarray, parent: Node | None, hkey: int,
-                 namespace: str | None) -> None:
+    def __init__(self, key: np.ndarray, pages: np.ndarray, page_list: list[int],
+                 parent: Node | None, hkey: int, namespace: Namespace) -> None:
         self.key = key  # int32 [num_blocks * page_size]
         self.pages = pages  # int32 [num_blocks], one physical page per block
+        self.page_list = page_list  # the same pages as Python ints (match returns copies)
         self.children: dict[int, Node] = {}  # first-block hash -> first node of a collision chain
         self.parent = parent  # None for a namespace root and for a node evicted from the tree
         self.next_sibling: Node | None = None  # next sibling whose first block has the same hash
         self.hkey = hkey
         self.lock_count = 0
         self.last_access = 0
-        self.heap_seq = -1  # sequence number of this node's live entry in the LRU heap
+        self.heap_seq: int | None = None  # sequence number of its live LRU-heap entry, if any
         self.namespace = namespace
 
     def iter_children(self) -> Iterator[Node]:
@@ -78,15 +86,34 @@ class MatchResult(NamedTuple):
     node: Node
 
 
+class _Descent(NamedTuple):
+    """Where tokens leave the tree, found without changing it."""
+
+    path: list[Node]  # whole edges matched, root excluded
+    matched: int  # tokens matched, including `split_blocks` blocks of `split_node`
+    split_node: Node | None  # an edge the prefix ends inside (it must be split), if any
+    split_blocks: int
+
+
+class _Adoption(NamedTuple):
+    """Pages insert will adopt, already validated."""
+
+    pages: np.ndarray  # int32 [n]
+    page_list: list[int]  # the same pages
+    refcounts: np.ndarray  # int32 [n], their refcounts before adoption
+
+
 def _as_tokens(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
-    if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32:
+    """tokens as a C-contiguous int32 [L] array (no copy when it already is one)."""
+    if (isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 and tokens.ndim == 1
+            and tokens.flags.c_contiguous):
         return tokens
     arr = np.asarray(tokens)
     if arr.ndim != 1:
         raise ValueError(f"tokens must be one-dimensional, got shape {arr.shape}")
     if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() > np.iinfo(np.int32).max):
         raise ValueError("tokens must be non-negative integers below 2**31")
-    return arr.astype(np.int32, copy=False)
+    return np.ascontiguousarray(arr, dtype=np.int32)
 
 
 class RadixCache:
@@ -98,10 +125,13 @@ class RadixCache:
         self.pool = pool
         self.page_size = page_size
         self._hash = hash_fn
-        self._roots: dict[str | None, Node] = {}
+        self._roots: dict[Namespace, Node] = {}
         self._clock = 0
         self._seq = itertools.count()
         self._heap: list[tuple[int, int, Node]] = []  # (last_access, seq, leaf); stale entries skipped
+        # [num_pages] nonzero exactly for the pages the tree holds (the value is scratch)
+        self._page_mark = np.zeros(pool.num_pages, dtype=np.int32)
+        self._iota = np.arange(1, 1025, dtype=np.int32)  # 1, 2, 3, ... stamps (grows)
         self._num_nodes = 0
         self.num_cached_pages = 0
         self.num_locked_pages = 0
@@ -113,19 +143,19 @@ class RadixCache:
         return self.num_cached_pages - self.num_locked_pages
 
     @property
-    def namespaces(self) -> list[str | None]:
+    def namespaces(self) -> list[Namespace]:
         return list(self._roots)
 
-    def root(self, namespace: str | None = None) -> Node:
+    def root(self, namespace: Namespace = None) -> Node:
         node = self._roots.get(namespace)
         if node is None:
             empty = np.zeros(0, dtype=np.int32)
-            node = self._roots[namespace] = Node(empty, empty, None, 0, namespace)
+            node = self._roots[namespace] = Node(empty, empty, [], None, 0, namespace)
         return node
 
     # ---- lookup ------------------------------------------------------------------------------
-    def _find_child(self, node: Node, block: np.ndarray, h: int) -> Node | None:
-        child = node.children.get(h)
+    def _find_child(self, node: Node, block: np.ndarray) -> Node | None:
+        child = node.children.get(self._hash(block))
         if child is None:
             return None
         want = block.tobytes()
@@ -135,78 +165,131 @@ class RadixCache:
 
     def _common_blocks(self, edge: np.ndarray, tokens: np.ndarray, pos: int) -> int:
         """Whole blocks shared by `edge` and tokens[pos:] (the first block is known equal)."""
-        n = min(len(edge), (len(tokens) - pos) // self.page_size * self.page_size)
-        other = tokens[pos: pos + n]
-        if n == len(edge) and np.array_equal(edge, other):
-            return n // self.page_size
-        diff = edge[:n] != other
-        first = int(diff.argmax()) if diff.any() else n
-        return first // self.page_size
-
-    def _walk(self, tokens: np.ndarray, namespace: str | None) -> tuple[Node, int, list[Node]]:
-        """Follow tokens down from the namespace root, splitting an edge the prefix ends inside.
-
-        Returns (last node, matched tokens, path nodes below the root)."""
         ps = self.page_size
-        node = self.root(namespace)
+        n = min(len(edge), (len(tokens) - pos) // ps * ps)
+        if n == ps:
+            return 1
+        diff = edge[:n] != tokens[pos: pos + n]
+        if not diff.any():
+            return n // ps
+        return int(diff.argmax()) // ps
+
+    def _descend(self, tokens: np.ndarray, root: Node) -> _Descent:
+        ps = self.page_size
         limit = len(tokens) // ps * ps
-        pos = 0
-        path: list[Node] = []
-        clock = self._clock = self._clock + 1
+        node, pos, path = root, 0, []
         while pos < limit:
-            block = tokens[pos: pos + ps]
-            child = self._find_child(node, block, self._hash(block))
+            child = self._find_child(node, tokens[pos: pos + ps])
             if child is None:
                 break
+            edge = len(child.key)
             blocks = self._common_blocks(child.key, tokens, pos)
-            if blocks * ps < len(child.key):
-                child = self._split(child, blocks)
-            child.last_access = clock
+            if blocks * ps < edge:
+                return _Descent(path, pos + blocks * ps, child, blocks)
             path.append(child)
             node = child
-            pos += blocks * ps
-        node.last_access = clock
-        return node, pos, path
+            pos += edge
+        return _Descent(path, pos, None, 0)
 
-    def match(self, tokens: Sequence[int] | np.ndarray, namespace: str | None = None) -> MatchResult:
-        """Longest cached prefix of `tokens` in whole blocks; refreshes its LRU time."""
+    def _touch(self, d: _Descent, root: Node) -> Node:
+        """Split the edge the prefix ends inside (if any) and refresh the path's LRU time.
+
+        Returns the node that ends the matched prefix."""
+        path = d.path
+        if d.split_node is not None:
+            path.append(self._split(d.split_node, d.split_blocks))
+        clock = self._clock = self._clock + 1
+        for node in path:
+            node.last_access = clock
+        root.last_access = clock
+        return path[-1] if path else root
+
+    def match(self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None) -> MatchResult:
+        """Longest cached prefix of `tokens` in whole blocks; refreshes its LRU time.
+
+        Splits an edge the prefix ends inside, so the result's `node` ends exactly there."""
         tokens = _as_tokens(tokens)
-        node, matched, path = self._walk(tokens, namespace)
+        root = self.root(namespace)
+        d = self._descend(tokens, root)
+        end = self._touch(d, root)
+        path = d.path
         if len(path) == 1:
-            pages = path[0].pages.tolist()
-        elif path:
-            pages = np.concatenate([n.pages for n in path]).tolist()
+            pages = path[0].page_list.copy()
         else:
             pages = []
-        self._push_if_evictable(node)
-        return MatchResult(matched, pages, node)
+            for node in path:
+                pages += node.page_list
+        self._push_if_evictable(end)
+        return MatchResult(d.matched, pages, end)
 
     # ---- insert ------------------------------------------------------------------------------
-    def insert(self, tokens: Sequence[int] | np.ndarray, pages: Sequence[int],
-               namespace: str | None = None) -> int:
-        """Cache the full blocks of `tokens` with `pages` (one per full block).
+    def _adoptable(self, pages: Sequence[int] | np.ndarray, start: int, stop: int) -> _Adoption:
+        """pages[start:stop], checked: in the pool, held, distinct, not already in the tree.
+        Raises ValueError/IndexError naming the page otherwise; changes nothing then. On
+        success the pages are marked as in the tree (the caller must go on to adopt them)."""
+        if isinstance(pages, np.ndarray):
+            if pages.dtype.kind not in "iu" or pages.ndim != 1:
+                raise ValueError(f"pages must be a flat integer array, got {pages.dtype} {pages.shape}")
+            arr = pages[start:stop]
+            if arr.size and arr.min() < 0:
+                raise IndexError(f"page {int(arr[arr < 0][0])} outside pool of {self.pool.num_pages}")
+            plist = arr.tolist()
+        else:
+            plist = list(pages[start:stop])
+            try:  # 'I' rejects negative and non-integer ids; the pool rejects ids past its end
+                arr = np.frombuffer(struct.pack(f"{len(plist)}I", *plist), dtype=np.uint32)
+            except struct.error:
+                bad = next((p for p in plist if not isinstance(p, (int, np.integer)) or not 0 <= p < 2**32), None)
+                raise IndexError(f"page {bad!r} is not a page id of a pool of {self.pool.num_pages}") from None
+        held = self.pool.check_held(arr)  # int32 [n]
+        arr = arr.view(np.int32) if arr.dtype.itemsize == 4 else arr.astype(np.int32)  # ids < 2**31
+        n = len(plist)
+        marks = self._page_mark
+        cached = marks[arr]
+        if cached.any():
+            raise ValueError(f"page {int(arr[cached != 0][0])} already holds another cached block")
+        if n > len(self._iota):
+            self._iota = np.arange(1, 2 * n + 1, dtype=np.int32)
+        stamp = self._iota[:n]  # 1..n: a page listed twice keeps only its last stamp
+        marks[arr] = stamp
+        if not (marks[arr] == stamp).all():
+            marks[arr] = 0
+            uniq, counts = np.unique(arr, return_counts=True)
+            raise ValueError(f"page {int(uniq[counts > 1][0])} is given for two blocks")
+        return _Adoption(arr, plist, held)
+
+    def insert(self, tokens: Sequence[int] | np.ndarray, pages: Sequence[int] | np.ndarray,
+               namespace: Namespace = None) -> int:
+        """Cache the full blocks of `tokens` with `pages` (one per full block; extra trailing
+        pages, e.g. a partial tail's, are ignored).
 
         Blocks already cached keep the tree's pages (the caller's are not adopted); the tree
-        increfs each page it adopts. Returns how many leading tokens were already cached."""
+        increfs each page it adopts. Returns how many leading tokens were already cached.
+        A read-only `tokens` array may be kept as a view (it must not change later)."""
         tokens = _as_tokens(tokens)
         ps = self.page_size
         nblocks = len(tokens) // ps
         if len(pages) < nblocks:
             raise ValueError(f"insert needs one page per full block: {nblocks} blocks, {len(pages)} pages")
-        node, matched, _ = self._walk(tokens, namespace)
+        root = self.root(namespace)
+        d = self._descend(tokens, root)
+        matched = d.matched
+        adopt = None
         if matched < nblocks * ps:
-            new_pages = np.asarray(pages[matched // ps: nblocks], dtype=np.int32)
-            self.pool.incref_distinct(new_pages)
+            adopt = self._adoptable(pages, matched // ps, nblocks)  # raises before any change
+        node = self._touch(d, root)
+        if adopt is not None:
+            new_pages, new_list = adopt.pages, adopt.page_list
+            self.pool.incref_distinct(new_pages, adopt.refcounts)
             key = tokens[matched: nblocks * ps]
             # A read-only array cannot change under us: keep a view of it when that does not
             # pin much more memory than a copy would.
             if key.flags.writeable or 2 * len(key) < len(tokens):
                 key = key.copy()
-            first = key[:ps]
-            leaf = Node(key, new_pages, node, self._hash(first), namespace)
+            leaf = Node(key, new_pages, new_list, node, self._hash(key[:ps]), namespace)
             leaf.last_access = self._clock
             self._attach(node, leaf)
-            self.num_cached_pages += len(new_pages)
+            self.num_cached_pages += len(new_list)
             self._num_nodes += 1
             node = leaf
         self._push_if_evictable(node)
@@ -236,17 +319,19 @@ class RadixCache:
         child.parent = None
 
     def _split(self, node: Node, blocks: int) -> Node:
-        """Cut `node`'s edge after `blocks` blocks; returns the new upper node (node stays below)."""
+        """Cut `node`'s edge after `blocks` blocks; returns the new upper node (node stays below,
+        so a MatchResult ending at `node` still ends at it)."""
         ps = self.page_size
         parent = node.parent
         assert parent is not None and 0 < blocks < len(node.pages)
-        upper = Node(node.key[: blocks * ps], node.pages[:blocks], None, node.hkey, node.namespace)
+        upper = Node(node.key[: blocks * ps], node.pages[:blocks], node.page_list[:blocks],
+                     None, node.hkey, node.namespace)
         upper.lock_count = node.lock_count  # every lock on node's path also covers its prefix
         upper.last_access = node.last_access
-        # upper takes node's place in the parent's child chain.
-        self._replace_child(parent, node, upper)
+        self._replace_child(parent, node, upper)  # upper takes node's place among the siblings
         node.key = node.key[blocks * ps:]
         node.pages = node.pages[blocks:]
+        del node.page_list[:blocks]
         node.hkey = self._hash(node.key[:ps])
         node.next_sibling = None
         self._attach(upper, node)
@@ -265,28 +350,43 @@ class RadixCache:
             head.next_sibling = new
 
     # ---- locks -------------------------------------------------------------------------------
+    def _path_to_root(self, m: MatchResult, verb: str) -> list[Node]:
+        """Nodes from m.node up to (excluding) its root; raises if m is stale."""
+        node = m.node
+        if node.parent is None:
+            if self._roots.get(node.namespace) is not node:
+                raise ValueError(f"{verb} of a stale match: {node} was evicted")
+            return []
+        path: list[Node] = []
+        tokens = 0
+        while node.parent is not None:
+            path.append(node)
+            tokens += len(node.key)
+            node = node.parent
+        if tokens != m.num_tokens:
+            raise ValueError(f"{verb} of a stale match: its path now holds {tokens} of its "
+                             f"{m.num_tokens} tokens (the tail was evicted)")
+        return path
+
     def lock(self, m: MatchResult) -> None:
         """Protect the path root..m.node from eviction until unlock(m)."""
-        node = m.node
-        if node.parent is None and self._roots.get(node.namespace) is not node:
-            raise ValueError(f"lock of a stale match: {node} was evicted")
-        while node.parent is not None:
+        for node in self._path_to_root(m, "lock"):
             if node.lock_count == 0:
                 self.num_locked_pages += len(node.pages)
             node.lock_count += 1
-            node = node.parent
 
     def unlock(self, m: MatchResult) -> None:
-        node = m.node
-        leaf = node
-        while node.parent is not None:
+        """Undo one lock(m). Raises, changing nothing, if the path is not locked."""
+        path = self._path_to_root(m, "unlock")
+        for node in path:
             if node.lock_count <= 0:
                 raise ValueError(f"unlock of an unlocked path at {node}")
+        for node in path:
             node.lock_count -= 1
             if node.lock_count == 0:
                 self.num_locked_pages -= len(node.pages)
-            node = node.parent
-        self._push_if_evictable(leaf)
+        if path:
+            self._push_if_evictable(path[0])
 
     # ---- eviction ----------------------------------------------------------------------------
     def _push_if_evictable(self, node: Node) -> None:
@@ -299,7 +399,8 @@ class RadixCache:
             self._rebuild_heap()
 
     def _rebuild_heap(self) -> None:
-        self._heap = []
+        """Drop stale entries: one live entry per evictable leaf."""
+        heap = []
         for root in self._roots.values():
             stack = list(root.iter_children())
             while stack:
@@ -308,49 +409,76 @@ class RadixCache:
                     stack.extend(node.iter_children())
                 elif node.lock_count == 0:
                     node.heap_seq = seq = next(self._seq)
-                    self._heap.append((node.last_access, seq, node))
-        heapq.heapify(self._heap)
+                    heap.append((node.last_access, seq, node))
+        heapq.heapify(heap)
+        self._heap = heap
+
+    def _take_victims(self, num_pages: int) -> list[np.ndarray]:
+        """Remove up to `num_pages` pages from the tree, least recently used leaf first and a
+        leaf's tail blocks first. Returns the removed pages (the tree's references not yet dropped)."""
+        dropped: list[np.ndarray] = []
+        taken = 0
+        ps = self.page_size
+        while taken < num_pages and self._heap:
+            _, seq, node = heapq.heappop(self._heap)
+            if seq != node.heap_seq or node.children or node.lock_count or node.parent is None:
+                continue  # stale entry
+            keep = len(node.pages) - (num_pages - taken)
+            if keep > 0:
+                pages = node.pages[keep:]
+                node.pages = node.pages[:keep]
+                del node.page_list[keep:]
+                node.key = node.key[: keep * ps]
+                heapq.heappush(self._heap, (node.last_access, seq, node))
+            else:
+                pages = node.pages
+                parent = node.parent
+                self._detach(node)
+                node.heap_seq = None
+                self._num_nodes -= 1
+                self._push_if_evictable(parent)
+            dropped.append(pages)
+            taken += len(pages)
+        self.num_cached_pages -= taken
+        return dropped
 
     def evict(self, num_pages: int) -> int:
         """Free at least `num_pages` pages (if possible), least recently used leaves first,
-        tail blocks of a leaf first. Returns pages actually returned to the pool."""
+        tail blocks of a leaf first. Returns pages actually returned to the pool (a page a
+        caller still references leaves the tree but is not freed, so more is evicted)."""
+        if num_pages < 0:
+            raise ValueError(f"cannot evict {num_pages} pages")
         freed = 0
-        heap = self._heap
-        pool = self.pool
-        while freed < num_pages and heap:
-            _, seq, node = heapq.heappop(heap)
-            if seq != node.heap_seq or node.children or node.lock_count or node.parent is None:
-                continue  # stale entry
-            keep = len(node.pages) - (num_pages - freed)
-            if keep > 0:
-                dropped = node.pages[keep:]
-                node.pages = node.pages[:keep]
-                node.key = node.key[: keep * self.page_size]
-                heapq.heappush(heap, (node.last_access, seq, node))
-            else:
-                dropped = node.pages
-                parent = node.parent
-                self._detach(node)
-                node.heap_seq = -1
-                self._num_nodes -= 1
-                self._push_if_evictable(parent)
-            freed += pool.decref_distinct(dropped)
-            self.num_cached_pages -= len(dropped)
+        while freed < num_pages:
+            dropped = self._take_victims(num_pages - freed)
+            if not dropped:
+                break
+            pages = dropped[0] if len(dropped) == 1 else np.concatenate(dropped)
+            self._page_mark[pages] = 0
+            freed += self.pool.decref_distinct(pages)
         return freed
 
     def clear(self) -> int:
         """Evict every unlocked page; returns pages returned to the pool."""
-        return self.evict(self.num_cached_pages)
+        freed = 0
+        while self.num_evictable_pages:
+            n = self.num_evictable_pages
+            freed += self.evict(n)
+            if self.num_evictable_pages == n:
+                break
+        return freed
 
     # ---- invariants --------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Raise AssertionError naming the node and the broken invariant."""
+        """Raise AssertionError naming the node and the broken invariant (DESIGN.md 1-6)."""
         ps = self.page_size
-        self.pool.check_invariants()
-        seen_pages: set[int] = set()
+        self.pool.check_invariants()  # invariant 1
+        live = {id(n): t for t, s, n in self._heap if s == n.heap_seq}
+        in_tree = np.zeros(self.pool.num_pages, dtype=np.bool_)
         cached = locked = nodes = 0
         for ns, root in self._roots.items():
             assert root.parent is None and len(root.key) == 0, f"namespace {ns!r}: malformed root"
+            assert root.namespace == ns, f"namespace {ns!r}: root says {root.namespace!r}"
             stack = [root]
             while stack:
                 node = stack.pop()
@@ -362,31 +490,34 @@ class RadixCache:
                     k = len(child.key)
                     assert k > 0 and k % ps == 0, f"{child}: key of {k} tokens is not a positive whole number of blocks"
                     assert len(child.pages) == k // ps, f"{child}: {len(child.pages)} pages for {k // ps} blocks"
+                    assert child.page_list == child.pages.tolist(), f"{child}: page list differs from its pages"
                     first = child.key[:ps]
                     assert child.hkey == self._hash(first), f"{child}: stored hash is not its first block's"
-                    assert node.children.get(child.hkey) is not None, f"{child}: hash chain broken"
                     fb = first.tobytes()
                     assert fb not in firsts, f"{child}: shares its first block with a sibling"
                     firsts.add(fb)
                     assert child.lock_count >= 0, f"{child}: negative lock count"
                     child_locks += child.lock_count
-                    assert child.last_access <= node.last_access or node.parent is None, \
+                    assert node.parent is None or child.last_access <= node.last_access, \
                         f"{child}: used more recently than its parent {node}"
-                    for p in child.pages.tolist():
-                        assert p not in seen_pages, f"{child}: page {p} appears twice in the tree"
-                        seen_pages.add(p)
-                        assert self.pool.refcount(p) >= 1, f"{child}: holds free page {p}"
-                    cached += len(child.pages)
-                    locked += len(child.pages) if child.lock_count else 0
+                    pages = child.pages
+                    assert not in_tree[pages].any(), f"{child}: a page appears twice in the tree"
+                    in_tree[pages] = True
+                    refs = self.pool.refcounts(pages)
+                    assert refs.min() >= 1, f"{child}: holds free page {int(pages[refs < 1][0])}"
+                    cached += len(pages)
+                    locked += len(pages) if child.lock_count else 0
                     nodes += 1
                     stack.append(child)
+                for head in node.children.values():
+                    assert head.parent is node, f"{node}: hash chain holds a node of another parent"
                 if node.parent is not None:
                     assert node.lock_count >= child_locks, f"{node}: fewer locks than its children together"
                     if not node.children and not node.lock_count:
-                        assert node.heap_seq >= 0, f"{node}: evictable leaf missing from the LRU heap"
+                        assert live.get(id(node)) == node.last_access, \
+                            f"{node}: evictable leaf has no LRU-heap entry at its last access time"
+        assert np.array_equal(in_tree, self._page_mark != 0), "tree page map differs from the pages in the tree"
         assert cached == self.num_cached_pages, f"num_cached_pages {self.num_cached_pages} != {cached} in tree"
         assert locked == self.num_locked_pages, f"num_locked_pages {self.num_locked_pages} != {locked} in tree"
         assert nodes == self._num_nodes, f"node count {self._num_nodes} != {nodes} in tree"
-        assert self.pool.num_free + cached <= self.pool.num_pages + 0, "free + cached pages exceed the pool"
-        live = {id(n) for _, s, n in self._heap if s == n.heap_seq}
-        assert len(live) <= nodes, "LRU heap holds more live entries than nodes"
+        assert self.pool.num_free + cached <= self.pool.num_pages, "free + cached pages exceed the pool"
