@@ -1,0 +1,419 @@
+"""RadixCache example tests: one behaviour of DESIGN.md / issue 2 item 3 each."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from radixkv import MatchResult, PagePool, RadixCache
+
+PAGE_SIZES = [1, 2, 4, 16]
+
+
+def blocks(*ids: int, ps: int, tail: int = 0) -> list[int]:
+    """Tokens made of whole blocks: block id b is ps tokens b*1000 + i; plus `tail` extra tokens."""
+    out = [b * 1000 + i for b in ids for i in range(ps)]
+    return out + [999_000 + i for i in range(tail)]
+
+
+def cached_insert(cache: RadixCache, tokens: list[int], namespace: str | None = None) -> list[int]:
+    """What a request does: match, alloc the missing full-block pages, insert, release its own.
+
+    Returns the pages the tree now holds for the full blocks of `tokens`."""
+    ps = cache.page_size
+    m = cache.match(tokens, namespace)
+    new = cache.pool.alloc(len(tokens) // ps - len(m.pages))
+    assert cache.insert(tokens, m.pages + new, namespace) == m.num_tokens
+    cache.pool.decref(new)
+    cache.check_invariants()
+    return m.pages + new
+
+
+def make(num_pages: int = 64, ps: int = 4, **kw) -> tuple[PagePool, RadixCache]:
+    pool = PagePool(num_pages)
+    return pool, RadixCache(pool, page_size=ps, **kw)
+
+
+# ---- match / insert basics -------------------------------------------------------------------
+@pytest.mark.parametrize("ps", PAGE_SIZES)
+def test_match_returns_longest_block_aligned_prefix_with_its_pages(ps: int) -> None:
+    pool, cache = make(ps=ps)
+    pages = cached_insert(cache, blocks(1, 2, 3, ps=ps, tail=ps - 1))
+    assert len(pages) == 3 and cache.num_cached_pages == 3
+    m = cache.match(blocks(1, 2, 3, 4, ps=ps))
+    assert isinstance(m, MatchResult) and (m.num_tokens, m.pages) == (3 * ps, pages)
+    m = cache.match(blocks(1, 2, 9, ps=ps))
+    assert (m.num_tokens, m.pages) == (2 * ps, pages[:2])
+    # a partial last block never matches; nor does a prompt shorter than a block
+    assert cache.match(blocks(1, 2, ps=ps) + [2000]).num_tokens == 2 * ps
+    assert cache.match(blocks(1, ps=ps)[: ps - 1]).num_tokens == 0
+    assert cache.match([]).pages == []
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("ps", [2, 4, 16])
+def test_blocks_differing_only_in_their_last_token_do_not_match(ps: int) -> None:
+    pool, cache = make(ps=ps)
+    a = blocks(1, 2, ps=ps)
+    cached_insert(cache, a)
+    b = list(a)
+    b[-1] += 1  # second block differs in its last token
+    assert cache.match(b).num_tokens == ps
+    b = list(a)
+    b[ps - 1] += 1  # first block differs in its last token
+    assert cache.match(b).num_tokens == 0
+
+
+def test_insert_returns_already_cached_tokens_and_does_not_adopt_the_callers_pages() -> None:
+    pool, cache = make(ps=4)
+    tree_pages = cached_insert(cache, blocks(1, 2, ps=4))
+    mine = pool.alloc(3)  # a request that computed all three blocks itself
+    before = pool.refcounts(mine).tolist()
+    assert cache.insert(blocks(1, 2, 3, ps=4), mine) == 8
+    # blocks 1 and 2 keep the tree's pages; only the third page is adopted
+    assert pool.refcounts(mine).tolist() == [before[0], before[1], before[2] + 1]
+    assert pool.refcounts(tree_pages).tolist() == [1, 1]
+    assert cache.match(blocks(1, 2, 3, ps=4)).pages == tree_pages + [mine[2]]
+    pool.decref(mine)  # the caller drops its references: its first two pages are free again
+    assert [pool.refcount(p) for p in mine] == [0, 0, 1]
+    assert cache.num_cached_pages == 3
+    cache.check_invariants()
+
+
+def test_insert_of_a_fully_cached_prefix_changes_no_refcounts() -> None:
+    pool, cache = make(ps=2)
+    tree_pages = cached_insert(cache, blocks(5, 6, ps=2))
+    m = cache.match(blocks(5, 6, ps=2))
+    refs = pool.refcounts(range(pool.num_pages)).tolist()
+    assert cache.insert(blocks(5, 6, ps=2), m.pages) == 4
+    assert pool.refcounts(range(pool.num_pages)).tolist() == refs
+    assert m.pages == tree_pages
+
+
+def test_insert_accepts_extra_tail_page_and_numpy_inputs() -> None:
+    pool, cache = make(ps=4)
+    tokens = np.array(blocks(1, 2, ps=4, tail=3), dtype=np.int64)
+    pages = np.array(pool.alloc(3))  # two full blocks + the private tail page
+    assert cache.insert(tokens, pages) == 0
+    assert cache.num_cached_pages == 2
+    assert pool.refcounts(pages).tolist() == [2, 2, 1]
+    cache.check_invariants()
+
+
+# ---- splits ----------------------------------------------------------------------------------
+def test_match_ending_inside_an_edge_splits_it_and_the_match_ends_at_the_cut() -> None:
+    pool, cache = make(ps=2)
+    pages = cached_insert(cache, blocks(1, 2, 3, 4, ps=2))
+    root = cache.root()
+    assert len(list(root.iter_children())) == 1 and next(root.iter_children()).num_tokens == 8
+    m = cache.match(blocks(1, 2, 7, ps=2))
+    assert (m.num_tokens, m.pages) == (4, pages[:2])
+    upper = next(root.iter_children())
+    assert upper is m.node and upper.num_tokens == 4
+    (lower,) = upper.iter_children()
+    assert lower.num_tokens == 4 and lower.parent is upper
+    assert cache.match(blocks(1, 2, 3, 4, ps=2)).pages == pages  # the whole path still matches
+    assert cache.num_cached_pages == 4
+    cache.check_invariants()
+
+
+def test_insert_ending_inside_an_edge_splits_it_and_branches() -> None:
+    pool, cache = make(ps=2)
+    a = cached_insert(cache, blocks(1, 2, 3, ps=2))
+    b = cached_insert(cache, blocks(1, 2, 8, 9, ps=2))
+    assert b[:2] == a[:2] and b[2] not in a
+    (upper,) = cache.root().iter_children()
+    assert upper.num_tokens == 4
+    assert sorted(c.num_tokens for c in upper.iter_children()) == [2, 4]
+    assert cache.match(blocks(1, 2, 3, ps=2)).pages == a
+    assert cache.match(blocks(1, 2, 8, 9, ps=2)).pages == b
+    assert cache.num_cached_pages == 5
+    cache.check_invariants()
+
+
+def test_a_split_keeps_locks_on_both_halves() -> None:
+    pool, cache = make(ps=2)
+    cached_insert(cache, blocks(1, 2, 3, ps=2))
+    m = cache.match(blocks(1, 2, 3, ps=2))
+    cache.lock(m)
+    cache.match(blocks(1, 9, ps=2))  # splits the locked edge after one block
+    assert cache.num_locked_pages == 3
+    assert cache.evict(10) == 0
+    cache.unlock(m)
+    assert cache.num_locked_pages == 0 and cache.evict(10) == 3
+    cache.check_invariants()
+
+
+# ---- locks -----------------------------------------------------------------------------------
+def test_locked_path_survives_eviction_and_unlock_makes_it_evictable() -> None:
+    pool, cache = make(num_pages=8, ps=2)
+    keep = cached_insert(cache, blocks(1, 2, ps=2))
+    cached_insert(cache, blocks(3, 4, ps=2))
+    m = cache.match(blocks(1, 2, ps=2))
+    cache.lock(m)
+    assert (cache.num_locked_pages, cache.num_evictable_pages) == (2, 2)
+    assert cache.evict(4) == 2  # only the unlocked path can go
+    assert cache.match(blocks(1, 2, ps=2)).pages == keep
+    assert cache.match(blocks(3, 4, ps=2)).num_tokens == 0
+    assert pool.num_free == 6
+    cache.unlock(m)
+    assert cache.num_locked_pages == 0 and cache.evict(4) == 2
+    assert pool.num_free == 8
+    cache.check_invariants()
+
+
+def test_locks_nest_per_match_and_a_longer_lock_covers_its_prefix() -> None:
+    pool, cache = make(ps=2)
+    cached_insert(cache, blocks(1, 2, 3, ps=2))
+    short, full = cache.match(blocks(1, ps=2)), cache.match(blocks(1, 2, 3, ps=2))
+    cache.lock(full)
+    cache.lock(short)
+    cache.unlock(full)
+    assert cache.num_locked_pages == 1  # block 1 still locked by `short`
+    assert cache.evict(3) == 2 and cache.match(blocks(1, ps=2)).num_tokens == 2
+    cache.unlock(short)
+    assert cache.evict(3) == 1
+    cache.check_invariants()
+
+
+def test_unlock_of_an_unlocked_path_raises_and_changes_nothing() -> None:
+    pool, cache = make(ps=2)
+    cached_insert(cache, blocks(1, 2, 3, ps=2))
+    m = cache.match(blocks(1, 2, 3, ps=2))
+    with pytest.raises(ValueError, match="unlock of an unlocked path"):
+        cache.unlock(m)
+    short = cache.match(blocks(1, ps=2))  # splits; then lock only the first block
+    cache.lock(short)
+    with pytest.raises(ValueError, match="unlock of an unlocked path"):
+        cache.unlock(m)  # deeper part unlocked: the shared first block must keep its lock
+    assert cache.num_locked_pages == 1
+    cache.unlock(short)
+    with pytest.raises(ValueError):
+        cache.unlock(short)
+    cache.check_invariants()
+
+
+def test_lock_of_a_stale_match_raises() -> None:
+    pool, cache = make(ps=2)
+    cached_insert(cache, blocks(1, 2, ps=2))
+    gone = cache.match(blocks(1, 2, ps=2))
+    assert cache.evict(2) == 2  # the whole path
+    with pytest.raises(ValueError, match="stale"):
+        cache.lock(gone)
+    with pytest.raises(ValueError, match="stale"):
+        cache.unlock(gone)
+    # the same prefix cached again is a new path: the old match stays stale
+    cached_insert(cache, blocks(1, 2, ps=2))
+    with pytest.raises(ValueError, match="stale"):
+        cache.lock(gone)
+    assert cache.num_locked_pages == 0
+    cache.check_invariants()
+
+
+def test_lock_of_a_match_whose_tail_was_evicted_raises() -> None:
+    pool, cache = make(ps=2)
+    cached_insert(cache, blocks(1, 2, 3, ps=2))
+    m = cache.match(blocks(1, 2, 3, ps=2))
+    assert cache.evict(1) == 1  # only the last block goes; m's node survives, shorter
+    with pytest.raises(ValueError, match="stale"):
+        cache.lock(m)
+    assert cache.num_locked_pages == 0
+    cache.lock(cache.match(blocks(1, 2, 3, ps=2)))  # a fresh match locks fine
+    assert cache.num_locked_pages == 2
+
+
+def test_lock_of_an_empty_match_is_a_no_op() -> None:
+    pool, cache = make(ps=2)
+    m = cache.match(blocks(1, ps=2))
+    assert m.num_tokens == 0 and m.node is cache.root()
+    cache.lock(m)
+    cache.unlock(m)
+    assert cache.num_locked_pages == 0
+
+
+# ---- eviction / LRU --------------------------------------------------------------------------
+def test_evict_frees_least_recently_used_leaf_first() -> None:
+    pool, cache = make(ps=2)
+    a = cached_insert(cache, blocks(1, ps=2))
+    b = cached_insert(cache, blocks(2, ps=2))
+    c = cached_insert(cache, blocks(3, ps=2))
+    cache.match(blocks(1, ps=2))  # a is now the most recently used
+    assert cache.evict(1) == 1 and pool.refcount(b[0]) == 0
+    assert cache.evict(1) == 1 and pool.refcount(c[0]) == 0
+    assert pool.refcount(a[0]) == 1
+    cache.check_invariants()
+
+
+def test_evict_takes_tail_blocks_of_a_leaf_first() -> None:
+    pool, cache = make(ps=2)
+    pages = cached_insert(cache, blocks(1, 2, 3, 4, ps=2))
+    assert cache.evict(3) == 3
+    assert [pool.refcount(p) for p in pages] == [1, 0, 0, 0]
+    m = cache.match(blocks(1, 2, 3, 4, ps=2))
+    assert (m.num_tokens, m.pages) == (2, pages[:1])
+    cache.check_invariants()
+
+
+def test_a_parent_becomes_evictable_after_its_children_in_lru_order() -> None:
+    pool, cache = make(ps=1)
+    a = cached_insert(cache, [1, 2])
+    b = cached_insert(cache, [1, 3])
+    c = cached_insert(cache, [9])
+    cache.match([1, 3])  # refresh [1] and [1,3]: [1,2]'s leaf is now the oldest
+    assert cache.evict(1) == 1 and pool.refcount(a[1]) == 0
+    assert cache.evict(1) == 1 and pool.refcount(c[0]) == 0  # [9] (t3) is older than [1,3] (t4)
+    assert cache.evict(1) == 1 and pool.refcount(b[1]) == 0
+    assert cache.evict(1) == 1 and pool.refcount(a[0]) == 0  # the parent, now a leaf
+    assert cache.num_cached_pages == 0 and pool.num_free == pool.num_pages
+    cache.check_invariants()
+
+
+def test_evict_skips_pages_a_caller_still_holds_and_keeps_going() -> None:
+    pool, cache = make(num_pages=8, ps=2)
+    held = cached_insert(cache, blocks(1, ps=2))
+    other = cached_insert(cache, blocks(2, ps=2))
+    pool.incref(held)  # a running request still uses the page (without a lock)
+    assert cache.evict(1) == 1  # held's page leaves the tree but is not free: other goes too
+    assert cache.num_cached_pages == 0
+    assert pool.refcount(held[0]) == 1 and pool.refcount(other[0]) == 0
+    pool.decref(held)
+    assert pool.num_free == 8
+    cache.check_invariants()
+
+
+def test_evict_more_than_cached_and_bad_counts() -> None:
+    pool, cache = make(ps=2)
+    cached_insert(cache, blocks(1, 2, ps=2))
+    assert cache.evict(0) == 0
+    with pytest.raises(ValueError):
+        cache.evict(-1)
+    assert cache.evict(100) == 2 and cache.evict(1) == 0
+
+
+# ---- namespaces ------------------------------------------------------------------------------
+def test_namespaces_are_disjoint_and_none_is_the_default() -> None:
+    pool, cache = make(ps=2)
+    toks = blocks(1, 2, ps=2)
+    default = cached_insert(cache, toks)
+    assert cache.match(toks, None).pages == default
+    assert cache.match(toks, "tenant-a").num_tokens == 0
+    a = cached_insert(cache, toks, "tenant-a")
+    assert not set(a) & set(default)
+    assert cache.match(toks, "tenant-a").pages == a
+    assert cache.match(toks).pages == default
+    assert cache.match(toks, "tenant-b").num_tokens == 0
+    assert cache.root("tenant-a") is not cache.root()
+    assert cache.num_cached_pages == 4
+    # evicting one namespace's pages leaves the other's
+    cache.match(toks)  # default is more recent
+    assert cache.evict(2) == 2
+    assert cache.match(toks).pages == default and cache.match(toks, "tenant-a").num_tokens == 0
+    cache.check_invariants()
+
+
+# ---- hash collisions -------------------------------------------------------------------------
+@pytest.mark.parametrize("ps", [1, 2, 16])
+def test_forced_hash_collisions_never_return_another_prefixs_pages(ps: int) -> None:
+    pool, cache = make(num_pages=64, ps=ps, hash_fn=lambda block: 0)
+    seqs = [blocks(1, 2, ps=ps), blocks(2, 1, ps=ps), blocks(3, ps=ps), blocks(1, 3, ps=ps)]
+    pages = [cached_insert(cache, s) for s in seqs]
+    for s, p in zip(seqs, pages):
+        assert cache.match(s).pages == p
+    assert cache.match(blocks(4, ps=ps)).num_tokens == 0
+    assert cache.match(blocks(2, 2, ps=ps)).pages == pages[1][:1]
+    assert pages[3][0] == pages[0][0]  # shares block 1 with the first sequence
+    # eviction under collisions removes the right sibling from its hash chain
+    cache.match(seqs[0])
+    cache.match(seqs[3])
+    cache.match(seqs[2])
+    cache.evict(1)  # seqs[1]'s last block, the least recently used leaf
+    assert cache.match(seqs[1]).num_tokens == ps
+    for s, p in zip((seqs[0], seqs[2], seqs[3]), (pages[0], pages[2], pages[3])):
+        assert cache.match(s).pages == p
+    cache.check_invariants()
+    assert cache.num_cached_pages == 5  # 2 + 2 + 1 + 1 (block 1 shared), one evicted
+    assert cache.clear() == 5
+    assert pool.num_free == pool.num_pages
+
+
+# ---- counters and clear ----------------------------------------------------------------------
+@pytest.mark.parametrize("ps", PAGE_SIZES)
+def test_counters_stay_consistent_and_clear_returns_everything(ps: int) -> None:
+    pool, cache = make(num_pages=40, ps=ps)
+    for seq in ([1, 2, 3], [1, 2, 4], [5], [1, 6, 7, 8]):
+        cached_insert(cache, blocks(*seq, ps=ps, tail=ps // 2))
+        assert cache.num_cached_pages == cache.num_evictable_pages + cache.num_locked_pages
+        assert pool.num_free + cache.num_cached_pages <= pool.num_pages
+    assert cache.num_cached_pages == 8
+    m = cache.match(blocks(1, 2, 3, ps=ps))
+    cache.lock(m)
+    assert (cache.num_locked_pages, cache.num_evictable_pages) == (3, 5)
+    assert cache.clear() == 5  # locked pages stay
+    assert cache.num_cached_pages == 3 and cache.match(blocks(1, 2, 3, ps=ps)).pages == m.pages
+    cache.unlock(m)
+    assert cache.clear() == 3
+    assert cache.num_cached_pages == 0 and pool.num_free == pool.num_pages
+    cache.check_invariants()
+
+
+# ---- bad input -------------------------------------------------------------------------------
+def _snapshot(pool: PagePool, cache: RadixCache) -> tuple:
+    return (pool.num_free, pool.refcounts(range(pool.num_pages)).tolist(), cache.num_cached_pages)
+
+
+@pytest.mark.parametrize("case", ["too_few", "free", "twice", "cached", "outside", "negative"])
+def test_bad_insert_raises_before_any_change(case: str) -> None:
+    pool, cache = make(num_pages=16, ps=2)
+    cached = cached_insert(cache, blocks(1, 2, ps=2))
+    mine = pool.alloc(3)
+    toks = blocks(1, 2, 3, 4, 5, ps=2)
+    good = cached + mine
+    bad = {
+        "too_few": good[:4],
+        "free": cached + [mine[0], mine[1], next(p for p in range(16) if pool.refcount(p) == 0)],
+        "twice": cached + [mine[0], mine[1], mine[0]],
+        "cached": cached + [mine[0], cached[0], mine[2]],
+        "outside": cached + [mine[0], 16, mine[2]],
+        "negative": cached + [mine[0], -1, mine[2]],
+    }[case]
+    before = _snapshot(pool, cache)
+    with pytest.raises((ValueError, IndexError)):
+        cache.insert(toks, bad)
+    assert _snapshot(pool, cache) == before
+    cache.check_invariants()
+    assert cache.insert(toks, good) == 4  # the tree still works afterwards
+
+
+def test_bad_tokens_raise() -> None:
+    pool, cache = make(ps=2)
+    with pytest.raises(ValueError, match="one-dimensional"):
+        cache.match(np.zeros((2, 2), dtype=np.int32))
+    with pytest.raises(ValueError, match="non-negative"):
+        cache.match([1, -2])
+    with pytest.raises(ValueError):
+        RadixCache(pool, page_size=0)
+
+
+def test_read_only_tokens_may_be_kept_as_a_view_and_writable_ones_are_copied() -> None:
+    pool, cache = make(ps=2)
+    toks = np.array(blocks(1, 2, ps=2), dtype=np.int32)
+    cached_insert(cache, toks)
+    toks[:] = 0  # the caller reuses its buffer: the tree kept a copy
+    assert cache.match(blocks(1, 2, ps=2)).num_tokens == 4
+    ro = np.array(blocks(7, 8, ps=2), dtype=np.int32)
+    ro.flags.writeable = False
+    cached_insert(cache, ro)
+    assert cache.match(blocks(7, 8, ps=2)).num_tokens == 4
+    cache.check_invariants()
+
+
+def test_check_invariants_names_a_corrupted_node() -> None:
+    pool, cache = make(ps=2)
+    cached_insert(cache, blocks(1, 2, ps=2))
+    (node,) = cache.root().iter_children()
+    node.lock_count = 1  # a lock the counters never saw
+    with pytest.raises(AssertionError, match="num_locked_pages"):
+        cache.check_invariants()
+    node.lock_count = 0
+    node.pages = node.pages[:1]
+    with pytest.raises(AssertionError, match="Node"):
+        cache.check_invariants()
