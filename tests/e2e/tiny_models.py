@@ -40,11 +40,21 @@ def hf_model(config: Any, seed: int = 0) -> Any:
     return model.eval()
 
 
-def hf_greedy(model: Any, prompt: list[int], max_tokens: int) -> list[int]:
-    """transformers' greedy generate; returns only the new tokens (EOS ignored)."""
+def hf_greedy(model: Any, prompt: list[int], max_tokens: int, stop_at_eos: bool = False) -> list[int]:
+    """transformers' greedy generate; returns only the new tokens.
+
+    stop_at_eos=False generates exactly max_tokens with EOS an ordinary token (our ignore_eos);
+    `min_new_tokens` would not do: it masks EOS out of the logits instead.
+    """
     import torch
 
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                         min_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+    saved = model.generation_config.eos_token_id, model.config.eos_token_id
+    if not stop_at_eos:
+        model.generation_config.eos_token_id = model.config.eos_token_id = None
+    try:
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                             do_sample=False, pad_token_id=0)
+    finally:
+        model.generation_config.eos_token_id, model.config.eos_token_id = saved
     return out[0, len(prompt):].tolist()
