@@ -278,6 +278,8 @@ class Scheduler:
             if (cfg.in_batch_sharing and shared and not is_starved and usable == m.num_tokens
                     and _share_key(m, tokens, ps) in shared):
                 continue  # another row computes this block now: hit it next step instead
+            if usable < m.num_tokens:  # all cached: lock only the blocks it will use
+                m = cache.match(tokens[:usable], req.namespace)
             cache.lock(m)
             want = min(total - usable, budget)
             need = -(-(usable + want) // ps) - usable // ps

@@ -1,0 +1,106 @@
+"""Hypothesis: random arrivals into a tiny pool, every policy and budget.
+
+Checks that every request completes with the tokens an unconstrained run gives, that every
+batch reads only K/V of its own prefix and writes only private pages (KVShadow), that the pool
+and tree invariants hold after every step, that no page leaks, that cached_tokens survives
+preemption, and the starvation bound: once a request has waited longer than the bound, no
+request that arrived after it is admitted before it.
+"""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from radixkv import PagePool, Policy, RadixCache, SchedulerConfig
+from radixkv.request import Request, Status
+from radixkv.scheduler import Scheduler, worst_case_pages
+from radixkv.simulator import KVShadow, fake_token
+
+PREFIXES = ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9], [5, 5, 5, 5, 5])
+
+
+@st.composite
+def workloads(draw):
+    ps = draw(st.sampled_from([1, 2, 4]))
+    reqs, arrivals = [], {}
+    for rid in range(draw(st.integers(1, 8))):
+        prompt = list(draw(st.sampled_from(PREFIXES)))[: draw(st.integers(0, 8))]
+        prompt += draw(st.lists(st.integers(0, 3), min_size=0 if prompt else 1, max_size=5))
+        max_tokens = draw(st.integers(1, 5))
+        stop = draw(st.none() | st.integers(0, max_tokens - 1))
+        stops = frozenset() if stop is None else frozenset({fake_token(rid, stop)})
+        reqs.append(Request(rid, prompt, max_tokens, namespace=draw(st.sampled_from([None, "b"])),
+                            stop_token_ids=stops))
+        arrivals[rid] = float(draw(st.integers(0, 6)))
+    worst = max(worst_case_pages(r, ps) for r in reqs)
+    num_pages = worst + draw(st.integers(0, 6))
+    cfg = SchedulerConfig(
+        policy=draw(st.sampled_from(list(Policy))),
+        max_batch_tokens=draw(st.integers(1, 12)),
+        max_running=draw(st.integers(1, 4)),
+        starvation_steps=draw(st.none() | st.integers(1, 6)),
+        starvation_s=draw(st.none() | st.sampled_from([0.5, 2.0, 5.0])),
+        in_batch_sharing=draw(st.booleans()))
+    return reqs, arrivals, ps, num_pages, cfg
+
+
+def expected_output(r: Request) -> list[int]:
+    out = []
+    for i in range(r.max_tokens):
+        out.append(fake_token(r.rid, i))
+        if out[-1] in r.stop_token_ids:
+            break
+    return out
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_random_arrivals_into_a_tiny_pool(work):
+    reqs, arrivals, ps, num_pages, cfg = work
+    pool = PagePool(num_pages)
+    cache = RadixCache(pool, page_size=ps)
+    s = Scheduler(pool, cache, cfg, ps)
+    shadow = KVShadow(pool, ps)
+    added: dict[int, tuple[float, int]] = {}  # rid -> (arrival time, steps scheduled before)
+    first_cached: dict[int, int] = {}
+    pending = sorted(reqs, key=lambda r: arrivals[r.rid])
+    step, now, running = 0, 0.0, set()
+    while pending or s.has_work():
+        while pending and arrivals[pending[0].rid] <= now:
+            r = pending.pop(0)
+            s.add(r, now)
+            added[r.rid] = (now, step)
+        batch = s.schedule(now)
+        step += 1
+        assert step < 2000, "no progress"
+        if batch is None:
+            assert not s.has_work() and pending, "stalled with work left"
+            now = arrivals[pending[0].rid]
+            continue
+        shadow.check(batch)
+        rows = {r.rid for r in batch.requests}
+        for rid in rows - running:  # admitted this step (first time or after a preemption)
+            req = next(r for r in batch.requests if r.rid == rid)
+            assert first_cached.setdefault(rid, req.cached_tokens) == req.cached_tokens
+            for x in reqs:  # starvation bound: no later arrival overtakes a starved request
+                if x.status is not Status.WAITING or x.rid not in added:
+                    continue
+                t, k = added[x.rid]
+                starved = ((cfg.starvation_s is not None and now - t > cfg.starvation_s)
+                           or (cfg.starvation_steps is not None and step - k > cfg.starvation_steps))
+                assert not (starved and t < added[rid][0]), \
+                    f"request {rid} (arrived {added[rid][0]}) admitted before starved {x.rid} (arrived {t})"
+        now += 1.0
+        tokens = [fake_token(r.rid, len(r.output)) if smp else None
+                  for r, smp in zip(batch.requests, batch.sample)]
+        done = s.update(batch, tokens, now)
+        running = {e.req.rid for e in s.running}
+        assert all(r.finished for r in done)
+        cache.check_invariants()
+    for r in reqs:
+        assert r.status is Status.FINISHED and r.pages == []
+        assert r.output == expected_output(r)
+    assert s.metrics.completed == len(reqs)
+    assert cache.num_locked_pages == 0
+    cache.evict(cache.num_cached_pages)
+    assert pool.num_free == num_pages
