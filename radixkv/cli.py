@@ -19,7 +19,7 @@ from pathlib import Path
 from .config import Policy
 from .replay import EngineUnavailable, ReplayConfig, ReplayMode, ReplayResult, run_replay
 from .workloads import WorkloadKind
-from .workloads.traces import TraceError, TraceFormat, load_trace
+from .workloads.traces import TraceError, TraceFormat, TraceRequest, load_trace
 
 SAMPLE_TRACE = "mooncake_sample.jsonl"
 
@@ -75,19 +75,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--turns", type=_positive, default=4, help="multi-turn: turns per session (at most)")
     g.add_argument("--shots", type=_positive, default=5, help="few-shot: examples per prompt")
     g.add_argument("--templates", type=_positive, default=2, help="few-shot: distinct example sets")
-    g.add_argument("--groups", type=_positive, default=8, help="shared-prefix / few-shot: groups of prompts")
-    g.add_argument("--prompts", type=_positive, default=16, help="shared-prefix / few-shot: prompts per group")
+    g.add_argument("--groups", type=_positive, default=8, help="shared-prefix: groups of prompts")
+    g.add_argument("--prompts", type=_positive, default=16,
+                   help="shared-prefix: prompts per group; few-shot: prompts per template")
     g.add_argument("--system-len", type=_positive, default=1024, help="shared-prefix: system prompt tokens")
     g.add_argument("--question-len", type=_positive, default=128, help="shared-prefix: question tokens")
     g.add_argument("--max-tokens", type=_positive, default=64, help="output tokens per request")
     g.add_argument("--rate", type=float, default=4.0, help="mean arrivals per second (Poisson)")
     g.set_defaults(run=_cmd_gen)
 
-    for name, what in (("generate", "generate text with a model (the engine)"),
-                       ("bench", "end-to-end benchmark (the engine)")):
-        e = sub.add_parser(name, help=what)
-        e.add_argument("args", nargs=argparse.REMAINDER)
-        e.set_defaults(run=_cmd_engine)
+    e = sub.add_parser("generate", help="generate text with a model (the engine)")
+    e.add_argument("model", help="Hugging Face model folder, or a config.json (random weights)")
+    e.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt text (token ids if the model has no tokenizer: "
+                                                                "comma-separated, e.g. 1,2,3)")
+    e.add_argument("--max-tokens", type=_positive, default=32)
+    e.add_argument("--temperature", type=float, default=0.0)
+    e.add_argument("--dtype", default="auto")
+    e.add_argument("--kv-dtype", default="auto")
+    e.add_argument("--page-size", type=_positive, default=16)
+    e.set_defaults(run=_cmd_generate)
+
+    b = sub.add_parser("bench", help="end-to-end benchmark (see benchmarks/bench_e2e.py)")
+    b.add_argument("args", nargs=argparse.REMAINDER)
+    b.set_defaults(run=_cmd_bench)
     return p
 
 
@@ -178,8 +188,18 @@ def _throughput(r: ReplayResult) -> str:
 
 
 def _cmd_gen(a: argparse.Namespace) -> int:
+    try:
+        reqs = _generate(a)
+    except ValueError as e:  # a bad generator setting (e.g. --rate 0)
+        raise CliError(str(e)) from None
     from .workloads.traces import write_trace
 
+    n = write_trace(a.output, reqs)
+    print(f"wrote {n} requests ({sum(r.num_prompt_tokens for r in reqs):,} prompt tokens) to {a.output}")
+    return 0
+
+
+def _generate(a: argparse.Namespace) -> list[TraceRequest]:
     if a.kind is WorkloadKind.MULTI_TURN:
         from .workloads.multi_turn import MultiTurnConfig, multi_turn
 
@@ -196,14 +216,36 @@ def _cmd_gen(a: argparse.Namespace) -> int:
         reqs = shared_prefix(SharedPrefixConfig(groups=a.groups, prompts_per_group=a.prompts,
                                                 system_len=a.system_len, question_len=a.question_len,
                                                 max_tokens=a.max_tokens, rate=a.rate, seed=a.seed))
-    n = write_trace(a.output, reqs)
-    print(f"wrote {n} requests ({sum(r.num_prompt_tokens for r in reqs):,} prompt tokens) to {a.output}")
+    return reqs
+
+
+def _cmd_generate(a: argparse.Namespace) -> int:
+    from .replay import load_llm
+    from .sampling import SamplingParams
+
+    llm = load_llm(a.model, page_size=a.page_size, dtype=a.dtype, kv_dtype=a.kv_dtype)
+    prompts: list = []
+    for p in a.prompts:
+        if llm.tokenizer is None:
+            try:
+                prompts.append([int(t) for t in p.split(",")])
+            except ValueError:
+                raise CliError(f"the model has no tokenizer: give prompts as token ids like 1,2,3, got {p!r}") from None
+        else:
+            prompts.append(p)
+    try:
+        outs = llm.generate(prompts, SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature))
+    except ValueError as e:  # a prompt the engine refuses (empty, out of vocabulary, too long)
+        raise CliError(str(e)) from None
+    for p, o in zip(a.prompts, outs):
+        shown = o.text if o.text is not None else ",".join(map(str, o.token_ids))
+        print(f"[{o.request_id}] {p!r} -> {shown!r}  ({len(o.token_ids)} tokens, {o.cached_tokens} prompt tokens cached)")
     return 0
 
 
-def _cmd_engine(a: argparse.Namespace) -> int:
-    raise CliError(f"`radixkv {a.command}` is not implemented yet (it needs the engine); "
-                   f"use `radixkv replay --simulate` meanwhile")
+def _cmd_bench(a: argparse.Namespace) -> int:
+    raise CliError("`radixkv bench` is not implemented yet; run benchmarks/bench_e2e.py, "
+                   "or `radixkv replay` for a model-free benchmark")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -211,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = parser.parse_args(argv)
     try:
         return a.run(a)
-    except (CliError, TraceError, EngineUnavailable, FileNotFoundError, ValueError) as e:
+    except (CliError, TraceError, EngineUnavailable, FileNotFoundError) as e:
         print(f"radixkv: error: {e}", file=sys.stderr)
         return 2
 

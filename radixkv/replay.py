@@ -257,8 +257,9 @@ class EngineUnavailable(RuntimeError):
     """Real mode was asked for but the engine (radixkv.LLM) cannot be imported."""
 
 
-def _load_engine(model: str, cfg: ReplayConfig) -> Any:
-    """LLM for a model folder, or for a config.json file (random seeded weights)."""
+def load_llm(model: str, **engine: Any) -> Any:
+    """radixkv.LLM for a model folder, or for a config.json file (random seeded weights);
+    `engine` holds LLM keyword arguments. Raises EngineUnavailable if the engine cannot load."""
     try:
         from .engine import LLM
     except ImportError as e:
@@ -275,7 +276,7 @@ def _load_engine(model: str, cfg: ReplayConfig) -> Any:
 
         d = json.loads(path.read_text())
         target = AutoConfig.for_model(d.pop("model_type"), **d)
-    return LLM(target, page_size=cfg.page_size, num_pages=cfg.num_pages, scheduler=_sched_config(cfg))
+    return LLM(target, **engine)
 
 
 def replay_real(requests: Sequence[TraceRequest], cfg: ReplayConfig, model: str,
@@ -290,7 +291,7 @@ def replay_real(requests: Sequence[TraceRequest], cfg: ReplayConfig, model: str,
     from .sampling import SamplingParams
 
     t0 = time.perf_counter()
-    llm = _load_engine(model, cfg)
+    llm = load_llm(model, page_size=cfg.page_size, num_pages=cfg.num_pages, scheduler=_sched_config(cfg))
     vocab, ctx = llm.spec.vocab_size, llm.spec.max_position
     ok = [r for r in requests if r.num_prompt_tokens + r.max_tokens <= ctx
           and -(-(r.num_prompt_tokens + r.max_tokens) // cfg.page_size) <= llm.num_pages]

@@ -120,3 +120,11 @@ def test_replay_real_mode_on_tiny_random_model(tmp_path, capsys):
     assert d["hit_tokens"] == 2 * 32  # the 2nd and 3rd prompts reuse the shared 32-token prefix
     assert main(["replay", str(trace), "--model", str(cfg), "--simulate"]) == 2
     assert "exclude each other" in capsys.readouterr().err
+
+    assert main(["generate", str(cfg), "5,6,7,8", "5,6,7,9", "--max-tokens", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all("(3 tokens" in line for line in lines)
+    assert main(["generate", str(cfg), "hello"]) == 2
+    assert "no tokenizer" in capsys.readouterr().err
+    assert main(["generate", str(cfg), "5,999"]) == 2
+    assert "outside the vocabulary" in capsys.readouterr().err
