@@ -14,9 +14,10 @@ Three formats, one in-memory shape (`TraceRequest`):
   Ids are comparable only inside one file, so each file's ids are shifted past the
   previous files' (conversations never share blocks).
 
-Hash ids expand to tokens in closed form (block h = h * block_tokens + 0..block_tokens-1),
-so equal ids give equal blocks and different ids give blocks with no token in common. Blocks a trace does not cover
-(WEKA's tail after the last full block) get fresh ids: content nobody else has.
+Hash ids expand in closed form (block h = h * block_tokens + 0..block_tokens-1), so equal ids
+give equal blocks and different ids give blocks with no token in common; ids too large for
+int32 tokens (any in [0, 2**63) are accepted) are first renumbered densely. Blocks a trace does
+not cover (WEKA's tail after the last full block) get fresh ids: content nobody else has.
 """
 from __future__ import annotations
 
@@ -164,7 +165,7 @@ class _Fields:
             raise self.fail(field, f"must be >= {minimum}, got {v}")
         return v
 
-    def int_list(self, field: str, *, nonempty: bool) -> np.ndarray:
+    def int_list(self, field: str, *, nonempty: bool, upper: int = _TOKEN_SPACE) -> np.ndarray:
         v = self.record.get(field)
         if not isinstance(v, list):
             raise self.fail(field, "missing" if v is None else f"expected a list of integers, got {type(v).__name__}")
@@ -172,10 +173,9 @@ class _Fields:
             raise self.fail(field, "empty")
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
             raise self.fail(field, "expected a list of integers")
-        arr = np.asarray(v, dtype=np.int64)
-        if len(arr) and (arr.min() < 0 or arr.max() >= _TOKEN_SPACE):
-            raise self.fail(field, f"values must lie in [0, 2**31), got {int(arr.min())}..{int(arr.max())}")
-        return arr
+        if v and (min(v) < 0 or max(v) >= upper):
+            raise self.fail(field, f"values must lie in [0, {upper}), got {min(v)}..{max(v)}")
+        return np.asarray(v, dtype=np.int64)
 
 
 def _json_lines(path: Path, skip_bad: bool) -> Iterator[tuple[int, Any]]:
@@ -262,7 +262,7 @@ def _fill_tails(requests: list[TraceRequest], first_free_id: int) -> list[TraceR
 
 def _hashed(f: _Fields, ids_field: str, length_field: str, block_tokens: int) -> HashedPrompt:
     """Hash ids + length; fewer ids than blocks is allowed (the tail is filled later), more is not."""
-    ids = f.int_list(ids_field, nonempty=False)
+    ids = f.int_list(ids_field, nonempty=False, upper=1 << 63)
     length = f.integer(length_field, minimum=1)
     need = -(-length // block_tokens)
     if len(ids) > need:
@@ -275,6 +275,18 @@ def _max_id(requests: list[TraceRequest]) -> int:
     return max((int(r.prompt.hash_ids.max()) for r in requests if len(r.prompt.hash_ids)), default=-1)
 
 
+def _compact_ids(requests: list[TraceRequest], block_tokens: int) -> list[TraceRequest]:
+    """Renumber hash ids densely (0, 1, ... by value) when they, plus the fresh tail ids still
+    to come, would not fit int32 tokens; equal ids stay equal, different stay different."""
+    tails = sum(-(-r.prompt.input_length // block_tokens) - len(r.prompt.hash_ids) for r in requests)
+    if _max_id(requests) + 1 + tails <= _TOKEN_SPACE // block_tokens:
+        return requests
+    _, dense = np.unique(np.concatenate([r.prompt.hash_ids for r in requests]), return_inverse=True)
+    bounds = np.cumsum([len(r.prompt.hash_ids) for r in requests])[:-1]
+    return [TraceRequest(r.arrival_s, r.prompt._replace(hash_ids=ids.astype(np.int64)), r.max_tokens, r.session)
+            for r, ids in zip(requests, np.split(dense, bounds))]
+
+
 def read_mooncake(path: str | Path, skip_bad: bool = False) -> Trace:
     """Mooncake JSONL: `timestamp` ms, `input_length`, `output_length`, 512-token `hash_ids`."""
     path = Path(path)
@@ -285,6 +297,7 @@ def read_mooncake(path: str | Path, skip_bad: bool = False) -> Trace:
                             max_tokens=f.integer("output_length", minimum=1, default=1))
 
     reqs, skipped = _collect(path, _json_lines(path, skip_bad), parse, skip_bad)
+    reqs = _compact_ids(reqs, MOONCAKE_BLOCK_TOKENS)
     return Trace(_fill_tails(reqs, _max_id(reqs) + 1), TraceFormat.MOONCAKE, skipped, MOONCAKE_BLOCK_TOKENS)
 
 
@@ -333,7 +346,8 @@ def read_weka(paths: str | Path | Sequence[str | Path], skip_bad: bool = False) 
         staged.extend(reqs)
         offset = max(offset, _max_id(reqs) + 1)
     order = sorted(range(len(staged)), key=lambda i: (staged[i].arrival_s, i))  # stable merge
-    reqs = _fill_tails([staged[i] for i in order], offset)
+    staged = _compact_ids([staged[i] for i in order], block_tokens or 64)
+    reqs = _fill_tails(staged, _max_id(staged) + 1)
     return Trace(reqs, TraceFormat.WEKA, skipped, block_tokens or 64)
 
 

@@ -83,8 +83,20 @@ def test_mooncake_missing_tail_ids_get_fresh_content(tmp_path):
     assert not set(a[512:].tolist()) & set(b[512:].tolist())
 
 
+def test_mooncake_huge_hash_ids_are_renumbered(tmp_path):
+    big = 2**62
+    p = _jsonl(tmp_path / "m.jsonl", [
+        {"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [big, big + 1]},
+        {"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [big, 7]},
+    ])
+    a, b = (r.tokens() for r in load_trace(p).requests)
+    np.testing.assert_array_equal(a[:512], b[:512])
+    assert not set(a[512:].tolist()) & set(b[512:].tolist())
+
+
 @pytest.mark.parametrize("record, field", [
     ({"timestamp": 0, "input_length": 10, "output_length": 1}, "hash_ids"),
+    ({"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [2**63]}, "hash_ids"),
     ({"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1, 2]}, "hash_ids"),
     ({"timestamp": -5, "input_length": 10, "output_length": 1, "hash_ids": [1]}, "timestamp"),
     ({"timestamp": 0, "input_length": "10", "output_length": 1, "hash_ids": [1]}, "input_length"),
