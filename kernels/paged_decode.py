@@ -1,8 +1,8 @@
 """paged_decode: one query token per sequence attending to its whole paged KV (flash-decoding).
 
-Grid (Hkv, B, NUM_SPLITS). A program owns one KV head of one sequence and all the query
+Grid (Hkv, B, num_splits). A program owns one KV head of one sequence and all the query
 heads that share it (the GQA group, padded to BLOCK_H >= 16 rows so q.K^T and P.V are tensor-
-core dots and each K/V byte is read once). The sequence is cut into NUM_SPLITS token ranges;
+core dots and each K/V byte is read once). The sequence is cut into num_splits token ranges;
 tiles of BLOCK_N tokens are independent of the page size (each token looks its page up).
 With one split the program writes the output; otherwise each split writes its normalised
 partial output and log-sum-exp, and `_merge_kernel` combines them.
@@ -28,16 +28,16 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
             stride_qb, stride_qh, stride_qd,
             stride_cp, stride_cs, stride_ch, stride_cd,
             stride_xp, stride_xs, stride_xh,
-            stride_ptb, stride_ob, stride_oh, stride_od,
+            stride_ptb, stride_ob, stride_oh, stride_od, num_splits,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
             BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-            NUM_SPLITS: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+            SPLIT: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
     kvh = tl.program_id(0)  # heads of one row are launch neighbours: they share FP8 scale sectors in L2
     b = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
     # Tile-aligned token range of this split.
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     lo = split * per_split
     hi = tl.minimum(lo + per_split, seq_len)
 
@@ -84,13 +84,13 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
     out_mask = h_mask[:, None] & d_mask[None, :]
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
                  o.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        # mid_o: [B, Hq, NUM_SPLITS, BLOCK_D] fp32, mid_lse: [B, Hq, NUM_SPLITS] fp32 (log2 units), contiguous
+        # mid_o: [B, Hq, num_splits, BLOCK_D] fp32, mid_lse: [B, Hq, num_splits] fp32 (log2 units), contiguous
         hq = tl.num_programs(0) * GROUP
-        base = (b * hq + heads) * NUM_SPLITS + split  # [BLOCK_H]
+        base = (b * hq + heads) * num_splits + split  # [BLOCK_H]
         tl.store(mid_o_ptr + base[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :], o, mask=out_mask)
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(mid_lse_ptr + base, lse, mask=h_mask)
@@ -98,16 +98,16 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
 
 @triton.jit
 def _merge_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, stride_ob, stride_oh, stride_od,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+                  num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     row = b * tl.num_programs(1) + h
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < NUM_SPLITS
-    lse = tl.load(mid_lse_ptr + row * NUM_SPLITS + offs_s, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
+    s_mask = offs_s < num_splits
+    lse = tl.load(mid_lse_ptr + row * num_splits + offs_s, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
     w = tl.exp2(lse - tl.max(lse, axis=0))
-    o = tl.load(mid_o_ptr + (row.to(tl.int64) * NUM_SPLITS + offs_s[:, None]) * BLOCK_D + offs_d[None, :],
+    o = tl.load(mid_o_ptr + (row.to(tl.int64) * num_splits + offs_s[:, None]) * BLOCK_D + offs_d[None, :],
                 mask=s_mask[:, None], other=0.0)  # [BLOCK_S, BLOCK_D]
     merged = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od,
@@ -150,13 +150,13 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
     for_device(_kernel, q.device)[(hkv, B, num_splits)](
         q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table, seq_lens,
         out, mid_o, mid_lse, sm_scale * LOG2E,
-        *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(),
+        *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(), num_splits,
         GROUP=group, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=config.block_n,
-        NUM_SPLITS=num_splits, IS_FP8=fp8,
+        SPLIT=num_splits > 1, IS_FP8=fp8,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
     if num_splits > 1:
         for_device(_merge_kernel, q.device)[(B, hq)](
-            mid_o, mid_lse, out, *out.stride(), HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=num_splits,
+            mid_o, mid_lse, out, *out.stride(), num_splits, HEAD_DIM=d, BLOCK_D=block_d,
             BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
     return out

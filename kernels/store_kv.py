@@ -29,8 +29,11 @@ def _store_one(src_ptr, t, stride_st, stride_sh, stride_sd,
     dst = cache_ptr + page * stride_cp + off * stride_cs + offs_h[:, None] * stride_ch + offs_d[None, :] * stride_cd
     if IS_FP8:
         x = x.to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(x), axis=1) / FP8_MAX, 1e-12)  # [BLOCK_H]
-        qx = tl.minimum(tl.maximum(x / scale[:, None], -FP8_MAX), FP8_MAX)
+        # div_rn: correctly rounded like torch's division, so GPU stores match the reference bit for bit
+        amax = tl.max(tl.abs(x), axis=1)  # [BLOCK_H]
+        scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32)), 1e-12)
+        qx = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
+        qx = tl.minimum(tl.maximum(qx, -FP8_MAX), FP8_MAX)
         tl.store(dst, qx.to(cache_ptr.dtype.element_ty), mask=mask)
         tl.store(scale_ptr + page * stride_xp + off * stride_xs + offs_h * stride_xh, scale,
                  mask=offs_h < NUM_HEADS)
