@@ -144,7 +144,9 @@ def _cmd_replay(a: argparse.Namespace) -> int:
     if a.plot:
         from .plot import plot_replay
 
-        plot_replay(result, a.plot, title=f"{path.name}: {mode.value}, hit rate {result.hit_rate:.4f}")
+        pool = "unlimited pool" if result.unlimited else f"{result.num_pages:,} pages"
+        plot_replay(result, a.plot, title=f"{path.name}: {mode.value}, {pool} x {result.page_size} tokens, "
+                                          f"hit rate {result.hit_rate:.4f}")
     if a.record:
         from .workloads.traces import write_trace
 
