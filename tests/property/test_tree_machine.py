@@ -1,0 +1,268 @@
+"""Hypothesis state machine: PagePool + RadixCache against a naive model.
+
+The model keeps, per namespace, a dict from cached block prefixes (tuples of block ids) to
+the page holding the prefix's last block and the clock of its last use. Blocks come from a
+tiny alphabet so prefixes collide, and blocks 0/2 (and 1/3) differ only in their last token.
+After every step the tree must hold exactly the model's prefixes with the model's pages
+(invariants 2, 3, 5), `check_invariants()` must pass (1-4), and the page counts must add up;
+eviction must free exactly the least recently used unlocked blocks the model picks (4);
+teardown unlocks everything, clears the tree and finds every page free (6).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from radixkv import MatchResult, OutOfPages, PagePool, RadixCache
+
+Namespace = str | None
+Prefix = tuple[int, ...]  # block ids
+NAMESPACES = st.sampled_from([None, None, "a", "b"])
+NUM_BLOCK_IDS = 4
+
+
+class Cached(NamedTuple):
+    page: int
+    last_use: int
+    serial: int  # identity of this caching of the block (a re-insert after eviction is new)
+
+
+class Held(NamedTuple):
+    """A match the test keeps: its namespace, prefix, and the serial of its last block."""
+
+    match: MatchResult
+    ns: Namespace
+    prefix: Prefix
+    last_serial: int | None
+
+
+class TreeMachine(RuleBasedStateMachine):
+    PAGE_SIZE = 2
+    NUM_PAGES = 16
+    HASH_FN = None  # None: the tree's default (xxh3)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = PagePool(self.NUM_PAGES)
+        kw = {} if self.HASH_FN is None else {"hash_fn": self.HASH_FN}
+        self.cache = RadixCache(self.pool, page_size=self.PAGE_SIZE, **kw)
+        ps = self.PAGE_SIZE
+        self.patterns = [([b % 2] * (ps - 1) + [b]) if ps > 1 else [b] for b in range(NUM_BLOCK_IDS)]
+        self.block_of = {tuple(p): b for b, p in enumerate(self.patterns)}
+        self.model: dict[Namespace, dict[Prefix, Cached]] = {}
+        self.clock = 0
+        self.serials = itertools.count()
+        self.locked: list[Held] = []
+        self.seen: list[Held] = []  # old matches, some of them stale by now
+
+    # ---- helpers -------------------------------------------------------------------------
+    def tokens(self, bids: list[int], tail: int) -> list[int]:
+        out = [t for b in bids for t in self.patterns[b]]
+        return out + [7] * (tail % self.PAGE_SIZE)  # a partial block the tree must ignore
+
+    def model_match(self, ns: Namespace, bids: list[int]) -> Prefix:
+        cached = self.model.get(ns, {})
+        k = 0
+        while k < len(bids) and tuple(bids[: k + 1]) in cached:
+            k += 1
+        return tuple(bids[:k])
+
+    def touch(self, ns: Namespace, prefix: Prefix) -> None:
+        self.clock += 1
+        cached = self.model.setdefault(ns, {})
+        for i in range(1, len(prefix) + 1):
+            cached[prefix[:i]] = cached[prefix[:i]]._replace(last_use=self.clock)
+
+    def model_pages(self, ns: Namespace, prefix: Prefix) -> list[int]:
+        return [self.model[ns][prefix[:i]].page for i in range(1, len(prefix) + 1)]
+
+    def is_locked(self, ns: Namespace, prefix: Prefix) -> bool:
+        return any(h.ns == ns and h.prefix[: len(prefix)] == prefix for h in self.locked)
+
+    def model_evict(self, n: int) -> int:
+        """Remove up to n blocks, least recently used unlocked leaf block first."""
+        removed = 0
+        while removed < n:
+            leaves = [(c.last_use, ns, p) for ns, cached in self.model.items() for p, c in cached.items()
+                      if not self.is_locked(ns, p) and not any(q[:-1] == p for q in cached)]
+            if not leaves:
+                break
+            _, ns, p = min(leaves)
+            del self.model[ns][p]
+            removed += 1
+        return removed
+
+    def serial_of(self, ns: Namespace, prefix: Prefix) -> int | None:
+        c = self.model.get(ns, {}).get(prefix) if prefix else None
+        return None if c is None else c.serial
+
+    def match(self, ns: Namespace, bids: list[int], tail: int) -> Held:
+        """Tree match, checked against the model; refreshes both."""
+        ps = self.PAGE_SIZE
+        m = self.cache.match(self.tokens(bids, tail), ns)
+        prefix = self.model_match(ns, bids)
+        assert m.num_tokens == len(prefix) * ps, f"match {m.num_tokens} tokens, model {len(prefix) * ps}"
+        assert m.pages == self.model_pages(ns, prefix), "match returned other pages than the model's"
+        self.touch(ns, prefix)
+        return Held(m, ns, prefix, self.serial_of(ns, prefix))
+
+    def tree_contents(self) -> dict[tuple[Namespace, Prefix], int]:
+        ps, out = self.PAGE_SIZE, {}
+        for ns in self.cache.namespaces:
+            stack: list = [(self.cache.root(ns), ())]
+            while stack:
+                node, prefix = stack.pop()
+                for child in node.iter_children():
+                    p = prefix
+                    for i, page in enumerate(child.pages.tolist()):
+                        p = p + (self.block_of[tuple(child.key[i * ps:(i + 1) * ps].tolist())],)
+                        out[(ns, p)] = page
+                    stack.append((child, p))
+        return out
+
+    # ---- rules ---------------------------------------------------------------------------
+    @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=6),
+          tail=st.integers(0, 15))
+    def request(self, ns: Namespace, bids: list[int], tail: int) -> None:
+        """match -> lock -> evict if short -> alloc the missing pages -> insert -> release."""
+        cache, pool = self.cache, self.pool
+        held = self.match(ns, bids, tail)
+        m = held.match
+        cache.lock(m)
+        self.locked.append(held)
+        need = len(bids) - len(held.prefix)
+        if need > pool.num_free:
+            short = need - pool.num_free
+            expect = self.model_evict(short)
+            assert cache.evict(short) == expect
+        try:
+            if need > pool.num_free:
+                free_before = pool.num_free
+                with pytest.raises(OutOfPages):
+                    pool.alloc(need)
+                assert pool.num_free == free_before
+                return
+            new = pool.alloc(need)
+            assert cache.insert(self.tokens(bids, tail), m.pages + new, ns) == m.num_tokens
+            self.clock += 1
+            cached = self.model.setdefault(ns, {})
+            for i in range(1, len(bids) + 1):
+                p = tuple(bids[:i])
+                if i <= len(held.prefix):
+                    cached[p] = cached[p]._replace(last_use=self.clock)
+                else:
+                    cached[p] = Cached(new[i - len(held.prefix) - 1], self.clock, next(self.serials))
+            assert pool.refcounts(new).tolist() == [2] * need  # the caller's and the tree's
+            pool.decref(new)
+        finally:
+            self.locked.remove(held)
+            cache.unlock(m)
+
+    @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=6),
+          tail=st.integers(0, 15))
+    def match_only(self, ns: Namespace, bids: list[int], tail: int) -> None:
+        self.seen.append(self.match(ns, bids, tail))
+        del self.seen[:-8]
+
+    @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=6))
+    def lock(self, ns: Namespace, bids: list[int]) -> None:
+        held = self.match(ns, bids, 0)
+        locked_before = self.cache.num_locked_pages
+        self.cache.lock(held.match)
+        self.locked.append(held)
+        newly = [p for p in (held.prefix[:i] for i in range(1, len(held.prefix) + 1))
+                 if not any(h.ns == ns and h.prefix[: len(p)] == p for h in self.locked[:-1])]
+        assert self.cache.num_locked_pages == locked_before + len(newly)
+
+    @precondition(lambda self: self.locked)
+    @rule(data=st.data())
+    def unlock(self, data: st.DataObject) -> None:
+        held = self.locked.pop(data.draw(st.integers(0, len(self.locked) - 1)))
+        self.cache.unlock(held.match)
+
+    @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), min_size=1, max_size=6))
+    def unlock_unlocked(self, ns: Namespace, bids: list[int]) -> None:
+        held = self.match(ns, bids, 0)
+        if not held.prefix or self.is_locked(ns, held.prefix):
+            return
+        locked_before = self.cache.num_locked_pages
+        with pytest.raises(ValueError, match="unlocked"):
+            self.cache.unlock(held.match)
+        assert self.cache.num_locked_pages == locked_before
+
+    @precondition(lambda self: self.seen)
+    @rule(data=st.data())
+    def lock_old_match(self, data: st.DataObject) -> None:
+        held = self.seen.pop(data.draw(st.integers(0, len(self.seen) - 1)))
+        stale = held.prefix and self.serial_of(held.ns, held.prefix) != held.last_serial
+        locked_before = self.cache.num_locked_pages
+        if stale:
+            with pytest.raises(ValueError, match="stale"):
+                self.cache.lock(held.match)
+            assert self.cache.num_locked_pages == locked_before
+        else:
+            self.cache.lock(held.match)
+            self.locked.append(held)
+            assert held.match.pages == self.model_pages(held.ns, held.prefix)
+
+    @rule(n=st.integers(0, 20))
+    def evict(self, n: int) -> None:
+        evictable = self.cache.num_evictable_pages
+        expect = self.model_evict(n)
+        assert expect == min(n, evictable)
+        assert self.cache.evict(n) == expect
+
+    # ---- invariants ----------------------------------------------------------------------
+    @invariant()
+    def tree_invariants(self) -> None:
+        self.cache.check_invariants()
+
+    @invariant()
+    def tree_equals_model(self) -> None:
+        model = {(ns, p): c.page for ns, cached in self.model.items() for p, c in cached.items()}
+        assert self.tree_contents() == model
+        cache, pool = self.cache, self.pool
+        assert cache.num_cached_pages == len(model)
+        assert cache.num_cached_pages == cache.num_evictable_pages + cache.num_locked_pages
+        locked = sum(1 for ns, cached in self.model.items() for p in cached if self.is_locked(ns, p))
+        assert cache.num_locked_pages == locked
+        assert pool.num_free == pool.num_pages - len(model)  # between steps only the tree holds pages
+        if model:
+            assert (pool.refcounts(list(model.values())) == 1).all()
+
+    def teardown(self) -> None:
+        for held in self.locked:
+            self.cache.unlock(held.match)
+        self.cache.clear()
+        self.cache.check_invariants()
+        assert self.cache.num_cached_pages == 0
+        assert self.pool.num_free == self.pool.num_pages  # invariant 6
+
+
+class TreeMachinePage1(TreeMachine):
+    PAGE_SIZE = 1
+    NUM_PAGES = 12
+
+
+class TreeMachinePage16(TreeMachine):
+    PAGE_SIZE = 16
+    NUM_PAGES = 16
+
+
+class TreeMachineCollisions(TreeMachine):
+    """Every block hashes alike: children are told apart only by comparing tokens."""
+
+    PAGE_SIZE = 2
+    NUM_PAGES = 16
+    HASH_FN = staticmethod(lambda block: 0)
+
+
+TestTreePage2 = TreeMachine.TestCase
+TestTreePage1 = TreeMachinePage1.TestCase
+TestTreePage16 = TreeMachinePage16.TestCase
+TestTreeCollisions = TreeMachineCollisions.TestCase
