@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import enum
 import time
-from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -194,8 +194,7 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
         peak_pages=peak, preemptions=0, wait_p50_s=w.p50, wait_p99_s=w.p99, wait_max_s=w.max,
         leaked_pages=pool.num_pages - pool.num_free, wall_s=time.perf_counter() - t0,
         mode=ReplayMode.SEQUENTIAL, page_size=ps, num_pages=num_pages, unlimited=cfg.num_pages is None,
-        rejected=rejected,
-        sim_seconds=clock, output_tokens=output_tokens, timeline=timeline)
+        rejected=rejected, sim_seconds=clock, output_tokens=output_tokens, timeline=timeline)
 
 
 def _fits(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> tuple[list[TraceRequest], int]:
@@ -279,14 +278,31 @@ def load_llm(model: str, **engine: Any) -> Any:
     return LLM(target, **engine)
 
 
+def fit_vocab(tokens: np.ndarray, vocab: int) -> np.ndarray:
+    """Map token ids into [0, vocab), one fixed function of the id: ids already inside stay,
+    larger ones (expanded hash ids) are scrambled (splitmix64 finaliser) then reduced. A plain
+    modulo would make blocks 125 ids apart identical for vocab 32000 (512 * 125 = 2 * 32000),
+    inventing prefix hits; scrambled, two different 16-token pages collide with odds ~vocab**-16."""
+    x = tokens.astype(np.uint64)  # [L]
+    big = x >= np.uint64(vocab)
+    if not big.any():
+        return tokens.astype(np.int64)
+    h = x + np.uint64(0x9E3779B97F4A7C15)
+    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    h ^= h >> np.uint64(31)
+    return np.where(big, h % np.uint64(vocab), x).astype(np.int64)
+
+
 def replay_real(requests: Sequence[TraceRequest], cfg: ReplayConfig, model: str,
                 progress: Progress | None = None) -> ReplayResult:
-    """Run the trace on the engine. Token ids are taken modulo the model's vocabulary.
+    """Run the trace on the engine; token ids are brought into the vocabulary by `fit_vocab`.
 
     Requests are added when their (wall-clock) arrival time comes, all at once with `cfg.burst`,
     or one at a time in file order, each after the previous finished, with `cfg.sequential`.
-    Requests longer than the model's context or the pool are skipped and counted as rejected. Hit tokens, waits,
-    peak pages and the timeline come from the engine's scheduler metrics (wall seconds).
+    Requests longer than the model's context or the pool are skipped and counted as rejected.
+    Hit tokens, waits, peak pages and the timeline come from the engine's scheduler metrics
+    (wall seconds).
     """
     from .sampling import SamplingParams
 
@@ -309,7 +325,7 @@ def replay_real(requests: Sequence[TraceRequest], cfg: ReplayConfig, model: str,
                 j += 1
         if j > i:
             due, i = order[i:j], j
-            llm.add_requests([(r.tokens() % vocab).tolist() for r in due],
+            llm.add_requests([fit_vocab(r.tokens(), vocab).tolist() for r in due],
                              [SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in due])
         if llm.has_work():
             finished = llm.step()

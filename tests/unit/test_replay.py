@@ -18,7 +18,7 @@ import pytest
 from radixkv.config import Policy
 from radixkv.cost_model import CostModel
 from radixkv.replay import (
-    ReplayConfig, ReplayMode, ServiceTime, replay_sequential, replay_simulated, run_replay,
+    ReplayConfig, ReplayMode, ServiceTime, fit_vocab, replay_sequential, replay_simulated, run_replay,
 )
 from radixkv.workloads.few_shot import FewShotConfig, few_shot
 from radixkv.workloads.multi_turn import MultiTurnConfig, multi_turn
@@ -190,3 +190,17 @@ def test_config_validation():
         ReplayConfig(num_pages=0)
     with pytest.raises(TypeError, match="policy"):
         ReplayConfig(policy="lpm")
+
+
+def test_fit_vocab_keeps_distinct_blocks_distinct():
+    from radixkv.workloads.traces import expand_hash_ids
+
+    small = np.array([0, 5, 31999], dtype=np.int32)
+    np.testing.assert_array_equal(fit_vocab(small, 32000), small)  # ids inside the vocabulary stay
+    toks = expand_hash_ids(np.arange(2000), 2000 * 512)  # 2000 distinct blocks
+    mapped = fit_vocab(toks, 32000)
+    assert mapped.min() >= 0 and mapped.max() < 32000
+    np.testing.assert_array_equal(fit_vocab(toks[:512], 32000), mapped[:512])  # a function of the id
+    pages = {mapped[i:i + 16].tobytes() for i in range(0, len(mapped), 16)}
+    assert len(pages) == len(mapped) // 16  # no two 16-token pages became equal (modulo would: 125 apart)
+    assert np.array_equal(toks[:16] % 32000, toks[125 * 512:125 * 512 + 16] % 32000)
