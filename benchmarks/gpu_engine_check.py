@@ -57,7 +57,7 @@ def llama3_8b_config(smoke: bool) -> Any:
             "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
     if smoke:
         return LlamaConfig(hidden_size=128, intermediate_size=448, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=1, vocab_size=512, max_position_embeddings=4096,
+                           num_key_value_heads=1, vocab_size=512, max_position_embeddings=16384,
                            rope_parameters=rope)
     return LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072,

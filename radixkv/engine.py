@@ -116,6 +116,7 @@ class LLM:
         per_page = KVStore.bytes_per_page(ps, s.num_layers, s.num_kv_heads, s.head_dim, kv)
         if self.device.type != "cuda":
             return max(1, min(-(-_CPU_DEFAULT_TOKENS // ps), _CPU_DEFAULT_BYTES // per_page))
+        torch.cuda.empty_cache()  # blocks freed while loading weights count as used otherwise
         free, _ = torch.cuda.mem_get_info(self.device)
         sched = self.config.scheduler
         itemsize = torch.empty((), dtype=self.dtype).element_size()
