@@ -82,6 +82,21 @@ def test_replay_format_override_and_missing_file(tmp_path, capsys):
     assert "t.jsonl:1: field 'hash_ids'" in capsys.readouterr().err
 
 
+def test_progress_bar_only_on_a_terminal_and_record(tmp_path, capsys, monkeypatch):
+    trace = tmp_path / "fs.jsonl"
+    assert main(["gen", "few-shot", "-o", str(trace), "--templates", "2", "--prompts", "3"]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(trace), "--sequential"]) == 0
+    assert "req" not in capsys.readouterr().err  # captured stderr is not a terminal: no bar
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    rec = tmp_path / "rec.jsonl"
+    assert main(["replay", str(trace), "--sequential", "--record", str(rec)]) == 0
+    assert "6/6" in capsys.readouterr().err  # tqdm's final count
+    assert main(["replay", str(trace), "--sequential", "--no-progress"]) == 0
+    assert "6/6" not in capsys.readouterr().err
+    assert rec.read_text() == trace.read_text()  # the replayed requests, as radixkv JSONL
+
+
 @pytest.mark.parametrize("kind", ["multi-turn", "few-shot", "shared-prefix"])
 def test_gen_writes_loadable_trace(tmp_path, kind, capsys):
     out = tmp_path / f"{kind}.jsonl"
@@ -118,6 +133,9 @@ def test_replay_real_mode_on_tiny_random_model(tmp_path, capsys):
     d = json.loads(js.read_text())
     assert d["mode"] == "real" and d["completed"] == 3 and d["leaked_pages"] == 0
     assert d["hit_tokens"] == 2 * 32  # the 2nd and 3rd prompts reuse the shared 32-token prefix
+    assert main(["replay", str(trace), "--model", str(cfg), "--burst", "--json", str(js)]) == 0
+    d = json.loads(js.read_text())
+    assert (d["completed"], d["leaked_pages"], d["prompt_tokens"]) == (3, 0, 3 * 40)
     assert main(["replay", str(trace), "--model", str(cfg), "--simulate"]) == 2
     assert "exclude each other" in capsys.readouterr().err
 
