@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="requests running at once (scheduler max_running; default 256)")
     r.add_argument("--num-pages", type=_positive, metavar="N", help="KV pool size in pages (default: unlimited)")
     r.add_argument("--page-size", type=_positive, default=16, metavar="N", help="tokens per page (default 16)")
-    r.add_argument("--burst", action="store_true", help="every request arrives at t=0")
+    r.add_argument("--burst", action="store_true",
+                   help="every request arrives at t=0 (the hardest case for the scheduler)")
     r.add_argument("--policy", choices=[x.value for x in Policy], default=Policy.LPM.value)
     r.add_argument("--limit", type=_positive, metavar="N", help="replay only the first N requests")
     r.add_argument("--skip-bad", action="store_true", help="skip and count malformed records instead of failing")
@@ -66,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(run=_cmd_replay)
 
     g = sub.add_parser("gen", help="generate a synthetic trace (radixkv JSONL)")
-    g.add_argument("kind", type=WorkloadKind, choices=list(WorkloadKind), metavar="{" + ",".join(k.value for k in WorkloadKind) + "}")
+    g.add_argument("kind", type=WorkloadKind, choices=list(WorkloadKind),
+                   metavar="{" + ",".join(k.value for k in WorkloadKind) + "}")
     g.add_argument("-o", "--output", required=True, metavar="OUT.jsonl")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--source", metavar="PATH",

@@ -6,7 +6,7 @@ Sequential replay serves requests one at a time in file order straight on PagePo
 match (hit tokens), lock the match, evict LRU leaves when the pool is short, allocate pages for
 the rest of the prompt, insert the prompt's full blocks, release. Its hit rate is exact and
 comparable across runs; its clock is the cost model's (one request at a time; a request starts
-when it has arrived and the previous one has finished; wait = start - arrival).
+when it has arrived, at 0 under `burst`, and the previous one has finished; wait = start - arrival).
 """
 from __future__ import annotations
 
@@ -177,9 +177,10 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
         cache.unlock(m)
         pool.decref(new)  # the request is done; the tree keeps its own references
 
-        start = max(clock, r.arrival_s)
+        arrival = 0.0 if cfg.burst else r.arrival_s
+        start = max(clock, arrival)
         clock = start + service.serve(n, m.num_tokens, r.max_tokens)
-        waits.append(start - r.arrival_s)
+        waits.append(start - arrival)
         prompt_tokens += n
         hit_tokens += m.num_tokens
         output_tokens += r.max_tokens

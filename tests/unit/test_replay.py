@@ -165,6 +165,9 @@ def test_sequential_clock_waits_follow_cost_model():
     assert r.sim_seconds == pytest.approx(1000.0 + second)
     assert [p.now for p in r.timeline] == pytest.approx([first, first + second, 1000.0 + second])
     assert r.timeline[-1].hit_rate == pytest.approx(r.hit_rate)
+    burst = replay_sequential(reqs, ReplayConfig(sequential=True, burst=True), cost)
+    assert burst.wait_max_s == pytest.approx(first + second)  # the third arrived at 0 too
+    assert burst.hit_tokens == r.hit_tokens
 
 
 def test_simulated_single_lane_matches_sequential():
