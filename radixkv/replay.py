@@ -69,7 +69,7 @@ class ReplayResult:
 
     requests: int
     completed: int
-    prompt_tokens: int  # prompt tokens of every served request
+    prompt_tokens: int  # prompt tokens counted (sequential: all; simulated/real: admitted requests)
     hit_tokens: int  # of those, tokens served from the prefix cache
     hit_rate: float  # hit_tokens / prompt_tokens
     peak_pages: int
@@ -83,7 +83,7 @@ class ReplayResult:
     page_size: int
     num_pages: int  # pool size used
     unlimited: bool  # pool sized so that nothing is ever evicted
-    rejected: int = 0  # requests larger than the whole pool (never served)
+    rejected: int = 0  # requests larger than the whole pool (or the model's context): never run
     sim_seconds: float = 0.0  # clock at the last finish
     output_tokens: int = 0
     timeline: list[TimelinePoint] = field(default_factory=list)
@@ -142,8 +142,10 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
     """Serve `requests` one at a time in the given order; exact prefix-hit accounting.
 
     With `cfg.num_pages` set, the pool holds that many pages and LRU leaves are evicted before
-    allocating; a request needing more pages than the pool can give even after evicting
-    everything unlocked is counted in `rejected` (its tokens count nowhere else).
+    allocating. A request needing more pages than the pool can give even after evicting
+    everything else cannot run: it is counted in `rejected`, not `completed`, inserts nothing,
+    and its prompt still counts (hits = its cached prefix), so `hit_rate` is always over the
+    whole trace's prompt tokens, as an independent cache count has it.
     """
     t0 = time.perf_counter()
     ps = cfg.page_size
@@ -164,9 +166,11 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
         short = need - pool.num_free
         if short > 0:
             cache.evict(short)
-        if need > pool.num_free:
+        if need > pool.num_free:  # larger than the pool: it cannot run, so nothing is cached
             cache.unlock(m)
             rejected += 1
+            prompt_tokens += n
+            hit_tokens += m.num_tokens
             if progress:
                 progress(1)
             continue

@@ -67,9 +67,9 @@ def brute_lru(requests: list[TraceRequest], ps: int, capacity: int) -> tuple[int
         while k < len(keys) and keys[k] in lru:
             k += 1
         need = -(-len(t) // ps) - k  # this request's own pages (tail included)
-        if need > capacity - k:
-            continue  # cannot run even with everything else evicted
         hit += k * ps
+        if need > capacity - k:
+            continue  # cannot run even with everything else evicted: caches nothing
         for key in reversed(keys[:k]):  # protect the matched prefix, deepest first
             lru.move_to_end(key)
         while len(lru) + need > capacity:
@@ -147,9 +147,13 @@ def test_lru_evicts_least_recent_exactly():
 
 
 def test_request_larger_than_pool_is_rejected_not_crashed():
-    reqs = [TraceRequest(0, np.arange(100, dtype=np.int32), 1), TraceRequest(0, np.arange(10, dtype=np.int32), 1)]
+    # file order: the 10-token request runs and caches 2 full pages; the 100-token one needs
+    # 23 more pages than its cached 8 tokens, more than the 5-page pool: it hits 8 tokens,
+    # counts all 100, runs nowhere and caches nothing
+    reqs = [TraceRequest(0, np.arange(10, dtype=np.int32), 1), TraceRequest(0, np.arange(100, dtype=np.int32), 1)]
     r = replay_sequential(reqs, ReplayConfig(page_size=4, num_pages=5, sequential=True), CostModel())
-    assert (r.rejected, r.completed, r.prompt_tokens, r.leaked_pages) == (1, 1, 10, 0)
+    assert (r.rejected, r.completed, r.prompt_tokens, r.hit_tokens, r.leaked_pages) == (1, 1, 110, 8, 0)
+    assert brute_lru(reqs, 4, 5) == (8, 110)
 
 
 def test_sequential_clock_waits_follow_cost_model():
