@@ -102,6 +102,7 @@ class LLM:
         self._seeds = torch.Generator().manual_seed(cfg.seed)  # per-request seeds when none is given
         self._t0 = time.monotonic()
         self.num_steps = 0
+        self._recorded: list[Request] | None = None  # requests added while recording
 
     def _make_scheduler(self) -> Any:
         """The seam where the scheduler plugs in (add / schedule / update / has_work)."""
@@ -163,6 +164,10 @@ class LLM:
         if total > self.spec.max_position:
             raise ValueError(f"prompt {index}: {len(ids)} prompt tokens + max_tokens {params.max_tokens} = {total} "
                              f"exceeds the model's context of {self.spec.max_position} tokens")
+        window = self.spec.sliding_window
+        if window is not None and total > window:
+            raise ValueError(f"prompt {index}: {total} tokens exceed the model's sliding window of {window}; "
+                             f"windowed attention is not implemented, so only sequences within it are served")
         ps = self.config.page_size
         if -(-total // ps) > self.num_pages:
             raise ValueError(f"prompt {index}: {total} tokens need {-(-total // ps)} KV pages, "
@@ -185,9 +190,23 @@ class LLM:
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"params {i} must be a SamplingParams, got {p!r}")
         reqs = [self._make_request(self.encode(p, i), sp, i) for i, (p, sp) in enumerate(zip(prompts, params))]
+        if self._recorded is not None:
+            self._recorded.extend(reqs)
         for r in reqs:
             self.scheduler.add(r, r.arrival_s)
         return reqs
+
+    def start_recording(self) -> None:
+        """Keep every request added from now on, for `save_recording` (off by default: it grows)."""
+        self._recorded = []
+
+    def save_recording(self, path: str) -> int:
+        """Write the recorded requests as radixkv trace JSONL (replayable); returns how many."""
+        if self._recorded is None:
+            raise RuntimeError("start_recording() was not called")
+        from .workloads.traces import record_requests
+
+        return record_requests(path, self._recorded)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()

@@ -62,6 +62,7 @@ class ModelSpec:
     qk_norm: bool  # Qwen3: RMSNorm over head_dim on q and k before RoPE
     tie_embeddings: bool
     max_position: int  # max_position_embeddings: prompt + output must fit
+    sliding_window: int | None  # Mistral/Qwen2 windowed attention; only sequences within it are served
     rope: RopeSpec
     eos_token_ids: frozenset[int]
 
@@ -100,9 +101,17 @@ class ModelSpec:
             qk_norm=arch is Arch.QWEN3,
             tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             max_position=config.max_position_embeddings,
+            sliding_window=_sliding_window(config),
             rope=_rope_spec(config),
             eos_token_ids=eos_ids,
         )
+
+
+def _sliding_window(config: Any) -> int | None:
+    window = getattr(config, "sliding_window", None)
+    if window is None or getattr(config, "use_sliding_window", True) is False:
+        return None
+    return int(window)
 
 
 def _rope_spec(config: Any) -> RopeSpec:

@@ -2,6 +2,7 @@
 random weights from a config, text prompts, few-shot sharing."""
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -103,3 +104,24 @@ def test_eos_stops_like_transformers_generate() -> None:
     assert [o.token_ids for o in outs] == want
     assert outs[1].finish_reason == "stop" and outs[1].token_ids[-1] == 2 and len(outs[1].token_ids) < 12
     assert outs[0].finish_reason == "length"
+
+
+def test_served_requests_are_recorded_as_a_replayable_trace(tmp_path) -> None:
+    from radixkv.workloads.traces import read_radixkv
+
+    llm = LLM(tiny_config("llama"), page_size=4, num_pages=64)
+    llm.generate([[9, 9, 9]], GREEDY)  # before recording: not kept
+    llm.start_recording()
+    prompts = _prompts(3, (5, 8, 13))
+    llm.generate(prompts, GREEDY)
+    assert llm.save_recording(tmp_path / "served.jsonl") == 3
+    trace = read_radixkv(tmp_path / "served.jsonl")
+    assert [r.tokens().tolist() for r in trace.requests] == prompts
+    assert [r.max_tokens for r in trace.requests] == [12] * 3
+
+
+def test_mistral_sliding_window_bounds_the_sequence() -> None:
+    llm = LLM(tiny_config("mistral", sliding_window=32), page_size=4, num_pages=64)
+    with pytest.raises(ValueError, match="sliding window of 32"):
+        llm.generate([list(range(3, 30))], GREEDY)  # 27 + 12 > 32
+    assert len(llm.generate([list(range(3, 20))], GREEDY)[0].token_ids) == 12

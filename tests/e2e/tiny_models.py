@@ -21,7 +21,7 @@ def tiny_config(arch: str, **over: Any) -> Any:
                 "original_max_position_embeddings": 64, "rope_theta": 500000.0}
         return LlamaConfig(rope_parameters=rope, tie_word_embeddings=True, **common)
     if arch == "mistral":
-        return MistralConfig(sliding_window=None, **common)
+        return MistralConfig(**{"sliding_window": None, **common})
     if arch == "qwen2":
         return Qwen2Config(tie_word_embeddings=True, **common)
     if arch == "qwen3":
