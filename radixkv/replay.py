@@ -163,10 +163,7 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
         m = cache.match(tokens)
         cache.lock(m)
         need = -(-n // ps) - len(m.pages)  # pages for the uncached rest (tail page included)
-        short = need - pool.num_free
-        if short > 0:
-            cache.evict(short)
-        if need > pool.num_free:  # larger than the pool: it cannot run, so nothing is cached
+        if need > pool.num_free + cache.num_evictable_pages:  # cannot run: evict nothing, cache nothing
             cache.unlock(m)
             rejected += 1
             prompt_tokens += n
@@ -174,6 +171,8 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
             if progress:
                 progress(1)
             continue
+        if need > pool.num_free:
+            cache.evict(need - pool.num_free)
         new = pool.alloc(need)
         full = n // ps
         cache.insert(tokens[:full * ps], m.pages + new[:full - len(m.pages)])

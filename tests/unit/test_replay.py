@@ -68,10 +68,10 @@ def brute_lru(requests: list[TraceRequest], ps: int, capacity: int) -> tuple[int
             k += 1
         need = -(-len(t) // ps) - k  # this request's own pages (tail included)
         hit += k * ps
-        if need > capacity - k:
-            continue  # cannot run even with everything else evicted: caches nothing
-        for key in reversed(keys[:k]):  # protect the matched prefix, deepest first
+        for key in reversed(keys[:k]):  # a lookup touches the matched prefix, deepest first
             lru.move_to_end(key)
+        if need > capacity - k:
+            continue  # cannot run even with everything else evicted: evicts and caches nothing
         while len(lru) + need > capacity:
             victim = next(iter(lru))
             if victim in keys[:k]:
@@ -123,8 +123,9 @@ def test_sequential_public_mooncake_slice_equals_brute_force():
     assert (r.hit_tokens, r.prompt_tokens) == (hit, total)
 
 
-@pytest.mark.parametrize("capacity_frac", [0.1, 0.3])
+@pytest.mark.parametrize("capacity_frac", [0.004, 0.015, 0.1, 0.3])
 def test_sequential_lru_close_to_brute_force_lru(capacity_frac):
+    """Required: within 0.02. Observed: equal (tests allow 0.002 for tie-breaking changes)."""
     reqs = load_trace(DATA).requests
     ps = 16
     unlimited = replay_sequential(reqs, ReplayConfig(sequential=True), CostModel())
@@ -132,7 +133,8 @@ def test_sequential_lru_close_to_brute_force_lru(capacity_frac):
     hit, total = brute_lru(reqs, ps, cap)
     r = replay_sequential(reqs, ReplayConfig(num_pages=cap, sequential=True), CostModel())
     assert r.peak_pages <= cap and r.leaked_pages == 0 and not r.unlimited
-    assert abs(r.hit_rate - hit / total) <= 0.02
+    assert r.prompt_tokens == total
+    assert abs(r.hit_rate - hit / total) <= 0.002
     assert r.hit_rate < unlimited.hit_rate
 
 
