@@ -4,6 +4,8 @@ Rows are requests; tokens are the new tokens computed this step, concatenated in
 A decode row has q_len 1; a prefill row holds one chunk of its prompt (chunked prefill).
 Before the model runs, every slot in `slots` belongs to a page in that row's page table,
 and the pages listed for a row cover all `seq_lens[b]` tokens.
+`page_tables[b]` may be the scheduler's own page list of that request (no copy per step): it is
+valid until `Scheduler.update`, and the model must not modify it.
 """
 from __future__ import annotations
 

@@ -92,7 +92,7 @@ class _BatchBuilder:
         self.q_start.append(len(self.input_ids))
         self.q_lens.append(q_len)
         self.seq_lens.append(end)
-        self.page_tables.append(list(req.pages))
+        self.page_tables.append(req.pages)  # live list: valid until update() (see Batch)
         self.sample.append(end == req.num_tokens)
         self.input_ids.extend(_token_slice(req, start, end))
         self.positions.extend(range(start, end))
