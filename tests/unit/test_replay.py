@@ -123,12 +123,17 @@ def test_sequential_public_mooncake_slice_equals_brute_force():
     assert (r.hit_tokens, r.prompt_tokens) == (hit, total)
 
 
-@pytest.mark.parametrize("capacity_frac", [0.004, 0.015, 0.1, 0.3])
-def test_sequential_lru_close_to_brute_force_lru(capacity_frac):
-    """Required: within 0.02. Observed: equal (tests allow 0.002 for tie-breaking changes)."""
+@pytest.fixture(scope="module")
+def sample_unlimited():
     reqs = load_trace(DATA).requests
+    return reqs, replay_sequential(reqs, ReplayConfig(sequential=True), CostModel())
+
+
+@pytest.mark.parametrize("capacity_frac", [0.004, 0.015, 0.1, 0.3])
+def test_sequential_lru_close_to_brute_force_lru(capacity_frac, sample_unlimited):
+    """Required: within 0.02. Observed: equal (tests allow 0.002 for tie-breaking changes)."""
+    reqs, unlimited = sample_unlimited
     ps = 16
-    unlimited = replay_sequential(reqs, ReplayConfig(sequential=True), CostModel())
     cap = int(unlimited.peak_pages * capacity_frac)
     hit, total = brute_lru(reqs, ps, cap)
     r = replay_sequential(reqs, ReplayConfig(num_pages=cap, sequential=True), CostModel())
