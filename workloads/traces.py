@@ -42,10 +42,12 @@ class TraceFormat(enum.Enum):
 
 
 class TraceError(ValueError):
-    """A malformed trace record; names the file, line (1-based; request index for WEKA) and field."""
+    """A malformed trace record; names the file, line (1-based; the request's number for WEKA
+    files; None for a whole-document field) and field."""
 
-    def __init__(self, path: str | Path, line: int, field: str, problem: str) -> None:
-        super().__init__(f"{path}:{line}: field {field!r}: {problem}")
+    def __init__(self, path: str | Path, line: int | None, field: str, problem: str) -> None:
+        where = str(path) if line is None else f"{path}:{line}"
+        super().__init__(f"{where}: field {field!r}: {problem}")
         self.path, self.line, self.field, self.problem = str(path), line, field, problem
 
 
@@ -133,7 +135,7 @@ class Trace(NamedTuple):
 class _Fields:
     """Typed access to one record's fields; every failure is a TraceError naming path/line/field."""
 
-    def __init__(self, path: Path, line: int, record: Any) -> None:
+    def __init__(self, path: Path, line: int | None, record: Any) -> None:
         self.path, self.line = path, line
         if not isinstance(record, dict):
             raise TraceError(path, line, "<record>", f"expected a JSON object, got {type(record).__name__}")
@@ -271,15 +273,16 @@ def _hashed(f: _Fields, ids_field: str, length_field: str, block_tokens: int) ->
     return HashedPrompt(ids, length, block_tokens)
 
 
-def _max_id(requests: list[TraceRequest]) -> int:
-    return max((int(r.prompt.hash_ids.max()) for r in requests if len(r.prompt.hash_ids)), default=-1)
+def _first_free_id(requests: list[TraceRequest]) -> int:
+    """One past the largest hash id the requests use (0 when they use none)."""
+    return max((int(r.prompt.hash_ids.max()) + 1 for r in requests if len(r.prompt.hash_ids)), default=0)
 
 
 def _compact_ids(requests: list[TraceRequest], block_tokens: int) -> list[TraceRequest]:
     """Renumber hash ids densely (0, 1, ... by value) when they, plus the fresh tail ids still
     to come, would not fit int32 tokens; equal ids stay equal, different stay different."""
     tails = sum(-(-r.prompt.input_length // block_tokens) - len(r.prompt.hash_ids) for r in requests)
-    if _max_id(requests) + 1 + tails <= _TOKEN_SPACE // block_tokens:
+    if _first_free_id(requests) + tails <= _TOKEN_SPACE // block_tokens:
         return requests
     _, dense = np.unique(np.concatenate([r.prompt.hash_ids for r in requests]), return_inverse=True)
     bounds = np.cumsum([len(r.prompt.hash_ids) for r in requests])[:-1]
@@ -298,7 +301,7 @@ def read_mooncake(path: str | Path, skip_bad: bool = False) -> Trace:
 
     reqs, skipped = _collect(path, _json_lines(path, skip_bad), parse, skip_bad)
     reqs = _compact_ids(reqs, MOONCAKE_BLOCK_TOKENS)
-    return Trace(_fill_tails(reqs, _max_id(reqs) + 1), TraceFormat.MOONCAKE, skipped, MOONCAKE_BLOCK_TOKENS)
+    return Trace(_fill_tails(reqs, _first_free_id(reqs)), TraceFormat.MOONCAKE, skipped, MOONCAKE_BLOCK_TOKENS)
 
 
 _NESTED_KEYS = ("requests", "subagent_requests", "subagents", "children")
@@ -329,7 +332,7 @@ def read_weka(paths: str | Path | Sequence[str | Path], skip_bad: bool = False) 
             doc = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise TraceError(path, e.lineno, "<json>", f"not valid JSON ({e.msg})") from None
-        head = _Fields(path, 0, doc)
+        head = _Fields(path, None, doc)
         bt = head.integer("block_size", minimum=1, default=64)
         if block_tokens is not None and bt != block_tokens:
             raise head.fail("block_size", f"{bt} differs from earlier files' {block_tokens}")
@@ -344,10 +347,10 @@ def read_weka(paths: str | Path | Sequence[str | Path], skip_bad: bool = False) 
         reqs, bad = _collect(path, records, parse, skip_bad)
         skipped += bad
         staged.extend(reqs)
-        offset = max(offset, _max_id(reqs) + 1)
+        offset = max(offset, _first_free_id(reqs))
     order = sorted(range(len(staged)), key=lambda i: (staged[i].arrival_s, i))  # stable merge
     staged = _compact_ids([staged[i] for i in order], block_tokens or 64)
-    reqs = _fill_tails(staged, _max_id(staged) + 1)
+    reqs = _fill_tails(staged, _first_free_id(staged))
     return Trace(reqs, TraceFormat.WEKA, skipped, block_tokens or 64)
 
 

@@ -207,6 +207,14 @@ def test_weka_conversations_kept_apart_nested_and_sorted(tmp_path):
     assert len(a1) == 200
 
 
+def test_weka_bad_header_named_without_line(tmp_path):
+    p = tmp_path / "h.json"
+    p.write_text(json.dumps({"id": "h", "block_size": "big", "requests": []}))
+    with pytest.raises(TraceError, match=r"h.json: field 'block_size': expected an integer") as e:
+        read_weka(p)
+    assert e.value.line is None
+
+
 def test_weka_malformed_request_named(tmp_path):
     p = _weka(tmp_path / "c.json", "c", [{"t": 0, "in": 64, "hash_ids": [1]}, {"t": 1, "hash_ids": [1]}])
     with pytest.raises(TraceError, match=r"c.json:2: field 'in'"):
