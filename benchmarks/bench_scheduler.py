@@ -11,7 +11,7 @@ Workloads (data from ../shared/traces, see its README):
   byte tokens), 1,200 test questions spread over the templates, Poisson arrivals at 40/s,
   into a pool that holds about 4 templates.
 - multi-turn: ShareGPT conversations; turn k resends the whole history (byte tokens). One
-  conversation starts every 0.5 s, its turns 20 s apart; the pool holds 128k tokens.
+  conversation starts every 0.2 s, its turns 10 s apart; the pool holds 80k tokens.
 Each runs with fcfs, lpm, dfs-weight (default starvation guard: 10 s / 200 steps) and lpm
 without the guard, at concurrency 64.
 
@@ -100,12 +100,12 @@ def multi_turn(traces: Path, limit: int | None) -> list[Workload]:
             history += f"User: {turns[k]['value']}\n"
             reqs.append(Request(len(reqs), byte_tokenize(history + "Assistant:"),
                                 min(256, max(1, len(turns[k + 1]["value"]))),
-                                arrival_s=0.5 * conv + 20.0 * (k // 2)))
+                                arrival_s=0.2 * conv + 10.0 * (k // 2)))
             history += f"Assistant: {turns[k + 1]['value']}\n"
         conv += 1
         if len(reqs) >= (limit or 2000):
             break
-    pages = 128_000 // PAGE_SIZE
+    pages = 80_000 // PAGE_SIZE
     return [Workload("multi-turn", reqs, pages, False), Workload("multi-turn burst", reqs, pages, True)]
 
 

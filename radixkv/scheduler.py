@@ -267,17 +267,24 @@ class Scheduler:
         reserve = sum(1 for r in self.running if r.req.num_tokens - r.req.num_computed == 1)
         admitted: set[int] = set()
         order, starved = self._admission_order(now)
+        deferred_starved: float | None = None  # earliest arrival of a starved request deferred
         for e, is_starved in zip(order, starved):
             if len(self.running) >= cfg.max_running or budget <= 0:
                 break
+            if deferred_starved is not None and e.arrival > deferred_starved:
+                continue  # no later arrival goes ahead of a starved request
             req = e.req
             total = req.num_tokens
             tokens = e.token_array(total)
             m = cache.match(tokens, req.namespace)
             usable = min(m.num_tokens, (total - 1) // ps * ps)  # leave >= 1 token to compute
-            if (cfg.in_batch_sharing and shared and not is_starved and usable == m.num_tokens
+            if (cfg.in_batch_sharing and shared and usable == m.num_tokens
                     and _share_key(m, tokens, ps) in shared):
-                continue  # another row computes this block now: hit it next step instead
+                # Another row computes this block now: hit it next step instead. A starved
+                # request defers too (one step), but then nothing that arrived later is admitted.
+                if is_starved and (deferred_starved is None or e.arrival < deferred_starved):
+                    deferred_starved = e.arrival
+                continue
             if usable < m.num_tokens:  # all cached: lock only the blocks it will use
                 m = cache.match(tokens[:usable], req.namespace)
             cache.lock(m)
