@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -193,8 +193,11 @@ def _json_lines(path: Path, skip_bad: bool) -> Iterator[tuple[int, Any]]:
                 yield lineno, None
 
 
-def _collect(path: Path, records: Iterable[tuple[int, Any]], parse, skip_bad: bool) -> tuple[list, int]:
-    out, skipped = [], 0
+def _collect(path: Path, records: Iterable[tuple[int, Any]], parse: Callable[[_Fields], TraceRequest],
+             skip_bad: bool) -> tuple[list[TraceRequest], int]:
+    """Parse every (line, record); a bad one raises, or with `skip_bad` is counted and skipped."""
+    out: list[TraceRequest] = []
+    skipped = 0
     for lineno, rec in records:
         try:
             if rec is None:  # undecodable line, already judged skippable
