@@ -325,8 +325,9 @@ def read_weka(paths: str | Path | Sequence[str | Path], skip_bad: bool = False) 
 
     Each file's local hash ids are shifted past all earlier files' ids; the prompt tail after
     the last full block gets fresh ids. Arrival = `t` (seconds from the conversation start;
-    upstream `t` already includes `think_time`, so it is not added again). Sessions are the
-    conversation ids; nested sub-agent requests keep their parent's session.
+    upstream `t` already includes `think_time`, so it is not added again); a record without `t`
+    arrives `think_time` after the previous one ended (its arrival + `api_time`). Sessions are
+    the conversation ids; nested sub-agent requests keep their parent's session.
     """
     staged: list[TraceRequest] = []
     skipped, offset, block_tokens = 0, 0, None
@@ -340,10 +341,14 @@ def read_weka(paths: str | Path | Sequence[str | Path], skip_bad: bool = False) 
         if block_tokens is not None and bt != block_tokens:
             raise head.fail("block_size", f"{bt} differs from earlier files' {block_tokens}")
         block_tokens, session = bt, str(doc.get("id", path.stem))
+        prev_end = 0.0  # previous request's arrival + api_time, for records without `t`
 
         def parse(f: _Fields) -> TraceRequest:
+            nonlocal prev_end
             prompt = _hashed(f, "hash_ids", "in", bt)
-            return TraceRequest(f.number("t", default=0.0), prompt._replace(hash_ids=prompt.hash_ids + offset),
+            arrival = f.number("t") if f.has("t") else prev_end + f.number("think_time", default=0.0)
+            prev_end = arrival + f.number("api_time", default=0.0)
+            return TraceRequest(arrival, prompt._replace(hash_ids=prompt.hash_ids + offset),
                                 max(f.integer("out", minimum=0, default=1), 1), session)
 
         records = ((i + 1, rec) for i, (_, rec) in enumerate(_weka_records(doc.get("requests"), "")))

@@ -207,6 +207,15 @@ def test_weka_conversations_kept_apart_nested_and_sorted(tmp_path):
     assert len(a1) == 200
 
 
+def test_weka_think_time_when_t_is_missing(tmp_path):
+    p = _weka(tmp_path / "k.json", "k", [
+        {"t": 2.0, "in": 64, "out": 1, "hash_ids": [1], "api_time": 3.0},
+        {"in": 128, "out": 1, "hash_ids": [1, 2], "think_time": 4.0, "api_time": 1.0},
+        {"in": 192, "out": 1, "hash_ids": [1, 2, 3], "think_time": 0.5},
+    ])
+    assert [r.arrival_s for r in read_weka(p).requests] == [2.0, 9.0, 10.5]
+
+
 def test_weka_bad_header_named_without_line(tmp_path):
     p = tmp_path / "h.json"
     p.write_text(json.dumps({"id": "h", "block_size": "big", "requests": []}))
