@@ -117,14 +117,24 @@ def row_kv(pool: Pool, b: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return pool.k[pages].reshape(-1, HKV, D)[:n], pool.v[pages].reshape(-1, HKV, D)[:n]
 
 
-def check_rows(out: torch.Tensor, q: torch.Tensor, pool: Pool, rows: list[int], q_lens: list[int], sm_scale: float) -> float:
-    """Relative error of `out` on the given rows vs fp64 attention over the pool's true (bf16) values."""
+def row_kv_fp8(pool: Pool, fp8: tuple[torch.Tensor, ...], b: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    kq, vq, ks, vs = fp8
+    pages = pool.page_table[b, : -(-n // PAGE)].long()
+    k = (kq[pages].double() * ks[pages].double().unsqueeze(-1)).reshape(-1, HKV, D)[:n]
+    v = (vq[pages].double() * vs[pages].double().unsqueeze(-1)).reshape(-1, HKV, D)[:n]
+    return k, v
+
+
+def check_rows(out: torch.Tensor, q: torch.Tensor, pool: Pool, rows: list[int], q_lens: list[int], sm_scale: float,
+               fp8: tuple[torch.Tensor, ...] | None = None) -> float:
+    """Relative error of `out` on the given rows vs fp64 attention over the pool's true (bf16) values, or,
+    with fp8 = (k, v, k_scale, v_scale), over the dequantised FP8 values (the kernel's own error)."""
     outs, refs = [], []
     start = 0
     starts = [sum(q_lens[:b]) for b in range(len(q_lens))]
     for b in rows:
         n = int(pool.seq_lens[b])
-        k, v = row_kv(pool, b, n)
+        k, v = row_kv(pool, b, n) if fp8 is None else row_kv_fp8(pool, fp8, b, n)
         s0, m = starts[b], q_lens[b]
         refs.append(dense_ref(q[s0:s0 + m], k, v, sm_scale))
         outs.append(out[s0:s0 + m])
@@ -152,8 +162,12 @@ def ceilings(dev: torch.device, smoke: bool) -> tuple[float, float]:
     n = 1 << 31  # 4 GiB of bf16
     x = torch.randn(n // 4, device=dev, dtype=torch.float32).to(torch.bfloat16).repeat(4)
     y = torch.empty_like(x)
-    copy_us = time_fn(lambda: y.copy_(x), False).us
+    from triton.testing import do_bench
+
+    # eager copy_ (a CUDA graph turns it into a copy-engine memcpy node, which is slower)
+    copy_us = do_bench(lambda: y.copy_(x), warmup=25, rep=150, return_mode="median") * 1e3
     copy_tbps = 2 * x.numel() * 2 / copy_us / 1e6
+    print(f"  torch copy_: {copy_tbps:.3f} TB/s (read + write)")
     best = 0.0
     for block, iters, warps in ((4096, 16, 8), (8192, 8, 8), (2048, 32, 4), (16384, 4, 16)):
         partial = torch.empty(triton.cdiv(n, block * iters), device=dev, dtype=torch.float32)
@@ -185,12 +199,12 @@ def correctness(ops, ref, dev: torch.device, gen: torch.Generator, smoke: bool) 
         src_k, src_v = (k, v) if fp8 else (k.to(dt), v.to(dt))
         ops.store_kv(src_k, src_v, caches[0], caches[1], slots, k_scale=sc[0], v_scale=sc[1])
         ref.store_kv_ref(src_k, src_v, caches[2], caches[3], slots, k_scale=sc[2], v_scale=sc[3])
-        same = sum(int(torch.equal(caches[i].view(torch.uint8), caches[i + 2].view(torch.uint8))) for i in (0, 1))
-        diff = float((caches[0].float() != caches[2].float()).float().mean())
-        if fp8:
-            same += sum(int(torch.equal(sc[i], sc[i + 2])) for i in (0, 1))
-        ok = same == (4 if fp8 else 2)
-        results.append({"check": f"store_kv {name}", "ok": ok, "mismatch_frac": diff})
+        diff = max(float((caches[i].view(torch.uint8) != caches[i + 2].view(torch.uint8)).float().mean()) for i in (0, 1))
+        # torch divides by a scalar through its reciprocal on CUDA, the kernel rounds the division
+        # exactly: scales may differ by an ulp, and a value on a rounding edge may then differ too.
+        scale_rel = max(float(((sc[i] - sc[i + 2]).abs() / sc[i + 2].abs().clamp(min=1e-30)).max()) for i in (0, 1)) if fp8 else 0.0
+        ok = diff <= (1e-3 if fp8 else 0.0) and scale_rel <= 1e-6
+        results.append({"check": f"store_kv {name}", "ok": ok, "mismatch_frac": diff, "scale_rel_diff": scale_rel})
     # attention on ragged random shapes, several page sizes and splits
     for page_size in ((16,) if smoke else (1, 16, 32)):
         for kv_name in ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2"):
@@ -313,13 +327,14 @@ def bench_decode(ops, ref, fi, dev, gen, read_tbps, smoke, shapes, workspace) ->
         sm = 1 / math.sqrt(D)
         bf16_bytes = 2 * batch * ctx * HKV * D * 2
 
-        def row(kernel, kv_dtype, t: Timing, err, nbytes):
+        def row(kernel, kv_dtype, t: Timing, err, nbytes, err_kernel=None):
             tbps = nbytes / t.us / 1e6
             r = {"kernel": kernel, "kv_dtype": kv_dtype, "batch": batch, "context": ctx, "us": round(t.us, 2),
                  "tbps": round(tbps, 3), "frac_read": round(tbps / read_tbps, 3), "rel_err": err,
-                 "timing": t.method, "num_splits": splits if kernel == "radixkv" else None}
+                 "rel_err_kernel": err_kernel, "timing": t.method,
+                 "num_splits": splits if kernel == "radixkv" else None}
             print(f"  decode {kernel:12s} {kv_dtype:9s} {batch:4d} x {ctx:6d}: {t.us:9.1f} us "
-                  f"{tbps:6.3f} TB/s ({r['frac_read']:.2f} of read) rel_err {err:.2e}")
+                  f"{tbps:6.3f} TB/s ({r['frac_read']:.2f} of read) rel_err {err:.2e} kernel-only {err_kernel}")
             rows.append(r)
 
         out = ops.paged_decode(q, pool.k, pool.v, pool.page_table, pool.seq_lens, num_splits=splits)
@@ -353,7 +368,8 @@ def bench_decode(ops, ref, fi, dev, gen, read_tbps, smoke, shapes, workspace) ->
                                         num_splits=splits)
 
             out = run_fp8()
-            row("radixkv", name, time_fn(run_fp8, smoke), check_rows(out, q, pool, check, [1] * batch, sm), fp8_bytes)
+            row("radixkv", name, time_fn(run_fp8, smoke), check_rows(out, q, pool, check, [1] * batch, sm), fp8_bytes,
+                check_rows(out, q, pool, check, [1] * batch, sm, fp8=(kq, vq, ks, vs)))
             del kq, vq, ks, vs
         del pool
         if dev.type == "cuda":
@@ -373,11 +389,12 @@ def bench_extend(ops, fi, dev, gen, smoke, shape, workspace) -> list[dict]:
     sm = 1 / math.sqrt(D)
     rows = []
 
-    def row(kernel, kv_dtype, t: Timing, err):
+    def row(kernel, kv_dtype, t: Timing, err, err_kernel=None):
         tf = flops / t.us / 1e6
         rows.append({"kernel": kernel, "kv_dtype": kv_dtype, "seqs": seqs, "cached": cached, "new": new,
-                     "us": round(t.us, 2), "tflops": round(tf, 1), "rel_err": err, "timing": t.method})
-        print(f"  extend {kernel:12s} {kv_dtype:9s}: {t.us:9.1f} us {tf:6.1f} TFLOP/s rel_err {err:.2e}")
+                     "us": round(t.us, 2), "tflops": round(tf, 1), "rel_err": err, "rel_err_kernel": err_kernel,
+                     "timing": t.method})
+        print(f"  extend {kernel:12s} {kv_dtype:9s}: {t.us:9.1f} us {tf:6.1f} TFLOP/s rel_err {err:.2e} kernel-only {err_kernel}")
 
     def ours(kc, vc, ks=None, vs=None):
         return lambda: ops.paged_prefill(q, kc, vc, pool.page_table, pool.seq_lens, qs, ql, k_scale=ks, v_scale=vs,
@@ -388,7 +405,9 @@ def bench_extend(ops, fi, dev, gen, smoke, shape, workspace) -> list[dict]:
     for name, dt in FP8.items():
         kq, vq, ks, vs = quantize_pool(pool, dt, ops)
         fn = ours(kq, vq, ks, vs)
-        row("radixkv", name, time_fn(fn, smoke), check_rows(fn(), q, pool, [0, seqs - 1], q_lens, sm))
+        out = fn()
+        row("radixkv", name, time_fn(fn, smoke), check_rows(out, q, pool, [0, seqs - 1], q_lens, sm),
+            check_rows(out, q, pool, [0, seqs - 1], q_lens, sm, fp8=(kq, vq, ks, vs)))
         del kq, vq, ks, vs
     if not smoke:
         kc, vc = contiguous_kv(pool)
@@ -421,7 +440,9 @@ def sweeps(ops, dev, gen, read_tbps, smoke) -> list[dict]:
     from radixkv.kernels.launch import KernelConfig
 
     rows = []
-    shapes = [(1, 32768, [16, 33, 66, 132]), (16, 4096, [1, 2, 3, 4, 8])] if not smoke else [(1, 64, [1, 2])]
+    shapes = [(1, 32768, [33, 66, 132]), (16, 4096, [3, 4, 5, 8]), (64, 4096, [1, 2, 3]), (256, 1024, [1, 2])]
+    if smoke:
+        shapes = [(1, 64, [1, 2])]
     for batch, ctx, split_list in shapes:
         pool = make_pool(batch, ctx, dev, gen)
         q = torch.randn(batch, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
@@ -435,10 +456,13 @@ def sweeps(ops, dev, gen, read_tbps, smoke) -> list[dict]:
     q = torch.randn(64, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
     nbytes = 2 * 64 * 16384 * HKV * D * 2
     kq, vq, ks, vs = quantize_pool(pool, torch.float8_e4m3fn, ops)
-    for cfg in (KernelConfig(16, 64, 4, 2), KernelConfig(16, 64, 4, 3), KernelConfig(16, 64, 4, 4),
-                KernelConfig(16, 128, 4, 2), KernelConfig(16, 128, 8, 3), KernelConfig(16, 32, 4, 4)):
+    for cfg, dtypes in ((KernelConfig(16, 64, 4, 3), ("bf16", "fp8_e4m3")), (KernelConfig(16, 64, 8, 3), ("fp8_e4m3",)),
+                        (KernelConfig(16, 128, 4, 3), ("fp8_e4m3",)), (KernelConfig(16, 128, 8, 3), ("fp8_e4m3",)),
+                        (KernelConfig(16, 32, 4, 3), ("fp8_e4m3",))):
         for name, args, nb in (("bf16", (pool.k, pool.v, None, None), nbytes),
                                ("fp8_e4m3", (kq, vq, ks, vs), nbytes * (D + 4) // (2 * D))):
+            if name not in dtypes:
+                continue
             try:
                 t = time_fn(lambda: ops.paged_decode(q, args[0], args[1], pool.page_table, pool.seq_lens,
                                                      k_scale=args[2], v_scale=args[3], config=cfg), smoke)
@@ -457,8 +481,8 @@ def sweeps(ops, dev, gen, read_tbps, smoke) -> list[dict]:
     qs = torch.arange(0, seqs * new, new, dtype=torch.int32, device=dev)
     ql = torch.full((seqs,), new, dtype=torch.int32, device=dev)
     flops = 4 * D * (new * cached + new * (new + 1) / 2) * HQ * seqs
-    for cfg in (KernelConfig(128, 64, 8, 2), KernelConfig(128, 64, 8, 4), KernelConfig(128, 128, 8, 2),
-                KernelConfig(128, 128, 8, 3), KernelConfig(64, 64, 4, 3), KernelConfig(128, 64, 4, 3)):
+    for cfg in (KernelConfig(128, 128, 8, 3), KernelConfig(128, 128, 8, 2), KernelConfig(128, 64, 8, 3),
+                KernelConfig(128, 128, 4, 3), KernelConfig(64, 128, 4, 3)):
         try:
             t = time_fn(lambda: ops.paged_prefill(q, pool.k, pool.v, pool.page_table, pool.seq_lens, qs, ql,
                                                   max_q_len=new, config=cfg), smoke)

@@ -24,7 +24,7 @@ class KernelConfig(NamedTuple):
 # GPU defaults (H200, D = 128, bf16/fp8), picked with benchmarks/bench_kernels.py's sweep;
 # CPU (interpreter) runs use small tiles so tests stay fast.
 DECODE_GPU = KernelConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
-PREFILL_GPU = KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+PREFILL_GPU = KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
 CPU_TILES = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
 
 
