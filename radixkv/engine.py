@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .attention import PagedAttention
+from .attention import Backend, PagedAttention
 from .config import EngineConfig
 from .kv_store import KVDtype, KVStore
 from .model import LlamaModel
@@ -65,11 +65,14 @@ class LLM:
     """A Llama-family model served from a paged, prefix-cached KV pool.
 
     model: a local Hugging Face folder, or a transformers PretrainedConfig (seeded random weights).
+    attention_backend: Backend.AUTO runs Triton on CUDA and the PyTorch reference on CPU;
+    Backend.TRITON on CPU needs TRITON_INTERPRET=1 (tests).
     Other keyword arguments are EngineConfig fields (num_pages, seed, scheduler, ...).
     """
 
     def __init__(self, model: Any, dtype: Any = "auto", kv_dtype: str = "auto", page_size: int = 16,
-                 device: str | torch.device | None = None, **more: Any) -> None:
+                 device: str | torch.device | None = None, *, attention_backend: Backend = Backend.AUTO,
+                 **more: Any) -> None:
         dev_name = None if device is None else str(device)
         self.config = EngineConfig(page_size=page_size, dtype=dtype, kv_dtype=kv_dtype, device=dev_name, **more)
         cfg = self.config
@@ -94,7 +97,7 @@ class LLM:
         s = self.spec
         self.kv = KVStore(s.num_layers, num_pages, cfg.page_size, s.num_kv_heads, s.head_dim, kv,
                           self.device, self.dtype)
-        self.attention = PagedAttention(self.kv, s.num_q_heads, s.head_dim, s.head_dim ** -0.5)
+        self.attention = PagedAttention(self.kv, s.num_q_heads, s.head_dim, s.head_dim ** -0.5, attention_backend)
         self.pool = PagePool(num_pages)
         self.cache = RadixCache(self.pool, page_size=cfg.page_size)
         self.scheduler = self._make_scheduler()

@@ -128,7 +128,7 @@ class LlamaModel:
             q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
             q = q.view(T, Hq, D)
             k = k.view(T, Hkv, D)
-            v = v.reshape(T, Hkv, D)
+            v = v.contiguous().view(T, Hkv, D)
             if L.q_norm is not None:
                 q = _rms_norm(q, L.q_norm, s.rms_norm_eps)
                 k = _rms_norm(k, L.k_norm, s.rms_norm_eps)
