@@ -50,6 +50,9 @@ class SchedulerConfig:
     (the cache-aware policies match each one against the tree), which bounds per-step work.
     in_batch_sharing: a waiting request whose first uncached block is being computed this step
     by another request waits one step and then hits it, instead of computing it twice.
+    decode_reserve: share (0..1) of every running request's remaining output tokens whose pages
+    admission keeps free (at least one page per decoding request); higher means fewer
+    preemptions and fewer requests running at once.
     """
 
     policy: Policy = Policy.LPM
@@ -59,6 +62,7 @@ class SchedulerConfig:
     starvation_s: float | None = 10.0
     policy_window: int = 256
     in_batch_sharing: bool = True
+    decode_reserve: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, Policy):
@@ -71,6 +75,8 @@ class SchedulerConfig:
             raise ValueError(f"starvation_steps must be >= 1 or None, got {self.starvation_steps}")
         if self.starvation_s is not None and self.starvation_s <= 0:
             raise ValueError(f"starvation_s must be > 0 or None, got {self.starvation_s}")
+        if not 0.0 <= self.decode_reserve <= 1.0:
+            raise ValueError(f"decode_reserve must lie in [0, 1], got {self.decode_reserve}")
         if self.policy_window < 1:
             raise ValueError(f"policy_window must be >= 1, got {self.policy_window}")
 

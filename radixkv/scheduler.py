@@ -264,7 +264,7 @@ class Scheduler:
 
     def _admit(self, rows: _BatchBuilder, budget: int, shared: set[_ShareKey], now: float) -> None:
         cfg, pool, cache, ps = self.config, self.pool, self.cache, self.page_size
-        reserve = sum(1 for r in self.running if r.req.num_tokens - r.req.num_computed == 1)
+        reserve = sum(self._decode_reserve(r) for r in self.running)
         admitted: set[int] = set()
         order, starved = self._admission_order(now)
         deferred_starved: float | None = None  # earliest arrival of a starved request deferred
@@ -291,8 +291,9 @@ class Scheduler:
             want = min(total - usable, budget)
             need = -(-(usable + want) // ps) - usable // ps
             avail = pool.num_free + cache.num_evictable_pages
+            own = self._decode_reserve(e)
             if self.running:
-                if need + reserve > avail:
+                if need + own + reserve > avail:
                     cache.unlock(m)
                     break  # head of line: nothing behind it jumps ahead
             else:  # alone: it may take the whole pool, a chunk at a time
@@ -315,8 +316,18 @@ class Scheduler:
             assert q_len > 0, f"request {req.rid} admitted without room for a token"
             self._add_row(rows, e, usable, q_len, shared)
             budget -= q_len
+            reserve += own
         if admitted:
             self.waiting = [e for e in self.waiting if id(e) not in admitted]
+
+    def _decode_reserve(self, e: _Entry) -> int:
+        """Pages admission keeps free for a running request's coming decode tokens: a share
+        (`decode_reserve`) of its remaining output, and at least one page while it decodes."""
+        req = e.req
+        remaining = req.max_tokens - len(req.output)
+        pages = -(-int(self.config.decode_reserve * remaining) // self.page_size)
+        decoding = req.num_tokens - req.num_computed == 1 and req.status is Status.RUNNING
+        return max(pages, 1 if decoding else 0)
 
     def _add_row(self, rows: _BatchBuilder, e: _Entry, start: int, q_len: int,
                  shared: set[_ShareKey]) -> None:

@@ -40,7 +40,8 @@ def workloads(draw):
         max_running=draw(st.integers(1, 4)),
         starvation_steps=draw(st.none() | st.integers(1, 6)),
         starvation_s=draw(st.none() | st.sampled_from([0.5, 2.0, 5.0])),
-        in_batch_sharing=draw(st.booleans()))
+        in_batch_sharing=draw(st.booleans()),
+        decode_reserve=draw(st.sampled_from([0.0, 0.5, 1.0])))
     return reqs, arrivals, ps, num_pages, cfg
 
 

@@ -185,6 +185,18 @@ def test_preemption_requeues_newest_keeps_output_and_cached_tokens():
     assert_clean(h.s, [a, b])
 
 
+def test_decode_reserve_admits_only_what_can_decode_to_the_end():
+    def run(reserve: float) -> int:
+        h = Harness(num_pages=9, ps=2, max_running=2, decode_reserve=reserve)
+        reqs = [Request(i, [7, 7, 7, 7, i], max_tokens=8) for i in range(2)]
+        h.drive(reqs)
+        assert_clean(h.s, reqs)
+        return h.s.metrics.preemptions
+
+    assert run(0.0) >= 1  # both admitted, the newest is preempted when decode runs out
+    assert run(1.0) == 0  # the second waits until the first's output pages are free
+
+
 def test_bad_input_is_refused_before_any_change():
     h = Harness(num_pages=4, ps=4)
     with pytest.raises(ValueError, match="needs up to 5 pages"):
