@@ -246,12 +246,15 @@ class LLM:
         return RequestOutput(req.rid, list(req.prompt), list(req.output), text, req.cached_tokens, req.finish_reason)
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Generate for every prompt (str or token ids); outputs in prompt order."""
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Generate for every prompt (str or token ids); outputs in prompt order.
+
+        sampling_params: one for all prompts or one per prompt (default: SamplingParams()).
+        """
         if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
                                         and all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]  # one prompt given bare
-        params = SamplingParams() if params is None else params
+        params = SamplingParams() if sampling_params is None else sampling_params
         reqs = self.add_requests(list(prompts), params)
         pending = {r.rid for r in reqs}
         while pending:
