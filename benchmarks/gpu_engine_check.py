@@ -25,6 +25,7 @@ import json
 import platform
 import tempfile
 import time
+import traceback
 from typing import Any
 
 import torch
@@ -180,14 +181,26 @@ def main() -> None:
         dtype=str(dtype).removeprefix("torch."), parity=[])
     print(f"{'arch':8} {'page':>4} {'kv':9} {'tokens':>6} {'exact':>6} {'free':>6} {'forced':>7}")
     for arch in args.archs.split(","):
-        for row in parity(arch, args, device, dtype):
+        try:
+            rows = parity(arch, args, device, dtype)
+        except Exception as e:  # keep going: one failing family must not lose the others' figures
+            traceback.print_exc()
+            report.setdefault("errors", []).append(f"parity {arch}: {type(e).__name__}: {e}")
+            rows = []
+        for row in rows:
             report["parity"].append(row)
             print(f"{row['arch']:8} {row['page_size']:>4} {row['kv_dtype']:9} {row['tokens']:>6} "
                   f"{row['exact_prefix_min']:>6} {row['free_agreement']:>6.3f} {row['forced_agreement']:>7.3f}",
                   flush=True)
         _save(args.out, report)
     if not args.skip_8b:
-        tp = throughput(args, device, dtype)
+        try:
+            tp = throughput(args, device, dtype)
+        except Exception as e:
+            traceback.print_exc()
+            report.setdefault("errors", []).append(f"throughput: {type(e).__name__}: {e}")
+            _save(args.out, report)
+            raise SystemExit(1)
         report["throughput"] = tp
         print(f"\n{tp['model']}: batch {tp['batch']} x (prompt {tp['prompt_len']} + gen {tp['gen_len']}), "
               f"{tp['num_pages']} pages, built in {tp['build_s']} s")
@@ -197,6 +210,8 @@ def main() -> None:
                   f"decode {r['decode_tok_s']:9.1f} tok/s  {r['output_tok_s']:9.1f} out tok/s  "
                   f"{r['total_tok_s']:9.1f} total tok/s  cached {r['cached_prompt_tokens']}/{r['prompt_tokens']}")
     _save(args.out, report)
+    if report.get("errors"):
+        raise SystemExit(f"{len(report['errors'])} part(s) failed: {report['errors']}")
 
 
 def _save(path: str, report: dict) -> None:
