@@ -13,6 +13,7 @@ the child replays the trace `--repeats` times (a fresh pool and tree each time) 
 reports the median tree time.
 
     python benchmarks/bench_tree.py [--trace PATH] [--repeats 3] [--config unlimited capped]
+                                    [--clock wall|cpu]
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -41,6 +43,14 @@ CAPPED_TOKENS = 3_000_000
 class PoolConfig(enum.Enum):
     UNLIMITED = "unlimited"  # a pool as large as every full block of the trace
     CAPPED = "capped"  # 3,000,000 tokens; LRU eviction before inserting
+
+
+class Clock(enum.Enum):
+    WALL = "wall"  # time.perf_counter: what a user waits (includes time other processes take)
+    CPU = "cpu"  # time.process_time: this process's CPU time (steadier on a shared machine)
+
+    def fn(self) -> Callable[[], float]:
+        return time.perf_counter if self is Clock.WALL else time.process_time
 
 
 class ReplayResult(NamedTuple):
@@ -68,11 +78,11 @@ def _hashed_prompts(trace_path: Path) -> list[tuple[np.ndarray, int]]:
     return [(r.prompt.hash_ids, r.prompt.input_length) for r in trace.requests]
 
 
-def replay(prompts: list[tuple[np.ndarray, int]], num_pages: int) -> ReplayResult:
+def replay(prompts: list[tuple[np.ndarray, int]], num_pages: int, clock: Clock = Clock.WALL) -> ReplayResult:
     """One sequential pass over the trace with a fresh pool and tree."""
     pool = PagePool(num_pages)
     cache = RadixCache(pool, page_size=PAGE_SIZE)
-    clock = time.perf_counter
+    now = clock.fn()
     tree_s = 0.0
     prompt_tokens = hit_tokens = evicted = 0
     for hash_ids, input_length in prompts:
@@ -81,7 +91,7 @@ def replay(prompts: list[tuple[np.ndarray, int]], num_pages: int) -> ReplayResul
         num_blocks = len(tokens) // PAGE_SIZE
         prompt_tokens += len(tokens)
 
-        t0 = clock()
+        t0 = now()
         m = cache.match(tokens)
         need = num_blocks - m.num_tokens // PAGE_SIZE
         short = need - pool.num_free
@@ -89,7 +99,7 @@ def replay(prompts: list[tuple[np.ndarray, int]], num_pages: int) -> ReplayResul
             cache.lock(m)
             evicted += cache.evict(short)
             cache.unlock(m)
-        tree_s += clock() - t0
+        tree_s += now() - t0
 
         hit_tokens += m.num_tokens
         if need > pool.num_free:
@@ -97,9 +107,9 @@ def replay(prompts: list[tuple[np.ndarray, int]], num_pages: int) -> ReplayResul
         new_pages = pool.alloc(need)
         pages = m.pages + new_pages  # the caller's page table (not a tree operation)
 
-        t0 = clock()
+        t0 = now()
         cache.insert(tokens, pages)
-        tree_s += clock() - t0
+        tree_s += now() - t0
 
         pool.decref(new_pages)  # the request finishes: the tree keeps its own references
     cache.clear()  # also breaks the nodes' parent <-> child cycles, so the next repeat starts lean
@@ -112,13 +122,13 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
-def run_config(trace_path: Path, config: PoolConfig, repeats: int) -> ConfigResult:
+def run_config(trace_path: Path, config: PoolConfig, repeats: int, clock: Clock) -> ConfigResult:
     prompts = _hashed_prompts(trace_path)
     if config is PoolConfig.UNLIMITED:
         num_pages = sum(length // PAGE_SIZE for _, length in prompts)
     else:
         num_pages = CAPPED_TOKENS // PAGE_SIZE
-    runs = [replay(prompts, num_pages) for _ in range(repeats)]
+    runs = [replay(prompts, num_pages, clock) for _ in range(repeats)]
     times = [r.tree_seconds for r in runs]
     median = statistics.median(times)
     first = runs[0]
@@ -127,9 +137,9 @@ def run_config(trace_path: Path, config: PoolConfig, repeats: int) -> ConfigResu
                         first.prompt_tokens / median, first.evicted_pages, _peak_rss_mb())
 
 
-def _run_in_child(trace_path: Path, config: PoolConfig, repeats: int) -> ConfigResult:
+def _run_in_child(trace_path: Path, config: PoolConfig, repeats: int, clock: Clock) -> ConfigResult:
     cmd = [sys.executable, __file__, "--trace", str(trace_path), "--repeats", str(repeats),
-           "--child", config.value]
+           "--clock", clock.value, "--child", config.value]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return ConfigResult(**json.loads(out.strip().splitlines()[-1]))
 
@@ -150,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="replays per configuration (median reported)")
     ap.add_argument("--config", nargs="+", choices=[c.value for c in PoolConfig],
                     default=[c.value for c in PoolConfig])
+    ap.add_argument("--clock", choices=[c.value for c in Clock], default=Clock.WALL.value,
+                    help="wall: time.perf_counter (default); cpu: time.process_time")
     ap.add_argument("--child", choices=[c.value for c in PoolConfig], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not args.trace.is_file():
@@ -157,12 +169,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
     if args.child:
-        result = run_config(args.trace, PoolConfig(args.child), args.repeats)
+        result = run_config(args.trace, PoolConfig(args.child), args.repeats, Clock(args.clock))
         print(json.dumps(result._asdict()))
         return
-    results = [_run_in_child(args.trace, PoolConfig(c), args.repeats) for c in args.config]
+    clock = Clock(args.clock)
+    results = [_run_in_child(args.trace, PoolConfig(c), args.repeats, clock) for c in args.config]
     print(f"trace {args.trace}: {results[0].requests} requests, {results[0].prompt_tokens} prompt "
-          f"tokens, page size {PAGE_SIZE}, median of {args.repeats}")
+          f"tokens, page size {PAGE_SIZE}, median of {args.repeats}, {clock.value} clock")
     print_table(results)
 
 

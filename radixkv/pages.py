@@ -123,11 +123,11 @@ class PagePool:
     def incref_distinct(self, pages: np.ndarray, held: np.ndarray | None = None) -> None:
         """incref for an integer array known to hold no page twice (the tree's adoption path).
 
-        `held`: the pages' refcounts if the caller just read them with check_held."""
+        `held`: the pages' refcounts as check_held just returned them (then not checked again)."""
         if held is None:
             held = self._refs[pages]
-        if held.size and held.min() <= 0:
-            raise ValueError(f"incref of free page {int(pages[held <= 0][0])}")
+            if held.size and held.min() <= 0:
+                raise ValueError(f"incref of free page {int(pages[held <= 0][0])}")
         self._refs[pages] = held + 1
 
     def decref(self, pages: Iterable[int]) -> int:

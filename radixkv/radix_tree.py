@@ -12,8 +12,10 @@ Lifetime rules:
   evicted and counts as locked, not evictable) and `unlock` it exactly once when done.
   A match whose path was evicted (wholly or its tail) since is stale: locking it raises.
 - `num_cached_pages == num_evictable_pages + num_locked_pages` at all times.
-- Bad input (a missing, free, repeated or already-cached page; a stale or unlocked match;
-  a negative eviction count) raises before the tree or the pool changes.
+- Bad input (too few pages, a page outside the pool or free, a stale or unlocked match, a
+  negative eviction count) raises before the tree or the pool changes. A page listed twice
+  or already cached elsewhere in the tree is the caller's bug that insert does not look for
+  (it would cost a third of insert's time); check_invariants() reports it.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import xxhash
 from .pages import PagePool
 
 HashFn = Callable[[np.ndarray], int]
+_BYTES_COMPARE_MAX = 16384  # tokens: longer edges are compared with numpy instead of memcmp
 Namespace = str | None
 
 
@@ -40,14 +43,14 @@ def xxhash_block(block: np.ndarray) -> int:
 class Node:
     """One edge of the tree: `key` tokens (whole blocks) and one page per block."""
 
-    __slots__ = ("key", "pages", "page_list", "children", "parent", "next_sibling", "hkey",
+    __slots__ = ("key", "first", "pages", "children", "parent", "next_sibling", "hkey",
                  "lock_count", "last_access", "heap_seq", "namespace")
 
-    def __init__(self, key: np.ndarray, pages: np.ndarray, page_list: list[int],
-                 parent: Node | None, hkey: int, namespace: Namespace) -> None:
+    def __init__(self, key: np.ndarray, first: bytes, pages: np.ndarray, parent: Node | None,
+                 hkey: int, namespace: Namespace) -> None:
         self.key = key  # int32 [num_blocks * page_size]
+        self.first = first  # bytes of key's first block (compared on every hash hit)
         self.pages = pages  # int32 [num_blocks], one physical page per block
-        self.page_list = page_list  # the same pages as Python ints (match returns copies)
         self.children: dict[int, Node] = {}  # first-block hash -> first node of a collision chain
         self.parent = parent  # None for a namespace root and for a node evicted from the tree
         self.next_sibling: Node | None = None  # next sibling whose first block has the same hash
@@ -95,11 +98,22 @@ class _Descent(NamedTuple):
     split_blocks: int
 
 
+class _LastMatch(NamedTuple):
+    """The latest match of a read-only token array, so that an insert of the same array
+    right after (the usual match -> compute -> insert) can skip the walk down the tree."""
+
+    tokens: np.ndarray
+    namespace: Namespace
+    node: Node
+    node_tokens: int  # len(node.key) then: a split or eviction of node since changes it
+    matched: int
+    adoptions: int  # RadixCache._adoptions then: any insert since may have extended the path
+
+
 class _Adoption(NamedTuple):
     """Pages insert will adopt, already validated."""
 
     pages: np.ndarray  # int32 [n]
-    page_list: list[int]  # the same pages
     refcounts: np.ndarray  # int32 [n], their refcounts before adoption
 
 
@@ -129,10 +143,9 @@ class RadixCache:
         self._clock = 0
         self._seq = itertools.count()
         self._heap: list[tuple[int, int, Node]] = []  # (last_access, seq, leaf); stale entries skipped
-        # [num_pages] nonzero exactly for the pages the tree holds (the value is scratch)
-        self._page_mark = np.zeros(pool.num_pages, dtype=np.int32)
-        self._iota = np.arange(1, 1025, dtype=np.int32)  # 1, 2, 3, ... stamps (grows)
         self._num_nodes = 0
+        self._adoptions = 0  # inserts that added a node
+        self._last_match: _LastMatch | None = None
         self.num_cached_pages = 0
         self.num_locked_pages = 0
 
@@ -150,7 +163,7 @@ class RadixCache:
         node = self._roots.get(namespace)
         if node is None:
             empty = np.zeros(0, dtype=np.int32)
-            node = self._roots[namespace] = Node(empty, empty, [], None, 0, namespace)
+            node = self._roots[namespace] = Node(empty, b"", empty, None, 0, namespace)
         return node
 
     # ---- lookup ------------------------------------------------------------------------------
@@ -159,7 +172,7 @@ class RadixCache:
         if child is None:
             return None
         want = block.tobytes()
-        while child is not None and child.key[: self.page_size].tobytes() != want:
+        while child is not None and child.first != want:
             child = child.next_sibling
         return child
 
@@ -169,8 +182,13 @@ class RadixCache:
         n = min(len(edge), (len(tokens) - pos) // ps * ps)
         if n == ps:
             return 1
-        diff = edge[:n] != tokens[pos: pos + n]
-        if not diff.any():
+        ours, theirs = (edge if n == len(edge) else edge[:n]), tokens[pos: pos + n]
+        # Equal edges are the common case: memcmp of the bytes is the cheapest test while
+        # the copies stay small (big ones would cost fresh pages from the allocator).
+        if n <= _BYTES_COMPARE_MAX and ours.tobytes() == theirs.tobytes():
+            return n // ps
+        diff = ours != theirs
+        if n > _BYTES_COMPARE_MAX and not diff.any():
             return n // ps
         return int(diff.argmax()) // ps
 
@@ -214,28 +232,49 @@ class RadixCache:
         end = self._touch(d, root)
         path = d.path
         if len(path) == 1:
-            pages = path[0].page_list.copy()
+            pages = path[0].pages.tolist()
+        elif path:
+            pages = np.concatenate([node.pages for node in path]).tolist()
         else:
             pages = []
-            for node in path:
-                pages += node.page_list
         self._push_if_evictable(end)
+        if not tokens.flags.writeable:
+            self._last_match = _LastMatch(tokens, namespace, end, len(end.key), d.matched, self._adoptions)
         return MatchResult(d.matched, pages, end)
+
+    def _descend_again(self, tokens: np.ndarray, namespace: Namespace, root: Node) -> _Descent | None:
+        """The latest match's descent if it still holds for `tokens` (None otherwise)."""
+        last = self._last_match
+        if (last is None or last.tokens is not tokens or last.namespace != namespace
+                or last.adoptions != self._adoptions):
+            return None
+        node = last.node
+        if node is root:
+            return _Descent([], 0, None, 0)
+        if node.parent is None or len(node.key) != last.node_tokens:
+            return None  # evicted or split since
+        path = []
+        while node is not root:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        return _Descent(path, last.matched, None, 0)
 
     # ---- insert ------------------------------------------------------------------------------
     def _adoptable(self, pages: Sequence[int] | np.ndarray, start: int, stop: int) -> _Adoption:
-        """pages[start:stop], checked: in the pool, held, distinct, not already in the tree.
-        Raises ValueError/IndexError naming the page otherwise; changes nothing then. On
-        success the pages are marked as in the tree (the caller must go on to adopt them)."""
+        """pages[start:stop] as int32, checked to be in the pool and held (refcount >= 1);
+        raises IndexError / ValueError naming the page otherwise, changing nothing.
+
+        Not checked here, to keep insert to a handful of numpy calls: that the pages are
+        distinct and not already in the tree (check_invariants() reports either)."""
         if isinstance(pages, np.ndarray):
             if pages.dtype.kind not in "iu" or pages.ndim != 1:
                 raise ValueError(f"pages must be a flat integer array, got {pages.dtype} {pages.shape}")
-            arr = pages[start:stop]
+            arr = pages[start:stop].astype(np.int64)  # a copy: the caller may reuse its array
             if arr.size and arr.min() < 0:
                 raise IndexError(f"page {int(arr[arr < 0][0])} outside pool of {self.pool.num_pages}")
-            plist = arr.tolist()
         else:
-            plist = list(pages[start:stop])
+            plist = pages[start:stop]
             try:  # 'I' rejects negative and non-integer ids; the pool rejects ids past its end
                 arr = np.frombuffer(struct.pack(f"{len(plist)}I", *plist), dtype=np.uint32)
             except struct.error:
@@ -243,20 +282,7 @@ class RadixCache:
                 raise IndexError(f"page {bad!r} is not a page id of a pool of {self.pool.num_pages}") from None
         held = self.pool.check_held(arr)  # int32 [n]
         arr = arr.view(np.int32) if arr.dtype.itemsize == 4 else arr.astype(np.int32)  # ids < 2**31
-        n = len(plist)
-        marks = self._page_mark
-        cached = marks[arr]
-        if cached.any():
-            raise ValueError(f"page {int(arr[cached != 0][0])} already holds another cached block")
-        if n > len(self._iota):
-            self._iota = np.arange(1, 2 * n + 1, dtype=np.int32)
-        stamp = self._iota[:n]  # 1..n: a page listed twice keeps only its last stamp
-        marks[arr] = stamp
-        if not (marks[arr] == stamp).all():
-            marks[arr] = 0
-            uniq, counts = np.unique(arr, return_counts=True)
-            raise ValueError(f"page {int(uniq[counts > 1][0])} is given for two blocks")
-        return _Adoption(arr, plist, held)
+        return _Adoption(arr, held)
 
     def insert(self, tokens: Sequence[int] | np.ndarray, pages: Sequence[int] | np.ndarray,
                namespace: Namespace = None) -> int:
@@ -272,25 +298,27 @@ class RadixCache:
         if len(pages) < nblocks:
             raise ValueError(f"insert needs one page per full block: {nblocks} blocks, {len(pages)} pages")
         root = self.root(namespace)
-        d = self._descend(tokens, root)
+        d = self._descend_again(tokens, namespace, root) or self._descend(tokens, root)
         matched = d.matched
         adopt = None
         if matched < nblocks * ps:
             adopt = self._adoptable(pages, matched // ps, nblocks)  # raises before any change
         node = self._touch(d, root)
         if adopt is not None:
-            new_pages, new_list = adopt.pages, adopt.page_list
+            new_pages = adopt.pages
             self.pool.incref_distinct(new_pages, adopt.refcounts)
             key = tokens[matched: nblocks * ps]
             # A read-only array cannot change under us: keep a view of it when that does not
             # pin much more memory than a copy would.
             if key.flags.writeable or 2 * len(key) < len(tokens):
                 key = key.copy()
-            leaf = Node(key, new_pages, new_list, node, self._hash(key[:ps]), namespace)
+            first = key[:ps]
+            leaf = Node(key, first.tobytes(), new_pages, node, self._hash(first), namespace)
             leaf.last_access = self._clock
             self._attach(node, leaf)
-            self.num_cached_pages += len(new_list)
+            self.num_cached_pages += len(new_pages)
             self._num_nodes += 1
+            self._adoptions += 1
             node = leaf
         self._push_if_evictable(node)
         return matched
@@ -324,15 +352,16 @@ class RadixCache:
         ps = self.page_size
         parent = node.parent
         assert parent is not None and 0 < blocks < len(node.pages)
-        upper = Node(node.key[: blocks * ps], node.pages[:blocks], node.page_list[:blocks],
-                     None, node.hkey, node.namespace)
+        upper = Node(node.key[: blocks * ps], node.first, node.pages[:blocks], None, node.hkey,
+                     node.namespace)
         upper.lock_count = node.lock_count  # every lock on node's path also covers its prefix
         upper.last_access = node.last_access
         self._replace_child(parent, node, upper)  # upper takes node's place among the siblings
         node.key = node.key[blocks * ps:]
         node.pages = node.pages[blocks:]
-        del node.page_list[:blocks]
-        node.hkey = self._hash(node.key[:ps])
+        first = node.key[:ps]
+        node.first = first.tobytes()
+        node.hkey = self._hash(first)
         node.next_sibling = None
         self._attach(upper, node)
         self._num_nodes += 1
@@ -427,7 +456,6 @@ class RadixCache:
             if keep > 0:
                 pages = node.pages[keep:]
                 node.pages = node.pages[:keep]
-                del node.page_list[keep:]
                 node.key = node.key[: keep * ps]
                 heapq.heappush(self._heap, (node.last_access, seq, node))
             else:
@@ -454,7 +482,6 @@ class RadixCache:
             if not dropped:
                 break
             pages = dropped[0] if len(dropped) == 1 else np.concatenate(dropped)
-            self._page_mark[pages] = 0
             freed += self.pool.decref_distinct(pages)
         return freed
 
@@ -474,7 +501,7 @@ class RadixCache:
         ps = self.page_size
         self.pool.check_invariants()  # invariant 1
         live = {id(n): t for t, s, n in self._heap if s == n.heap_seq}
-        in_tree = np.zeros(self.pool.num_pages, dtype=np.bool_)
+        uses = np.zeros(self.pool.num_pages, dtype=np.int64)  # [num_pages] blocks holding each page
         cached = locked = nodes = 0
         for ns, root in self._roots.items():
             assert root.parent is None and len(root.key) == 0, f"namespace {ns!r}: malformed root"
@@ -490,10 +517,10 @@ class RadixCache:
                     k = len(child.key)
                     assert k > 0 and k % ps == 0, f"{child}: key of {k} tokens is not a positive whole number of blocks"
                     assert len(child.pages) == k // ps, f"{child}: {len(child.pages)} pages for {k // ps} blocks"
-                    assert child.page_list == child.pages.tolist(), f"{child}: page list differs from its pages"
                     first = child.key[:ps]
                     assert child.hkey == self._hash(first), f"{child}: stored hash is not its first block's"
                     fb = first.tobytes()
+                    assert child.first == fb, f"{child}: stored first block is not its key's"
                     assert fb not in firsts, f"{child}: shares its first block with a sibling"
                     firsts.add(fb)
                     assert child.lock_count >= 0, f"{child}: negative lock count"
@@ -501,8 +528,9 @@ class RadixCache:
                     assert node.parent is None or child.last_access <= node.last_access, \
                         f"{child}: used more recently than its parent {node}"
                     pages = child.pages
-                    assert not in_tree[pages].any(), f"{child}: a page appears twice in the tree"
-                    in_tree[pages] = True
+                    np.add.at(uses, pages, 1)
+                    twice = pages[uses[pages] > 1]
+                    assert twice.size == 0, f"{child}: page {int(twice[0]) if twice.size else 0} appears twice in the tree"
                     refs = self.pool.refcounts(pages)
                     assert refs.min() >= 1, f"{child}: holds free page {int(pages[refs < 1][0])}"
                     cached += len(pages)
@@ -516,7 +544,6 @@ class RadixCache:
                     if not node.children and not node.lock_count:
                         assert live.get(id(node)) == node.last_access, \
                             f"{node}: evictable leaf has no LRU-heap entry at its last access time"
-        assert np.array_equal(in_tree, self._page_mark != 0), "tree page map differs from the pages in the tree"
         assert cached == self.num_cached_pages, f"num_cached_pages {self.num_cached_pages} != {cached} in tree"
         assert locked == self.num_locked_pages, f"num_locked_pages {self.num_locked_pages} != {locked} in tree"
         assert nodes == self._num_nodes, f"node count {self._num_nodes} != {nodes} in tree"
