@@ -7,11 +7,12 @@ Workloads (data from ../shared/traces, see its README):
 - mooncake: the Mooncake synthetic trace (3,993 requests, 61M prompt tokens), arrivals at
   their timestamps and as a burst, into a 3M-token pool (the local cache size of the Mooncake
   paper's Figure 9).
-- few-shot: GSM8K 8-shot prompts over 12 templates (each its own 8 train examples, ~2.5k
-  byte tokens), 1,200 test questions spread over the templates, Poisson arrivals at 40/s,
-  into a pool that holds about 4 templates.
-- multi-turn: ShareGPT conversations; turn k resends the whole history (byte tokens). One
-  conversation starts every 0.2 s, its turns 10 s apart; the pool holds 80k tokens.
+- few-shot (radixkv.workloads.few_shot): GSM8K 8-shot prompts over 12 templates (~2.5k byte
+  tokens each), 1,200 test questions spread over the templates, Poisson arrivals at 40/s,
+  into a pool that holds about 4 templates next to the running requests.
+- multi-turn (radixkv.workloads.multi_turn): 400 sessions with ShareGPT turn lengths (up to 6
+  turns, replies capped at 256 tokens); turn k resends the whole history. Sessions start at
+  12/s, think time 10 s (mean); the pool holds 80k tokens.
 Each runs with fcfs, lpm, dfs-weight (default starvation guard: 10 s / 200 steps) and lpm
 without the guard, at concurrency 64.
 
@@ -22,8 +23,8 @@ without the guard, at concurrency 64.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import random
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -33,10 +34,15 @@ from radixkv import Policy, SchedulerConfig
 from radixkv.cost_model import CostModel
 from radixkv.request import Request
 from radixkv.simulator import simulate
-from radixkv.workloads.traces import byte_tokenize, load_trace
+from radixkv.workloads.few_shot import FewShotConfig
+from radixkv.workloads.few_shot import few_shot as gen_few_shot
+from radixkv.workloads.multi_turn import MultiTurnConfig
+from radixkv.workloads.multi_turn import multi_turn as gen_multi_turn
+from radixkv.workloads.traces import load_trace
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 PAGE_SIZE = 16
+WORKLOADS = ("mooncake", "mooncake burst", "few-shot", "few-shot burst", "multi-turn", "multi-turn burst")
 CONCURRENCY = 64
 
 
@@ -61,56 +67,49 @@ def variants() -> list[Variant]:
 
 def mooncake(traces: Path, limit: int | None) -> list[Workload]:
     trace = load_trace(traces / "mooncake" / "synthetic_trace.jsonl")
-    reqs = [Request(i, t.tokens(), t.max_tokens, arrival_s=t.arrival_s)
-            for i, t in enumerate(trace.requests[:limit])]
+    reqs = _requests(trace.requests[:limit])
     pages = 3_000_000 // PAGE_SIZE
     return [Workload("mooncake", reqs, pages, False), Workload("mooncake burst", reqs, pages, True)]
 
 
-def few_shot(traces: Path, limit: int | None, seed: int = 0) -> list[Workload]:
-    rng = random.Random(seed)
-    load = lambda name: [json.loads(x) for x in (traces / "gsm8k" / name).read_text().splitlines()]
-    train, test = load("train.jsonl"), load("test.jsonl")[: limit or 1200]
-    rng.shuffle(train)
-    shots = 8
-    templates = ["".join(f"Question: {e['question']}\nAnswer: {e['answer']}\n\n"
-                         for e in train[t * shots: (t + 1) * shots]) for t in range(12)]
-    reqs, now = [], 0.0
-    for i, q in enumerate(test):
-        now += rng.expovariate(40.0)
-        prompt = templates[rng.randrange(len(templates))] + f"Question: {q['question']}\nAnswer:"
-        reqs.append(Request(i, byte_tokenize(prompt), 96, arrival_s=now))
-    template_pages = max(len(t.encode()) for t in templates) // PAGE_SIZE
+def _requests(trace: list) -> list[Request]:
+    return [Request(i, t.tokens(), t.max_tokens, arrival_s=t.arrival_s) for i, t in enumerate(trace)]
+
+
+def few_shot(traces: Path, limit: int | None) -> list[Workload]:
+    per_template = (limit or 1200) // 12
+    reqs = _requests(gen_few_shot(FewShotConfig(templates=12, shots=8, prompts_per_template=per_template,
+                                                max_tokens=96, rate=40.0), traces / "gsm8k"))
+    template_pages = max(len(r.prompt) for r in reqs) // PAGE_SIZE
     pages = 4 * template_pages + CONCURRENCY * 24
     return [Workload("few-shot", reqs, pages, False), Workload("few-shot burst", reqs, pages, True)]
 
 
 def multi_turn(traces: Path, limit: int | None) -> list[Workload]:
-    path = traces / "sharegpt" / "sharegpt_v3_multiturn_first2000.jsonl"
-    reqs: list[Request] = []
-    conv = 0
-    for line in path.read_text().splitlines():
-        turns = json.loads(line)["conversations"]
-        if len(turns) < 4 or sum(len(t["value"]) for t in turns) > 24_000:
-            continue
-        history = ""
-        for k in range(0, len(turns) - 1, 2):
-            if turns[k]["from"] != "human" or turns[k + 1]["from"] != "gpt":
-                break
-            history += f"User: {turns[k]['value']}\n"
-            reqs.append(Request(len(reqs), byte_tokenize(history + "Assistant:"),
-                                min(256, max(1, len(turns[k + 1]["value"]))),
-                                arrival_s=0.2 * conv + 10.0 * (k // 2)))
-            history += f"Assistant: {turns[k + 1]['value']}\n"
-        conv += 1
-        if len(reqs) >= (limit or 2000):
-            break
+    cfg = MultiTurnConfig(sessions=(limit or 2000) // 5, max_turns=6, system_len=256, max_reply=256,
+                          rate=12.0, think_s=10.0)
+    reqs = _requests(gen_multi_turn(cfg, traces / "sharegpt" / "sharegpt_v3_multiturn_first2000.jsonl"))
     pages = 80_000 // PAGE_SIZE
     return [Workload("multi-turn", reqs, pages, False), Workload("multi-turn burst", reqs, pages, True)]
 
 
-def run_one(job: tuple[Workload, Variant]) -> dict:
-    w, v = job
+class Job(NamedTuple):
+    """One simulation; workers rebuild the workload from its name (no big pickles)."""
+
+    workload: str
+    variant: str
+    traces: Path
+    limit: int | None
+
+
+@functools.lru_cache(maxsize=None)
+def workloads(traces: Path, limit: int | None) -> dict[str, Workload]:
+    return {w.name: w for make in (mooncake, few_shot, multi_turn) for w in make(traces, limit)}
+
+
+def run_one(job: Job) -> dict:
+    w = workloads(job.traces, job.limit)[job.workload]
+    v = next(v for v in variants() if v.label == job.variant)
     t0 = time.perf_counter()
     r = simulate(w.requests, w.num_pages, PAGE_SIZE, v.config, CostModel(), burst=w.burst)
     row = {"workload": w.name, "policy": v.label, "num_pages": w.num_pages, **r.as_json(),
@@ -141,9 +140,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write every row here")
     a = ap.parse_args()
     limit = 300 if a.quick else None
-    loads = [w for make in (mooncake, few_shot, multi_turn) for w in make(a.traces, limit)
-             if a.only is None or w.name.startswith(a.only)]
-    jobs = [(w, v) for w in loads for v in variants()]
+    names = [n for n in WORKLOADS if a.only is None or n.startswith(a.only)]
+    jobs = [Job(n, v.label, a.traces, limit) for n in names for v in variants()]
     if a.jobs > 1:
         with ProcessPoolExecutor(a.jobs) as ex:
             rows = list(ex.map(run_one, jobs))
