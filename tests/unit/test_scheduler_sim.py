@@ -37,6 +37,20 @@ def test_lpm_beats_fcfs_on_a_shared_prefix_burst_into_a_small_pool():
     assert lpm.outputs == fcfs.outputs  # same tokens generated whatever the order
 
 
+@pytest.mark.parametrize("burst", [True, False])
+@pytest.mark.parametrize("num_pages", [40, 80, 120, 400])  # 6 prefixes need 96 pages
+def test_lpm_hit_rate_is_never_below_fcfs_on_shared_prefixes(num_pages, burst):
+    reqs = shared_prefix_requests(groups=6, n=96, prefix=256, suffix=16, out=8)
+    res = {p: simulate(reqs, num_pages, 16, SchedulerConfig(policy=p, max_running=16), CostModel(),
+                       burst=burst) for p in (Policy.FCFS, Policy.LPM)}
+    fcfs, lpm = res[Policy.FCFS], res[Policy.LPM]
+    assert lpm.completed == fcfs.completed == 96 and lpm.leaked_pages == fcfs.leaked_pages == 0
+    assert lpm.hit_rate >= fcfs.hit_rate
+    assert lpm.wait_max_s <= 2 * fcfs.wait_max_s
+    if num_pages < 96:  # the prefixes do not all fit: ordering matters
+        assert lpm.hit_rate > fcfs.hit_rate + 0.3
+
+
 @pytest.mark.parametrize("policy", list(Policy))
 def test_simulate_completes_everything_and_leaves_inputs_untouched(policy):
     reqs = shared_prefix_requests(groups=3, n=30, prefix=40, suffix=9, out=5)
