@@ -75,8 +75,10 @@ class _Layer:
                                  w("self_attn.v_proj.bias")]) if spec.qkv_bias else None)
         self.w_o = w("self_attn.o_proj.weight")  # [H, Hq * D]
         self.b_o = w("self_attn.o_proj.bias") if p + "self_attn.o_proj.bias" in sd else None
-        self.q_norm = w("self_attn.q_norm.weight") if spec.qk_norm else None  # [D]
-        self.k_norm = w("self_attn.k_norm.weight") if spec.qk_norm else None
+        # Qwen3: q_norm / k_norm weights [D] laid out per head so one RMSNorm covers q and k
+        self.qk_norm = (torch.cat([w("self_attn.q_norm.weight").expand(spec.num_q_heads, -1),
+                                   w("self_attn.k_norm.weight").expand(spec.num_kv_heads, -1)])
+                        if spec.qk_norm else None)  # [Hq + Hkv, D]
         self.w_gate_up = torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])  # [2 I, H]
         self.w_down = w("mlp.down_proj.weight")  # [H, I]
         self.ln_attn = w("input_layernorm.weight")
@@ -124,16 +126,12 @@ class LlamaModel:
         h = F.embedding(input_ids, self.embed)  # h: [T, H]
         for i, L in enumerate(self.layers):
             x = _rms_norm(h, L.ln_attn, s.rms_norm_eps)
-            qkv = F.linear(x, L.w_qkv, L.b_qkv)  # [T, (Hq + 2 Hkv) * D]
-            q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
-            q = q.view(T, Hq, D)
-            k = k.view(T, Hkv, D)
-            v = v.contiguous().view(T, Hkv, D)
-            if L.q_norm is not None:
-                q = _rms_norm(q, L.q_norm, s.rms_norm_eps)
-                k = _rms_norm(k, L.k_norm, s.rms_norm_eps)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            qkv = F.linear(x, L.w_qkv, L.b_qkv).view(T, Hq + 2 * Hkv, D)
+            qk, v = qkv[:, :Hq + Hkv], qkv[:, Hq + Hkv:]  # qk: [T, Hq + Hkv, D], v: [T, Hkv, D] (views)
+            if L.qk_norm is not None:
+                qk = _rms_norm(qk, L.qk_norm, s.rms_norm_eps)
+            qk = qk * cos + _rotate_half(qk) * sin  # q and k rotated together
+            q, k = qk[:, :Hq], qk[:, Hq:]  # q: [T, Hq, D], k: [T, Hkv, D] (strided views)
             o = attn.run(q, k, v, i)  # o: [T, Hq, D]
             h = h + F.linear(o.reshape(T, Hq * D), L.w_o, L.b_o)
             x = _rms_norm(h, L.ln_mlp, s.rms_norm_eps)
