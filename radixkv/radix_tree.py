@@ -19,74 +19,20 @@ Lifetime rules:
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-import xxhash
 
+from .lru_leaves import LruLeaves
 from .pages import PagePool
+from .radix_node import HashFn, MatchResult, Namespace, Node, xxhash_block
+from .tree_check import check_tree
 
-HashFn = Callable[[np.ndarray], int]
+__all__ = ["HashFn", "MatchResult", "Namespace", "Node", "RadixCache", "xxhash_block"]
+
 _BYTES_COMPARE_MAX = 16384  # tokens: longer edges are compared with numpy instead of memcmp
-Namespace = str | None
-
-
-def xxhash_block(block: np.ndarray) -> int:
-    """Default child key: xxh3-64 of the block's int32 bytes."""
-    return xxhash.xxh3_64_intdigest(block)
-
-
-class Node:
-    """One edge of the tree: `key` tokens (whole blocks) and one page per block."""
-
-    __slots__ = ("key", "first", "pages", "children", "parent", "next_sibling", "hkey",
-                 "lock_count", "last_access", "heap_seq", "namespace")
-
-    def __init__(self, key: np.ndarray, first: bytes, pages: np.ndarray, parent: Node | None,
-                 hkey: int, namespace: Namespace) -> None:
-        self.key = key  # int32 [num_blocks * page_size]
-        self.first = first  # bytes of key's first block (compared on every hash hit)
-        self.pages = pages  # int32 [num_blocks], one physical page per block
-        self.children: dict[int, Node] = {}  # first-block hash -> first node of a collision chain
-        self.parent = parent  # None for a namespace root and for a node evicted from the tree
-        self.next_sibling: Node | None = None  # next sibling whose first block has the same hash
-        self.hkey = hkey
-        self.lock_count = 0
-        self.last_access = 0
-        self.heap_seq: int | None = None  # sequence number of its live LRU-heap entry, if any
-        self.namespace = namespace
-
-    def iter_children(self) -> Iterator[Node]:
-        for head in self.children.values():
-            node: Node | None = head
-            while node is not None:
-                yield node
-                node = node.next_sibling
-
-    @property
-    def is_leaf(self) -> bool:
-        return not self.children
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.key)
-
-    def __repr__(self) -> str:
-        head = self.key[:4].tolist()
-        return (f"Node(ns={self.namespace!r}, tokens={len(self.key)}, first={head}, "
-                f"pages={len(self.pages)}, locks={self.lock_count})")
-
-
-class MatchResult(NamedTuple):
-    """Longest cached block-aligned prefix. `node` ends the path (a root when nothing matched)."""
-
-    num_tokens: int
-    pages: list[int]
-    node: Node
 
 
 class _Descent(NamedTuple):
@@ -141,8 +87,7 @@ class RadixCache:
         self._hash = hash_fn
         self._roots: dict[Namespace, Node] = {}
         self._clock = 0
-        self._seq = itertools.count()
-        self._heap: list[tuple[int, int, Node]] = []  # (last_access, seq, leaf); stale entries skipped
+        self._lru = LruLeaves()
         self._num_nodes = 0
         self._adoptions = 0  # inserts that added a node
         self._last_match: _LastMatch | None = None
@@ -419,28 +364,8 @@ class RadixCache:
 
     # ---- eviction ----------------------------------------------------------------------------
     def _push_if_evictable(self, node: Node) -> None:
-        if node.children or node.lock_count or node.parent is None:
-            return
-        seq = next(self._seq)
-        node.heap_seq = seq
-        heapq.heappush(self._heap, (node.last_access, seq, node))
-        if len(self._heap) > 4 * self._num_nodes + 1024:
-            self._rebuild_heap()
-
-    def _rebuild_heap(self) -> None:
-        """Drop stale entries: one live entry per evictable leaf."""
-        heap = []
-        for root in self._roots.values():
-            stack = list(root.iter_children())
-            while stack:
-                node = stack.pop()
-                if node.children:
-                    stack.extend(node.iter_children())
-                elif node.lock_count == 0:
-                    node.heap_seq = seq = next(self._seq)
-                    heap.append((node.last_access, seq, node))
-        heapq.heapify(heap)
-        self._heap = heap
+        if self._lru.push(node) and len(self._lru) > 4 * self._num_nodes + 1024:
+            self._lru.rebuild(self._roots.values())
 
     def _take_victims(self, num_pages: int) -> list[np.ndarray]:
         """Remove up to `num_pages` pages from the tree, least recently used leaf first and a
@@ -448,21 +373,20 @@ class RadixCache:
         dropped: list[np.ndarray] = []
         taken = 0
         ps = self.page_size
-        while taken < num_pages and self._heap:
-            _, seq, node = heapq.heappop(self._heap)
-            if seq != node.heap_seq or node.children or node.lock_count or node.parent is None:
-                continue  # stale entry
+        while taken < num_pages:
+            node = self._lru.pop()
+            if node is None:
+                break
             keep = len(node.pages) - (num_pages - taken)
             if keep > 0:
                 pages = node.pages[keep:]
                 node.pages = node.pages[:keep]
                 node.key = node.key[: keep * ps]
-                heapq.heappush(self._heap, (node.last_access, seq, node))
+                self._lru.requeue(node)
             else:
                 pages = node.pages
                 parent = node.parent
                 self._detach(node)
-                node.heap_seq = None
                 self._num_nodes -= 1
                 self._push_if_evictable(parent)
             dropped.append(pages)
@@ -498,53 +422,4 @@ class RadixCache:
     # ---- invariants --------------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Raise AssertionError naming the node and the broken invariant (DESIGN.md 1-6)."""
-        ps = self.page_size
-        self.pool.check_invariants()  # invariant 1
-        live = {id(n): t for t, s, n in self._heap if s == n.heap_seq}
-        uses = np.zeros(self.pool.num_pages, dtype=np.int64)  # [num_pages] blocks holding each page
-        cached = locked = nodes = 0
-        for ns, root in self._roots.items():
-            assert root.parent is None and len(root.key) == 0, f"namespace {ns!r}: malformed root"
-            assert root.namespace == ns, f"namespace {ns!r}: root says {root.namespace!r}"
-            stack = [root]
-            while stack:
-                node = stack.pop()
-                firsts: set[bytes] = set()
-                child_locks = 0
-                for child in node.iter_children():
-                    assert child.parent is node, f"{child}: parent pointer is not {node}"
-                    assert child.namespace == ns, f"{child}: in namespace {ns!r} but says {child.namespace!r}"
-                    k = len(child.key)
-                    assert k > 0 and k % ps == 0, f"{child}: key of {k} tokens is not a positive whole number of blocks"
-                    assert len(child.pages) == k // ps, f"{child}: {len(child.pages)} pages for {k // ps} blocks"
-                    first = child.key[:ps]
-                    assert child.hkey == self._hash(first), f"{child}: stored hash is not its first block's"
-                    fb = first.tobytes()
-                    assert child.first == fb, f"{child}: stored first block is not its key's"
-                    assert fb not in firsts, f"{child}: shares its first block with a sibling"
-                    firsts.add(fb)
-                    assert child.lock_count >= 0, f"{child}: negative lock count"
-                    child_locks += child.lock_count
-                    assert node.parent is None or child.last_access <= node.last_access, \
-                        f"{child}: used more recently than its parent {node}"
-                    pages = child.pages
-                    np.add.at(uses, pages, 1)
-                    twice = pages[uses[pages] > 1]
-                    assert twice.size == 0, f"{child}: page {int(twice[0]) if twice.size else 0} appears twice in the tree"
-                    refs = self.pool.refcounts(pages)
-                    assert refs.min() >= 1, f"{child}: holds free page {int(pages[refs < 1][0])}"
-                    cached += len(pages)
-                    locked += len(pages) if child.lock_count else 0
-                    nodes += 1
-                    stack.append(child)
-                for head in node.children.values():
-                    assert head.parent is node, f"{node}: hash chain holds a node of another parent"
-                if node.parent is not None:
-                    assert node.lock_count >= child_locks, f"{node}: fewer locks than its children together"
-                    if not node.children and not node.lock_count:
-                        assert live.get(id(node)) == node.last_access, \
-                            f"{node}: evictable leaf has no LRU-heap entry at its last access time"
-        assert cached == self.num_cached_pages, f"num_cached_pages {self.num_cached_pages} != {cached} in tree"
-        assert locked == self.num_locked_pages, f"num_locked_pages {self.num_locked_pages} != {locked} in tree"
-        assert nodes == self._num_nodes, f"node count {self._num_nodes} != {nodes} in tree"
-        assert self.pool.num_free + cached <= self.pool.num_pages, "free + cached pages exceed the pool"
+        check_tree(self)
