@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import enum
 import json
 import math
 import os
@@ -435,14 +436,24 @@ def bench_extend(ops, fi, dev, gen, smoke, shape, workspace) -> list[dict]:
     return rows
 
 
-def sweeps(ops, dev, gen, read_tbps, smoke) -> list[dict]:
+class Sweeps(enum.Enum):
+    NONE = "none"
+    FP8 = "fp8"  # FP8 decode tiles only
+    ALL = "all"  # + split counts and extend tiles
+
+
+def sweeps(ops, dev, gen, read_tbps, smoke, which: Sweeps) -> list[dict]:
     """Split counts for small batches and tile configs for the two kernels (informs launch.py defaults)."""
     from radixkv.kernels.launch import KernelConfig
 
     rows = []
+    if which is Sweeps.NONE:
+        return rows
     shapes = [(1, 32768, [33, 66, 132]), (16, 4096, [3, 4, 5, 8]), (64, 4096, [1, 2, 3]), (256, 1024, [1, 2])]
     if smoke:
         shapes = [(1, 64, [1, 2])]
+    if which is Sweeps.FP8:
+        shapes = []
     for batch, ctx, split_list in shapes:
         pool = make_pool(batch, ctx, dev, gen)
         q = torch.randn(batch, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
@@ -456,9 +467,11 @@ def sweeps(ops, dev, gen, read_tbps, smoke) -> list[dict]:
     q = torch.randn(64, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
     nbytes = 2 * 64 * 16384 * HKV * D * 2
     kq, vq, ks, vs = quantize_pool(pool, torch.float8_e4m3fn, ops)
-    for cfg, dtypes in ((KernelConfig(16, 64, 4, 3), ("bf16", "fp8_e4m3")), (KernelConfig(16, 64, 8, 3), ("fp8_e4m3",)),
-                        (KernelConfig(16, 128, 4, 3), ("fp8_e4m3",)), (KernelConfig(16, 128, 8, 3), ("fp8_e4m3",)),
-                        (KernelConfig(16, 32, 4, 3), ("fp8_e4m3",))):
+    fp8_only = ("fp8_e4m3",)
+    for cfg, dtypes in ((KernelConfig(16, 64, 4, 3), ("bf16",)), (KernelConfig(16, 128, 4, 2), fp8_only),
+                        (KernelConfig(16, 128, 4, 2, True), fp8_only), (KernelConfig(16, 64, 4, 3, True), fp8_only),
+                        (KernelConfig(16, 128, 8, 2, True), fp8_only), (KernelConfig(16, 256, 8, 2), fp8_only),
+                        (KernelConfig(16, 256, 8, 2, True), fp8_only)):
         for name, args, nb in (("bf16", (pool.k, pool.v, None, None), nbytes),
                                ("fp8_e4m3", (kq, vq, ks, vs), nbytes * (D + 4) // (2 * D))):
             if name not in dtypes:
@@ -475,6 +488,8 @@ def sweeps(ops, dev, gen, read_tbps, smoke) -> list[dict]:
             print(f"  sweep decode 64 x 16384 {name} {tuple(cfg)}: {t.us:.1f} us ({frac:.2f} of read)")
     del pool, kq, vq, ks, vs
     torch.cuda.empty_cache()
+    if which is not Sweeps.ALL:
+        return rows
     seqs, cached, new = EXTEND
     pool = make_pool(seqs, cached + new, dev, gen)
     q = torch.randn(seqs * new, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
@@ -500,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write results here (kernels.json schema of issue 3)")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes (checks the script)")
     ap.add_argument("--no-flashinfer", action="store_true")
-    ap.add_argument("--no-sweeps", action="store_true")
+    ap.add_argument("--sweeps", choices=[w.value for w in Sweeps], default=Sweeps.FP8.value)
     args = ap.parse_args(argv)
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -537,9 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     save()
     result["prefill"] = bench_extend(ops, fi, dev, gen, args.smoke, SMOKE_EXTEND if args.smoke else EXTEND, workspace)
     save()
-    if not args.no_sweeps:
-        result["sweeps"] = sweeps(ops, dev, gen, read_tbps, args.smoke)
-        save()
+    result["sweeps"] = sweeps(ops, dev, gen, read_tbps, args.smoke, Sweeps(args.sweeps))
+    save()
     print_table(result)
     return 1 if bad else 0
 

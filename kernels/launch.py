@@ -13,17 +13,23 @@ LOG2E = 1.4426950408889634
 
 
 class KernelConfig(NamedTuple):
-    """Tile sizes and launch options of an attention kernel (block_m is unused by decode)."""
+    """Tile sizes and launch options of an attention kernel (block_m is unused by decode).
+
+    k_first (decode only): compute the scores as K.q^T, so K tiles feed the tensor cores in their
+    memory order; meant for FP8 pages, whose transposed 8-bit loads are slow.
+    """
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    k_first: bool = False
 
 
 # GPU defaults (H200, D = 128, bf16/fp8), picked with benchmarks/bench_kernels.py's sweep;
 # CPU (interpreter) runs use small tiles so tests stay fast.
 DECODE_GPU = KernelConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
+DECODE_FP8_GPU = KernelConfig(block_m=16, block_n=128, num_warps=4, num_stages=2)
 PREFILL_GPU = KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
 CPU_TILES = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
 

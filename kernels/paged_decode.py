@@ -19,60 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import CPU_TILES, DECODE_GPU, LOG2E, KernelConfig, check_paged_args, for_device, launch_options
-
-
-@triton.jit
-def _fp8_loop(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, lo, hi, qk_scale, kv_head, scale_head,
-              stride_cp, stride_cs, stride_cd, stride_xp, stride_xs, offs_d, d_mask,
-              PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Tokens [lo, hi) of FP8 pages, pipelined by hand: the next tile's K/V bytes and scales (and the
-    page ids of the tile after it) are requested before this tile's math. FP8 tiles are converted
-    in registers, which Triton's shared-memory pipeliner does not cover, so without this each
-    tile would wait out a full memory latency."""
-    offs_n = lo + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < hi
-    page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
-    row = page * stride_cp + (offs_n % PAGE_SIZE) * stride_cs + kv_head
-    xrow = page * stride_xp + (offs_n % PAGE_SIZE) * stride_xs + scale_head
-    kv_mask = n_mask[:, None] & d_mask[None, :]
-    k = tl.load(kc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-    v = tl.load(vc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)
-    k_s = tl.load(ks_ptr + xrow, mask=n_mask, other=0.0)  # [BLOCK_N]
-    v_s = tl.load(vs_ptr + xrow, mask=n_mask, other=0.0)
-    nx_offs = offs_n + BLOCK_N
-    nx_page = tl.load(pt_row + nx_offs // PAGE_SIZE, mask=nx_offs < hi, other=0).to(tl.int64)
-    for start in range(0, hi - lo, BLOCK_N):
-        nx_mask = nx_offs < hi
-        nx_row = nx_page * stride_cp + (nx_offs % PAGE_SIZE) * stride_cs + kv_head
-        nx_xrow = nx_page * stride_xp + (nx_offs % PAGE_SIZE) * stride_xs + scale_head
-        nx_kv_mask = nx_mask[:, None] & d_mask[None, :]
-        k_nx = tl.load(kc_ptr + nx_row[:, None] + offs_d[None, :] * stride_cd, mask=nx_kv_mask, other=0.0)
-        v_nx = tl.load(vc_ptr + nx_row[:, None] + offs_d[None, :] * stride_cd, mask=nx_kv_mask, other=0.0)
-        ks_nx = tl.load(ks_ptr + nx_xrow, mask=nx_mask, other=0.0)
-        vs_nx = tl.load(vs_ptr + nx_xrow, mask=nx_mask, other=0.0)
-        nn_offs = nx_offs + BLOCK_N
-        nn_page = tl.load(pt_row + nn_offs // PAGE_SIZE, mask=nn_offs < hi, other=0).to(tl.int64)
-
-        qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
-        qk = tl.where(n_mask[None, :], qk * (k_s * qk_scale)[None, :], float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
-        acc += tl.dot((p * v_s[None, :]).to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
-        m_i = m_new
-
-        offs_n = nx_offs
-        n_mask = nx_mask
-        k = k_nx
-        v = v_nx
-        k_s = ks_nx
-        v_s = vs_nx
-        nx_offs = nn_offs
-        nx_page = nn_page
-    return acc, m_i, l_i
+from .launch import CPU_TILES, DECODE_FP8_GPU, DECODE_GPU, LOG2E, KernelConfig, check_paged_args, for_device, launch_options
 
 
 @triton.jit
@@ -84,7 +31,7 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
             stride_ptb, stride_ob, stride_oh, stride_od, num_splits,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
             BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-            SPLIT: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+            SPLIT: tl.constexpr, IS_FP8: tl.constexpr, K_FIRST: tl.constexpr, DOT_PRECISION: tl.constexpr):
     kvh = tl.program_id(0)  # heads of one row are launch neighbours: they share FP8 scale sectors in L2
     b = tl.program_id(1)
     split = tl.program_id(2)
@@ -107,29 +54,35 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     pt_row = pt_ptr + b * stride_ptb
     kv_head = kvh * stride_ch
-    if IS_FP8:
-        acc, m_i, l_i = _fp8_loop(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, lo, hi, qk_scale,
-                                  kv_head, kvh * stride_xh, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs,
-                                  offs_d, d_mask, PAGE_SIZE, BLOCK_N, DOT_PRECISION)
-    else:
-        # 16/32-bit pages: Triton's software pipeliner streams K/V tiles through shared memory.
-        for start in range(0, hi - lo, BLOCK_N):
-            offs_n = lo + start + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < hi
-            page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
-            row = page * stride_cp + (offs_n % PAGE_SIZE) * stride_cs + kv_head  # [BLOCK_N]
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(kc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)
-            v = tl.load(vc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)
-            qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
-            qk = tl.where(n_mask[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None]
-            acc += tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
-            m_i = m_new
+    for start in range(0, hi - lo, BLOCK_N):
+        offs_n = lo + start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < hi
+        page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+        row = page * stride_cp + (offs_n % PAGE_SIZE) * stride_cs + kv_head  # [BLOCK_N]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(kc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        v = tl.load(vc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)
+        if K_FIRST:  # K as the dot's first operand, in its memory order (no transposed 8-bit loads)
+            qk = tl.trans(tl.dot(k.to(q.dtype), tl.trans(q), input_precision=DOT_PRECISION))
+        else:
+            qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
+        if IS_FP8:
+            xrow = page * stride_xp + (offs_n % PAGE_SIZE) * stride_xs + kvh * stride_xh
+            k_s = tl.load(ks_ptr + xrow, mask=n_mask, other=0.0)
+            v_s = tl.load(vs_ptr + xrow, mask=n_mask, other=0.0)
+            qk = qk * (k_s * qk_scale)[None, :]
+        else:
+            qk = qk * qk_scale
+        qk = tl.where(n_mask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if IS_FP8:
+            p = p * v_s[None, :]
+        acc = acc * alpha[:, None]
+        acc += tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        m_i = m_new
 
     out_mask = h_mask[:, None] & d_mask[None, :]
     l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -189,7 +142,8 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
         raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
     if B == 0:
         return out
-    config = config or (DECODE_GPU if q.device.type == "cuda" else CPU_TILES)
+    if config is None:
+        config = (DECODE_FP8_GPU if fp8 else DECODE_GPU) if q.device.type == "cuda" else CPU_TILES
     block_d = max(16, triton.next_power_of_2(d))
     if num_splits > 1:
         mid_o = torch.empty(B, hq, num_splits, block_d, dtype=torch.float32, device=q.device)
@@ -203,7 +157,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
         *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(), num_splits,
         GROUP=group, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=config.block_n,
-        SPLIT=num_splits > 1, IS_FP8=fp8,
+        SPLIT=num_splits > 1, IS_FP8=fp8, K_FIRST=config.k_first,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
     if num_splits > 1:
         for_device(_merge_kernel, q.device)[(B, hq)](

@@ -8,6 +8,7 @@ import torch
 
 from kv_fixtures import make_paged
 from radixkv.kernels import paged_decode, paged_prefill
+from radixkv.kernels.launch import KernelConfig
 from radixkv.kernels.reference import paged_decode_ref, paged_prefill_ref
 
 DTYPES = {  # cache dtype -> (q dtype, tolerance)
@@ -39,6 +40,21 @@ def test_decode_matches_reference(page_size, group, kv_dtype):
         paged_decode(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, 0.2, k_scale=kv.k_scale,
                      v_scale=kv.v_scale, num_splits=splits, out=out)
         _close(out, ref, tol)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp16", "fp8_e4m3"])
+def test_decode_k_first_variant(kv_dtype):
+    """KernelConfig.k_first computes the scores as K.q^T; same results."""
+    cache_dt, q_dt, tol = DTYPES[kv_dtype]
+    gen = torch.Generator().manual_seed(11)
+    kv = make_paged([50, 9], 16, 2, 32, cache_dt, gen)
+    q = torch.randn(2, 8, 32, generator=gen).to(q_dt)
+    out = torch.full_like(q, float("nan"))
+    paged_decode(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, k_scale=kv.k_scale, v_scale=kv.v_scale,
+                 num_splits=2, config=KernelConfig(16, 16, 1, 1, k_first=True), out=out)
+    ref = paged_decode_ref(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, k_scale=kv.k_scale,
+                           v_scale=kv.v_scale)
+    _close(out, ref, tol)
 
 
 def test_decode_e5m2_splits_longer_than_sequence():
