@@ -87,6 +87,8 @@ class LLM:
             ckpt = random_checkpoint(model, cfg.seed, self.dtype, self.device)
         self.spec = ModelSpec.from_hf(ckpt.config)
         self.tokenizer = ckpt.tokenizer
+        # generation stops at any of these unless ignore_eos (HF generate reads generation_config too)
+        self.eos_token_ids = self.spec.eos_token_ids | ckpt.generation_eos
         self.hf_config = ckpt.config
         self.model = LlamaModel(self.spec, ckpt.state_dict, self.dtype, self.device)
         del ckpt
@@ -177,7 +179,7 @@ class LLM:
                              f"more than the pool's {self.num_pages}")
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
-            stop |= self.spec.eos_token_ids
+            stop |= self.eos_token_ids
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seeds))
         gen = torch.Generator(device=self.device).manual_seed(seed)
         return Request(rid=next(self._rids), prompt=ids, max_tokens=params.max_tokens,

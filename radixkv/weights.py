@@ -147,6 +147,7 @@ class Checkpoint(NamedTuple):
     config: Any  # transformers PretrainedConfig
     state_dict: dict[str, torch.Tensor]  # Hugging Face parameter names
     tokenizer: Any  # transformers tokenizer, or None when the folder has none
+    generation_eos: frozenset[int] = frozenset()  # generation_config.json's eos ids (chat models list several)
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -165,7 +166,18 @@ def load_checkpoint(path: str) -> Checkpoint:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return Checkpoint(config, state, tokenizer)
+    return Checkpoint(config, state, tokenizer, _generation_eos(path))
+
+
+def _generation_eos(path: str) -> frozenset[int]:
+    if not os.path.exists(os.path.join(path, "generation_config.json")):
+        return frozenset()
+    from transformers import GenerationConfig
+
+    eos = GenerationConfig.from_pretrained(path, local_files_only=True).eos_token_id
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)
 
 
 def _read_weights(path: str) -> dict[str, torch.Tensor]:

@@ -61,3 +61,21 @@ def test_unsupported_rope_and_activation_are_refused() -> None:
                                                                 "rope_theta": 10000.0}))
     with pytest.raises(ValueError, match="unsupported hidden_act 'gelu'"):
         ModelSpec.from_hf(tiny_config("llama", hidden_act="gelu"))
+
+
+def test_generation_config_eos_ids_also_stop(tmp_path) -> None:
+    from transformers import GenerationConfig
+
+    from radixkv import LLM, SamplingParams
+
+    cfg = tiny_config("llama")
+    hf_model(cfg).save_pretrained(tmp_path)
+    GenerationConfig(eos_token_id=[2, 7, 9], bos_token_id=1).save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), page_size=4, num_pages=64)
+    assert llm.eos_token_ids == {2, 7, 9}
+    free = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0].token_ids
+    stop_id = free[2]
+    GenerationConfig(eos_token_id=[2, stop_id]).save_pretrained(tmp_path)
+    out = LLM(str(tmp_path), page_size=4, num_pages=64).generate([[5, 6, 7]], SamplingParams(temperature=0.0,
+                                                                                           max_tokens=8))[0]
+    assert out.token_ids == free[:free.index(stop_id) + 1] and out.finish_reason == "stop"
