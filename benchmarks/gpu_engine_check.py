@@ -90,22 +90,29 @@ def parity(arch: str, args: argparse.Namespace, device: str, dtype: torch.dtype)
         del ref
         for page_size in (1, 16):
             for kv in ("auto", "fp8_e4m3"):
-                llm = LLM(folder, dtype=dtype, kv_dtype=kv, page_size=page_size, device=device,
-                          num_pages=(len(prompts) * (150 + 2 * n) * 4) // page_size + 64)
-                greedy = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-                got = [o.token_ids for o in llm.generate(prompts, greedy)]
-                forced = [p + w[:t] for p, w in zip(prompts, want) for t in range(n)]
-                one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-                nxt = [o.token_ids[0] for o in llm.generate(forced, one)]
-                target = [w[t] for w in want for t in range(n)]
-                prefix = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), n) for x, y in zip(got, want)]
-                rows.append(dict(
-                    arch=arch, page_size=page_size, kv_dtype=llm.kv_dtype.value, tokens=n,
-                    exact_prefix_min=min(prefix),
-                    free_agreement=sum(a == b for x, y in zip(got, want) for a, b in zip(x, y)) / (n * len(want)),
-                    forced_agreement=sum(a == b for a, b in zip(nxt, target)) / len(target)))
-                del llm
+                try:
+                    rows.append(_parity_row(folder, arch, prompts, want, page_size, kv, device, dtype, n))
+                except Exception as e:  # keep going: one failing configuration must not lose the others
+                    traceback.print_exc()
+                    rows.append(dict(arch=arch, page_size=page_size, kv_dtype=kv, error=f"{type(e).__name__}: {e}"))
     return rows
+
+
+def _parity_row(folder: str, arch: str, prompts: list[list[int]], want: list[list[int]], page_size: int, kv: str,
+                device: str, dtype: torch.dtype, n: int) -> dict:
+    llm = LLM(folder, dtype=dtype, kv_dtype=kv, page_size=page_size, device=device,
+              num_pages=(len(prompts) * (150 + 2 * n) * 4) // page_size + 64)
+    greedy = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    got = [o.token_ids for o in llm.generate(prompts, greedy)]
+    forced = [p + w[:t] for p, w in zip(prompts, want) for t in range(n)]
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    nxt = [o.token_ids[0] for o in llm.generate(forced, one)]
+    target = [w[t] for w in want for t in range(n)]
+    prefix = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), n) for x, y in zip(got, want)]
+    return dict(arch=arch, page_size=page_size, kv_dtype=llm.kv_dtype.value, tokens=n,
+                exact_prefix_min=min(prefix),
+                free_agreement=sum(a == b for x, y in zip(got, want) for a, b in zip(x, y)) / (n * len(want)),
+                forced_agreement=sum(a == b for a, b in zip(nxt, target)) / len(target))
 
 
 def throughput(args: argparse.Namespace, device: str, dtype: torch.dtype) -> dict:
@@ -189,6 +196,11 @@ def main() -> None:
             rows = []
         for row in rows:
             report["parity"].append(row)
+            if "error" in row:
+                report.setdefault("errors", []).append(f"parity {arch} page {row['page_size']} {row['kv_dtype']}: "
+                                                       f"{row['error']}")
+                print(f"{row['arch']:8} {row['page_size']:>4} {row['kv_dtype']:9} ERROR {row['error'][:80]}")
+                continue
             print(f"{row['arch']:8} {row['page_size']:>4} {row['kv_dtype']:9} {row['tokens']:>6} "
                   f"{row['exact_prefix_min']:>6} {row['free_agreement']:>6.3f} {row['forced_agreement']:>7.3f}",
                   flush=True)
