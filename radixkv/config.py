@@ -43,9 +43,9 @@ class SchedulerConfig:
     max_batch_tokens: new tokens computed per step (decode tokens + prefill chunks).
     max_running: requests in the running set at once (the replay's --concurrency).
     starvation_steps / starvation_s: a waiting request older than either bound is served next,
-    whatever the policy (None disables that bound): starved requests go first, oldest arrival
-    first, and no later arrival is admitted while one of them waits. Requests that arrived at
-    the same time (a burst) are ordered among themselves by the policy.
+    whatever the policy (None disables that bound): each step the oldest starved request
+    (equal arrivals in policy order) is offered a place before anyone else, and if it does not
+    fit nobody is admitted that step; the other requests keep their policy order.
     policy_window: the policy orders only the oldest `policy_window` waiting requests each step
     (the cache-aware policies match each one against the tree), which bounds per-step work.
     in_batch_sharing: a waiting request whose first uncached block is being computed this step

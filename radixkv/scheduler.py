@@ -3,8 +3,10 @@
 Each step (`schedule`) shares a token budget (`max_batch_tokens`) between
 1. running requests, oldest admission first: one decode token each, or the next chunk of a
    prompt still being prefilled (chunked prefill);
-2. waiting requests, admitted in policy order (policies.py) behind the starvation guard, while
-   `max_running` and the budget allow and free + evictable pages cover the next chunk.
+2. waiting requests, admitted in policy order (policies.py) behind the starvation guard (the
+   oldest request waiting longer than the bound is offered a place first), while `max_running`
+   and the budget allow and free + evictable pages cover the next chunk; the first request
+   that does not fit stops admission for the step (head of line: nobody jumps ahead of it).
 `update` applies the step's sampled tokens, caches completed prefill chunks in the radix tree
 and finishes requests.
 
@@ -244,35 +246,37 @@ class Scheduler:
                 or (cfg.starvation_steps is not None
                     and self._step - e.arrival_step > cfg.starvation_steps))
 
-    def _admission_order(self, now: float) -> tuple[list[_Entry], list[bool]]:
-        """Candidates in the order they are offered a place, and whether each is starved.
+    def _admission_order(self, now: float) -> tuple[list[_Entry], bool]:
+        """Candidates in the order they are offered a place; True when the first is starved.
 
-        Starved requests first, by arrival (equal arrivals by policy); then the rest by policy."""
+        The starvation guard: the oldest starved request (earliest arrival; equal arrivals in
+        policy order) goes first; everyone else, starved or not, follows in policy order. One
+        starved request is served per step, oldest first, and `_admit`'s head-of-line rule
+        keeps later requests from taking the pages it waits for; the policy keeps ordering
+        the rest, so a saturated queue (everyone starved) still gets cache-aware order."""
         cands = self.waiting[: self.config.policy_window]
-        starved = [self._starved(e, now) for e in cands]
         matches = None
         if self.config.policy is not Policy.FCFS:
             matches = [self.cache.match(e.token_array(e.req.num_tokens), e.req.namespace)
                        for e in cands]
         rank = policy_order(self.config.policy, matches, len(cands))
-        if any(starved):
-            pos = {k: r for r, k in enumerate(rank)}
-            first = sorted((k for k in range(len(cands)) if starved[k]),
-                           key=lambda k: (cands[k].arrival, pos[k]))
-            rank = first + [k for k in rank if not starved[k]]
-        return [cands[k] for k in rank], [starved[k] for k in rank]
+        starved = [k for k in rank if self._starved(cands[k], now)]
+        if not starved:
+            return [cands[k] for k in rank], False
+        head = min(starved, key=lambda k: cands[k].arrival)  # first in policy order among equals
+        return [cands[head]] + [cands[k] for k in rank if k != head], True
 
     def _admit(self, rows: _BatchBuilder, budget: int, shared: set[_ShareKey], now: float) -> None:
         cfg, pool, cache, ps = self.config, self.pool, self.cache, self.page_size
         reserve = sum(self._decode_reserve(r) for r in self.running)
         admitted: set[int] = set()
-        order, starved = self._admission_order(now)
-        deferred_starved: float | None = None  # earliest arrival of a starved request deferred
-        for e, is_starved in zip(order, starved):
+        order, head_starved = self._admission_order(now)
+        deferred: float | None = None  # arrival of the starved head when it defers
+        for e in order:
             if len(self.running) >= cfg.max_running or budget <= 0:
                 break
-            if deferred_starved is not None and e.arrival > deferred_starved:
-                continue  # no later arrival goes ahead of a starved request
+            if deferred is not None and e.arrival > deferred:
+                continue  # no later arrival goes ahead of the starved head
             req = e.req
             total = req.num_tokens
             tokens = e.token_array(total)
@@ -280,10 +284,10 @@ class Scheduler:
             usable = min(m.num_tokens, (total - 1) // ps * ps)  # leave >= 1 token to compute
             if (cfg.in_batch_sharing and shared and usable == m.num_tokens
                     and _share_key(m, tokens, ps) in shared):
-                # Another row computes this block now: hit it next step instead. A starved
-                # request defers too (one step), but then nothing that arrived later is admitted.
-                if is_starved and (deferred_starved is None or e.arrival < deferred_starved):
-                    deferred_starved = e.arrival
+                # Another row computes this block now: hit it next step instead. The starved
+                # head defers too (one step), but then nothing that arrived later is admitted.
+                if head_starved and e is order[0]:
+                    deferred = e.arrival
                 continue
             if usable < m.num_tokens:  # all cached: lock only the blocks it will use
                 m = cache.match(tokens[:usable], req.namespace)
