@@ -115,17 +115,45 @@ def _parity_row(folder: str, arch: str, prompts: list[list[int]], want: list[lis
                 forced_agreement=sum(a == b for a, b in zip(nxt, target)) / len(target))
 
 
+def hf_baseline(cfg: Any, B: int, P: int, N: int, device: str, dtype: torch.dtype) -> dict:
+    """transformers' own generate on the same shapes (random weights, no cache reuse), for scale."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    model.generation_config.eos_token_id = model.config.eos_token_id = None
+    ids = torch.randint(3, cfg.vocab_size, (B, P), device=device)
+    model.generate(ids[:, :32], attention_mask=torch.ones_like(ids[:, :32]), max_new_tokens=4, do_sample=False,
+                   pad_token_id=0)  # warm-up
+    _sync(device)
+    t = time.perf_counter()
+    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, do_sample=False, pad_token_id=0)
+    _sync(device)
+    dt = time.perf_counter() - t
+    del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return dict(wall_s=round(dt, 3), output_tok_s=round(B * N / dt, 1), total_tok_s=round(B * (P + N) / dt, 1))
+
+
 def throughput(args: argparse.Namespace, device: str, dtype: torch.dtype) -> dict:
     cfg = llama3_8b_config(args.smoke)
+    B, P, N, S = (4, 64, 16, 48) if args.smoke else (args.batch, args.prompt_len, args.gen_len, args.shared_len)
+    baseline = None
+    if not args.no_hf_baseline:  # before our engine takes most of the free memory for KV pages
+        try:
+            baseline = hf_baseline(cfg, B, P, N, device, dtype)
+        except Exception as e:
+            traceback.print_exc()
+            baseline = dict(error=f"{type(e).__name__}: {e}")
     t0 = time.perf_counter()
     llm = LLM(cfg, dtype=dtype, page_size=16, device=device, seed=0,
               **({"num_pages": 4096} if args.smoke else {"gpu_memory_utilization": 0.85}))
     build_s = time.perf_counter() - t0
-    B, P, N, S = (4, 64, 16, 48) if args.smoke else (args.batch, args.prompt_len, args.gen_len, args.shared_len)
     g = torch.Generator().manual_seed(1)
     params = SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True)
     result = dict(model="llama3-8b-shaped" if not args.smoke else "smoke", batch=B, prompt_len=P, gen_len=N,
-                  num_pages=llm.num_pages, build_s=round(build_s, 1))
+                  num_pages=llm.num_pages, build_s=round(build_s, 1), transformers_generate=baseline)
     llm.generate([[5] * 32], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
     shared = torch.randint(3, cfg.vocab_size, (S,), generator=g).tolist()
     for name, prompts in (
@@ -172,6 +200,7 @@ def main() -> None:
     ap.add_argument("--gen-len", type=int, default=256)
     ap.add_argument("--shared-len", type=int, default=448)
     ap.add_argument("--skip-8b", action="store_true")
+    ap.add_argument("--no-hf-baseline", action="store_true", help="skip transformers' generate on the 8B shapes")
     args = ap.parse_args()
     if args.smoke:
         device, dtype, args.tokens = "cpu", torch.float32, min(args.tokens, 24)
@@ -221,6 +250,10 @@ def main() -> None:
             print(f"  {name:20} {r['wall_s']:8.2f} s  prefill {r['prefill_s']:.2f} s  "
                   f"decode {r['decode_tok_s']:9.1f} tok/s  {r['output_tok_s']:9.1f} out tok/s  "
                   f"{r['total_tok_s']:9.1f} total tok/s  cached {r['cached_prompt_tokens']}/{r['prompt_tokens']}")
+        hf = tp.get("transformers_generate")
+        if hf and "error" not in hf:
+            print(f"  {'transformers generate':20} {hf['wall_s']:8.2f} s  {hf['output_tok_s']:9.1f} out tok/s  "
+                  f"{hf['total_tok_s']:9.1f} total tok/s (same shapes, cold)")
     _save(args.out, report)
     if report.get("errors"):
         raise SystemExit(f"{len(report['errors'])} part(s) failed: {report['errors']}")
