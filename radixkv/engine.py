@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import operator
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -29,7 +29,7 @@ from .radix_tree import RadixCache
 from .request import FinishReason, Request
 from .sampling import SamplingParams, sample
 from .session import Session
-from .weights import Checkpoint, ModelSpec, load_checkpoint, random_checkpoint
+from .weights import ModelSpec, load_checkpoint, random_checkpoint
 
 Prompt = str | Sequence[int]
 
