@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .request import Request
 
 
@@ -53,3 +55,57 @@ class Batch:
                 page = self.page_tables[b][pos // self.page_size]
                 assert self.slots[start + i] == page * self.page_size + pos % self.page_size
             start += self.q_lens[b]
+
+
+class BatchBuilder:
+    """Accumulates the rows of one step into a Batch (the scheduler fills one per step)."""
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        self.requests: list[Request] = []
+        self.input_ids: list[int] = []
+        self.positions: list[int] = []
+        self.q_start: list[int] = []
+        self.q_lens: list[int] = []
+        self.seq_lens: list[int] = []
+        self.page_tables: list[list[int]] = []
+        self.slots: list[int] = []
+        self.sample: list[bool] = []
+
+    def add(self, req: Request, start: int, q_len: int) -> None:
+        """Row computing tokens [start, start + q_len) of req's prompt + output."""
+        end = start + q_len
+        self.requests.append(req)
+        self.q_start.append(len(self.input_ids))
+        self.q_lens.append(q_len)
+        self.seq_lens.append(end)
+        self.page_tables.append(req.pages)  # the live list, not a copy (see the module docstring)
+        self.sample.append(end == req.num_tokens)
+        self.input_ids.extend(_token_slice(req, start, end))
+        self.positions.extend(range(start, end))
+        self.slots.extend(_slots(req.pages, start, end, self.page_size))
+
+    def build(self) -> Batch:
+        return Batch(self.requests, self.input_ids, self.positions, self.q_start, self.q_lens,
+                     self.seq_lens, self.page_tables, self.slots, self.sample, self.page_size)
+
+
+def _token_slice(req: Request, start: int, end: int) -> list[int]:
+    prompt, n = req.prompt, len(req.prompt)
+    if end <= n:
+        part = prompt[start:end]
+        return part if isinstance(part, list) else part.tolist()
+    if start >= n:
+        return req.output[start - n: end - n]
+    head = prompt[start:]
+    return (head if isinstance(head, list) else head.tolist()) + req.output[: end - n]
+
+
+def _slots(pages: list[int], start: int, end: int, ps: int) -> list[int]:
+    """page * page_size + offset of positions start..end-1."""
+    if end - start <= 64:
+        return [pages[p // ps] * ps + p % ps for p in range(start, end)]
+    first = start // ps
+    pos = np.arange(start, end, dtype=np.int64)  # [q_len]
+    table = np.asarray(pages[first: (end - 1) // ps + 1], dtype=np.int64)
+    return (table[pos // ps - first] * ps + pos % ps).tolist()

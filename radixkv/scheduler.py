@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .batch import Batch
+from .batch import Batch, BatchBuilder
 from .config import Policy, SchedulerConfig
 from .metrics import SchedulerMetrics
 from .pages import PagePool
@@ -70,60 +70,6 @@ class _Entry:
         if n <= len(p):
             return p[:n]
         return np.concatenate((p, np.asarray(self.req.output[: n - len(p)], dtype=np.int32)))
-
-
-class _BatchBuilder:
-    """Accumulates the rows of one step into a Batch."""
-
-    def __init__(self, page_size: int) -> None:
-        self.page_size = page_size
-        self.requests: list[Request] = []
-        self.input_ids: list[int] = []
-        self.positions: list[int] = []
-        self.q_start: list[int] = []
-        self.q_lens: list[int] = []
-        self.seq_lens: list[int] = []
-        self.page_tables: list[list[int]] = []
-        self.slots: list[int] = []
-        self.sample: list[bool] = []
-
-    def add(self, req: Request, start: int, q_len: int) -> None:
-        """Row computing tokens [start, start + q_len) of req's prompt + output."""
-        end = start + q_len
-        self.requests.append(req)
-        self.q_start.append(len(self.input_ids))
-        self.q_lens.append(q_len)
-        self.seq_lens.append(end)
-        self.page_tables.append(req.pages)  # live list: valid until update() (see Batch)
-        self.sample.append(end == req.num_tokens)
-        self.input_ids.extend(_token_slice(req, start, end))
-        self.positions.extend(range(start, end))
-        self.slots.extend(_slots(req.pages, start, end, self.page_size))
-
-    def build(self) -> Batch:
-        return Batch(self.requests, self.input_ids, self.positions, self.q_start, self.q_lens,
-                     self.seq_lens, self.page_tables, self.slots, self.sample, self.page_size)
-
-
-def _token_slice(req: Request, start: int, end: int) -> list[int]:
-    prompt, n = req.prompt, len(req.prompt)
-    if end <= n:
-        part = prompt[start:end]
-        return part if isinstance(part, list) else part.tolist()
-    if start >= n:
-        return req.output[start - n: end - n]
-    head = prompt[start:]
-    return (head if isinstance(head, list) else head.tolist()) + req.output[: end - n]
-
-
-def _slots(pages: list[int], start: int, end: int, ps: int) -> list[int]:
-    """page * page_size + offset of positions start..end-1."""
-    if end - start <= 64:
-        return [pages[p // ps] * ps + p % ps for p in range(start, end)]
-    first = start // ps
-    pos = np.arange(start, end, dtype=np.int64)  # [q_len]
-    table = np.asarray(pages[first: (end - 1) // ps + 1], dtype=np.int64)
-    return (table[pos // ps - first] * ps + pos % ps).tolist()
 
 
 def worst_case_pages(req: Request, page_size: int) -> int:
@@ -192,7 +138,7 @@ class Scheduler:
         if self._inflight is not None:
             raise RuntimeError("schedule() called again before update() of the previous batch")
         self._step += 1
-        rows = _BatchBuilder(self.page_size)
+        rows = BatchBuilder(self.page_size)
         shared: set[_ShareKey] = set()
         budget = self.config.max_batch_tokens
         i = 0
@@ -266,7 +212,7 @@ class Scheduler:
         head = min(starved, key=lambda k: cands[k].arrival)  # first in policy order among equals
         return [cands[head]] + [cands[k] for k in rank if k != head], True
 
-    def _admit(self, rows: _BatchBuilder, budget: int, shared: set[_ShareKey], now: float) -> None:
+    def _admit(self, rows: BatchBuilder, budget: int, shared: set[_ShareKey], now: float) -> None:
         cfg, pool, cache, ps = self.config, self.pool, self.cache, self.page_size
         reserve = sum(self._decode_reserve(r) for r in self.running)
         admitted: set[int] = set()
@@ -333,7 +279,7 @@ class Scheduler:
         decoding = req.num_tokens - req.num_computed == 1 and req.status is Status.RUNNING
         return max(pages, 1 if decoding else 0)
 
-    def _add_row(self, rows: _BatchBuilder, e: _Entry, start: int, q_len: int,
+    def _add_row(self, rows: BatchBuilder, e: _Entry, start: int, q_len: int,
                  shared: set[_ShareKey]) -> None:
         rows.add(e.req, start, q_len)
         if not self.config.in_batch_sharing or q_len == 1:
