@@ -5,6 +5,7 @@ prefix and writes only pages nobody else holds.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from radixkv import PagePool, Policy, RadixCache, SchedulerConfig
@@ -90,6 +91,17 @@ def test_chunked_prefill_splits_prompt_and_caches_each_chunk():
     # b arrives during a's prefill: it waits while a's block 16..19 is computed, then hits all
     # 20 prompt tokens a cached chunk by chunk.
     assert b.cached_tokens == 20
+    assert_clean(h.s, [a, b])
+
+
+def test_long_chunks_and_numpy_prompts_get_the_right_slots():
+    h = Harness(num_pages=128, max_batch_tokens=150)
+    a = Request(0, np.arange(1000, 1200, dtype=np.int32), max_tokens=3)  # a replayed trace prompt
+    b = Request(1, list(range(1000, 1100)) + [7] * 30, max_tokens=2)
+    log: list = []
+    h.drive([a, b], log)  # KVShadow checks every slot, token and page of the 150-token chunks
+    assert log[0][1] == [(0, 150)] and log[1][1][0] == (0, 50)
+    assert b.cached_tokens == 100
     assert_clean(h.s, [a, b])
 
 
