@@ -1,6 +1,7 @@
 """Launcher helpers shared by the kernel files: device dispatch and argument checks."""
 from __future__ import annotations
 
+import enum
 import os
 from typing import Any, NamedTuple
 
@@ -31,7 +32,25 @@ class KernelConfig(NamedTuple):
 DECODE_GPU = KernelConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
 DECODE_FP8_GPU = KernelConfig(block_m=16, block_n=128, num_warps=4, num_stages=2)
 PREFILL_GPU = KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
+# fp32 q or pages: 4-byte tiles, kept small so the pipeline stages fit in shared memory.
+DECODE_FP32_GPU = KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=2)
+PREFILL_FP32_GPU = KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
 CPU_TILES = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
+
+
+class KernelKind(enum.Enum):
+    DECODE = "decode"
+    PREFILL = "prefill"
+
+
+def default_config(kind: KernelKind, q: Tensor, k_cache: Tensor) -> KernelConfig:
+    """Tiles for this launch: small ones in the interpreter, dtype-dependent ones on the GPU."""
+    if q.device.type == "cpu":
+        return CPU_TILES
+    wide = q.element_size() == 4 or k_cache.element_size() == 4
+    if kind is KernelKind.DECODE:
+        return DECODE_FP32_GPU if wide else (DECODE_FP8_GPU if is_fp8(k_cache.dtype) else DECODE_GPU)
+    return PREFILL_FP32_GPU if wide else PREFILL_GPU
 
 
 def launch_options(config: KernelConfig, device: torch.device) -> dict:
@@ -58,9 +77,29 @@ def for_device(kernel: Any, device: torch.device) -> Any:
     return kernel
 
 
+class PagedArgs(NamedTuple):
+    """Checked launcher arguments: index tensors as contiguous int32, and whether pages are FP8."""
+
+    page_table: Tensor  # int32 [B, max_pages]
+    seq_lens: Tensor  # int32 [B]
+    fp8: bool
+
+
+def as_index(fn: str, name: str, t: Tensor, shape: tuple[int, ...] | None, dim: int) -> Tensor:
+    """An integer tensor as contiguous int32 (int64 inputs are converted on the device, no host sync)."""
+    if not isinstance(t, Tensor) or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"{fn}: {name} must be an integer tensor (int32), got {getattr(t, 'dtype', type(t))}")
+    if t.dim() != dim or (shape is not None and tuple(t.shape) != shape):
+        want = shape if shape is not None else f"{dim}-D"
+        raise ValueError(f"{fn}: {name} must have shape {want}, got {tuple(t.shape)}")
+    if t.dtype != torch.int32 or not t.is_contiguous():
+        t = t.to(torch.int32).contiguous()
+    return t
+
+
 def check_paged_args(fn: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor,
-                     k_scale: Tensor | None, v_scale: Tensor | None) -> bool:
-    """Shared checks of the attention launchers; returns whether the cache is FP8."""
+                     k_scale: Tensor | None, v_scale: Tensor | None) -> PagedArgs:
+    """Shared checks of the attention launchers (raise ValueError naming the problem)."""
     if q.dim() != 3 or k_cache.dim() != 4:
         raise ValueError(f"{fn}: q must be 3-D and caches [P, S, Hkv, D], got {tuple(q.shape)} / {tuple(k_cache.shape)}")
     _, _, hkv, d = k_cache.shape
@@ -70,11 +109,8 @@ def check_paged_args(fn: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, page_
         raise ValueError(f"{fn}: q {tuple(q.shape)} does not fit caches with {hkv} KV heads of dim {d}")
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"{fn}: q dtype {q.dtype} not supported (fp32/fp16/bf16)")
-    if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.stride(1) != 1:
-        raise ValueError(f"{fn}: page_table must be int32 [B, max_pages] with unit inner stride")
-    B = page_table.shape[0]
-    if seq_lens.dtype != torch.int32 or seq_lens.shape != (B,) or not seq_lens.is_contiguous():
-        raise ValueError(f"{fn}: seq_lens must be contiguous int32 [{B}]")
+    page_table = as_index(fn, "page_table", page_table, None, 2)
+    seq_lens = as_index(fn, "seq_lens", seq_lens, (page_table.shape[0],), 1)
     fp8 = is_fp8(k_cache.dtype)
     if fp8:
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
@@ -86,4 +122,4 @@ def check_paged_args(fn: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, page_
         raise ValueError(f"{fn}: scales given for a non-FP8 cache ({k_cache.dtype})")
     if len({t.device for t in (q, k_cache, v_cache, page_table, seq_lens)}) != 1:
         raise ValueError(f"{fn}: all tensors must be on one device")
-    return fp8
+    return PagedArgs(page_table, seq_lens, fp8)

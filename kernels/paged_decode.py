@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import CPU_TILES, DECODE_FP8_GPU, DECODE_GPU, LOG2E, KernelConfig, check_paged_args, for_device, launch_options
+from .launch import LOG2E, KernelConfig, KernelKind, check_paged_args, default_config, for_device, launch_options
 
 
 @triton.jit
@@ -127,7 +127,8 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
     the caller (PagedAttention.plan) picks it without a host sync here. `out` (optional, like q) is
     written in place, for CUDA-graph capture and for tests that poison it first.
     """
-    fp8 = check_paged_args("paged_decode", q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale)
+    page_table, seq_lens, fp8 = check_paged_args("paged_decode", q, k_cache, v_cache, page_table, seq_lens,
+                                                  k_scale, v_scale)
     B, hq, d = q.shape
     if B != page_table.shape[0]:
         raise ValueError(f"paged_decode: q has {B} rows, page_table {page_table.shape[0]}")
@@ -142,8 +143,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
         raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
     if B == 0:
         return out
-    if config is None:
-        config = (DECODE_FP8_GPU if fp8 else DECODE_GPU) if q.device.type == "cuda" else CPU_TILES
+    config = config or default_config(KernelKind.DECODE, q, k_cache)
     block_d = max(16, triton.next_power_of_2(d))
     if num_splits > 1:
         mid_o = torch.empty(B, hq, num_splits, block_d, dtype=torch.float32, device=q.device)

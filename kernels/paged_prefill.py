@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import CPU_TILES, LOG2E, PREFILL_GPU, KernelConfig, check_paged_args, for_device, launch_options
+from .launch import LOG2E, KernelConfig, KernelKind, as_index, check_paged_args, default_config, for_device, launch_options
 
 
 @triton.jit
@@ -116,12 +116,14 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
     q_lens.max() from the device (a host sync; PagedAttention passes it from its plan).
     `out` (optional, like q) is written in place.
     """
-    fp8 = check_paged_args("paged_prefill", q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale)
+    page_table, seq_lens, fp8 = check_paged_args("paged_prefill", q, k_cache, v_cache, page_table, seq_lens,
+                                                  k_scale, v_scale)
     T, hq, d = q.shape
     B = page_table.shape[0]
-    for name, t in (("q_start", q_start), ("q_lens", q_lens)):
-        if t.dtype != torch.int32 or t.shape != (B,) or not t.is_contiguous() or t.device != q.device:
-            raise ValueError(f"paged_prefill: {name} must be contiguous int32 [{B}] on {q.device}")
+    q_start = as_index("paged_prefill", "q_start", q_start, (B,), 1)
+    q_lens = as_index("paged_prefill", "q_lens", q_lens, (B,), 1)
+    if q_start.device != q.device or q_lens.device != q.device:
+        raise ValueError(f"paged_prefill: q_start and q_lens must be on {q.device}")
     hkv = k_cache.shape[2]
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     if out is None:
@@ -132,7 +134,7 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
         return out
     if max_q_len is None:
         max_q_len = int(q_lens.max().item())
-    config = config or (PREFILL_GPU if q.device.type == "cuda" else CPU_TILES)
+    config = config or default_config(KernelKind.PREFILL, q, k_cache)
     xs = k_scale.stride() if fp8 else (0, 0, 0)
     grid = (hq, B, triton.cdiv(max(1, max_q_len), config.block_m))
     for_device(_kernel, q.device)[grid](

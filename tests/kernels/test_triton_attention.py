@@ -110,11 +110,28 @@ def test_launchers_reject_bad_input():
     kv = make_paged([5], 4, 2, 16, torch.float16, gen)
     q = torch.randn(1, 4, 16).half()
     with pytest.raises(ValueError, match="page_table"):
-        paged_decode(q, kv.k_cache, kv.v_cache, kv.page_table.long(), kv.seq_lens)
+        paged_decode(q, kv.k_cache, kv.v_cache, kv.page_table.float(), kv.seq_lens)
+    with pytest.raises(ValueError, match="seq_lens"):
+        paged_decode(q, kv.k_cache, kv.v_cache, kv.page_table, torch.ones(2, dtype=torch.int32))
     with pytest.raises(ValueError, match="KV heads"):
         paged_decode(torch.randn(1, 3, 16).half(), kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens)
     with pytest.raises(ValueError, match="scale"):
         paged_decode(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, k_scale=torch.ones(3))
     with pytest.raises(ValueError, match="q_lens"):
         paged_prefill(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, torch.zeros(1, dtype=torch.int32),
-                      torch.ones(1, dtype=torch.int64))
+                      torch.ones(1, dtype=torch.float32))
+
+
+def test_int64_index_tensors_are_accepted():
+    """torch.tensor([...]) defaults to int64: launchers convert index tensors to int32 on the device."""
+    gen = torch.Generator().manual_seed(4)
+    kv = make_paged([21, 6], 4, 2, 16, torch.float32, gen)
+    q = torch.randn(2, 4, 16, generator=gen)
+    want = paged_decode(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens)
+    got = paged_decode(q, kv.k_cache, kv.v_cache, kv.page_table.long(), kv.seq_lens.long())
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    qp = torch.randn(5, 4, 16, generator=gen)
+    args = (torch.tensor([0, 3]), torch.tensor([3, 2]))
+    got = paged_prefill(qp, kv.k_cache, kv.v_cache, kv.page_table.long(), kv.seq_lens.long(), *args)
+    want = paged_prefill_ref(qp, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, *args)
+    _close(got, want, 1e-5)
