@@ -7,6 +7,9 @@
 The Triton modules load on first access to these names, so importing the package (or
 `radixkv.kernels.reference`, which the CPU engine uses) never imports Triton. Tests that run
 the kernels on CPU must set TRITON_INTERPRET=1 before Triton is first imported.
+
+GPU-only checks (the interpreter gets them wrong): bf16 q/pages and the bit-exactness of
+in-kernel FP8 quantisation are verified by benchmarks/bench_kernels.py's correctness phase.
 """
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 fp8 pages are quantised with torch (the interpreter mis-rounds in-kernel fp8 casts); the kernels
 only dequantise. bf16 is GPU-only (the interpreter computes bf16 dots wrongly), so q is fp32/fp16.
 """
+import zlib
+
 import pytest
 import torch
 
@@ -29,7 +31,7 @@ def _close(out, ref, tol):
 @pytest.mark.parametrize("kv_dtype", ["fp32", "fp16", "fp8_e4m3"])
 def test_decode_matches_reference(page_size, group, kv_dtype):
     cache_dt, q_dt, tol = DTYPES[kv_dtype]
-    gen = torch.Generator().manual_seed(hash((page_size, group, kv_dtype)) % 2**31)
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((page_size, group, kv_dtype)).encode()))
     lens = torch.randint(1, 90, (3,), generator=gen).tolist()
     kv = make_paged(lens, page_size, 2, 32, cache_dt, gen)
     q = torch.randn(3, 2 * group, 32, generator=gen).to(q_dt)
@@ -75,7 +77,7 @@ def test_decode_e5m2_splits_longer_than_sequence():
 @pytest.mark.parametrize("kv_dtype", ["fp32", "fp16", "fp8_e4m3"])
 def test_prefill_matches_reference(page_size, group, kv_dtype):
     cache_dt, q_dt, tol = DTYPES[kv_dtype]
-    gen = torch.Generator().manual_seed(hash((page_size, group, kv_dtype, "p")) % 2**31)
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((page_size, group, kv_dtype, "p")).encode()))
     q_lens = torch.randint(1, 40, (3,), generator=gen)
     prefix = torch.randint(0, 50, (3,), generator=gen)
     q_lens[1] = 1  # a decode row mixed into the prefill batch
