@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -43,7 +44,7 @@ class Held(NamedTuple):
 
 class TreeMachine(RuleBasedStateMachine):
     PAGE_SIZE = 2
-    NUM_PAGES = 16
+    NUM_PAGES = 10  # small: evictions, stale matches and OutOfPages all happen
     HASH_FN = None  # None: the tree's default (xxh3)
 
     def __init__(self) -> None:
@@ -59,11 +60,18 @@ class TreeMachine(RuleBasedStateMachine):
         self.serials = itertools.count()
         self.locked: list[Held] = []
         self.seen: list[Held] = []  # old matches, some of them stale by now
+        self.pending: tuple[Namespace, list[int], np.ndarray] | None = None  # see match_read_only
 
     # ---- helpers -------------------------------------------------------------------------
-    def tokens(self, bids: list[int], tail: int) -> list[int]:
-        out = [t for b in bids for t in self.patterns[b]]
-        return out + [7] * (tail % self.PAGE_SIZE)  # a partial block the tree must ignore
+    def tokens(self, bids: list[int], tail: int, readonly: bool = False) -> list[int] | np.ndarray:
+        """Tokens for block ids plus a partial tail; as a read-only array when `readonly`
+        (the tree may then keep views of it and reuse a match's walk in insert)."""
+        out = [t for b in bids for t in self.patterns[b]] + [7] * (tail % self.PAGE_SIZE)
+        if not readonly:
+            return out
+        arr = np.array(out, dtype=np.int32)
+        arr.flags.writeable = False
+        return arr
 
     def model_match(self, ns: Namespace, bids: list[int]) -> Prefix:
         cached = self.model.get(ns, {})
@@ -101,10 +109,10 @@ class TreeMachine(RuleBasedStateMachine):
         c = self.model.get(ns, {}).get(prefix) if prefix else None
         return None if c is None else c.serial
 
-    def match(self, ns: Namespace, bids: list[int], tail: int) -> Held:
+    def match(self, ns: Namespace, bids: list[int], tail: int, tokens=None) -> Held:
         """Tree match, checked against the model; refreshes both."""
         ps = self.PAGE_SIZE
-        m = self.cache.match(self.tokens(bids, tail), ns)
+        m = self.cache.match(self.tokens(bids, tail) if tokens is None else tokens, ns)
         prefix = self.model_match(ns, bids)
         assert m.num_tokens == len(prefix) * ps, f"match {m.num_tokens} tokens, model {len(prefix) * ps}"
         assert m.pages == self.model_pages(ns, prefix), "match returned other pages than the model's"
@@ -127,11 +135,15 @@ class TreeMachine(RuleBasedStateMachine):
 
     # ---- rules ---------------------------------------------------------------------------
     @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=6),
-          tail=st.integers(0, 15))
-    def request(self, ns: Namespace, bids: list[int], tail: int) -> None:
-        """match -> lock -> evict if short -> alloc the missing pages -> insert -> release."""
+          tail=st.integers(0, 15), keep=st.sampled_from([False, False, False, True]),
+          readonly=st.booleans())
+    def request(self, ns: Namespace, bids: list[int], tail: int, keep: bool, readonly: bool) -> None:
+        """match -> lock -> evict if short -> alloc the missing pages -> insert -> release.
+
+        keep: the request goes on running, holding a lock on its whole cached prompt."""
         cache, pool = self.cache, self.pool
-        held = self.match(ns, bids, tail)
+        tokens = self.tokens(bids, tail, readonly)
+        held = self.match(ns, bids, tail, tokens)
         m = held.match
         cache.lock(m)
         self.locked.append(held)
@@ -140,34 +152,81 @@ class TreeMachine(RuleBasedStateMachine):
             short = need - pool.num_free
             expect = self.model_evict(short)
             assert cache.evict(short) == expect
+            event(f"request: evicted to make room ({'enough' if expect == short else 'not enough'})")
         try:
             if need > pool.num_free:
                 free_before = pool.num_free
                 with pytest.raises(OutOfPages):
                     pool.alloc(need)
+                event("request: OutOfPages (locked pages fill the pool)")
                 assert pool.num_free == free_before
                 return
             new = pool.alloc(need)
-            assert cache.insert(self.tokens(bids, tail), m.pages + new, ns) == m.num_tokens
-            self.clock += 1
-            cached = self.model.setdefault(ns, {})
-            for i in range(1, len(bids) + 1):
-                p = tuple(bids[:i])
-                if i <= len(held.prefix):
-                    cached[p] = cached[p]._replace(last_use=self.clock)
-                else:
-                    cached[p] = Cached(new[i - len(held.prefix) - 1], self.clock, next(self.serials))
+            assert cache.insert(tokens, m.pages + new, ns) == m.num_tokens
+            self.record_insert(ns, bids, len(held.prefix), new)
             assert pool.refcounts(new).tolist() == [2] * need  # the caller's and the tree's
             pool.decref(new)
         finally:
             self.locked.remove(held)
             cache.unlock(m)
+        if keep:
+            running = self.match(ns, bids, tail)
+            cache.lock(running.match)
+            self.locked.append(running)
+
+    def record_insert(self, ns: Namespace, bids: list[int], k: int, new: list[int]) -> None:
+        """Model side of an insert of `bids` whose first k blocks were cached."""
+        self.clock += 1
+        cached = self.model.setdefault(ns, {})
+        for i in range(1, len(bids) + 1):
+            p = tuple(bids[:i])
+            if i <= k:
+                cached[p] = cached[p]._replace(last_use=self.clock)
+            else:
+                cached[p] = Cached(new[i - k - 1], self.clock, next(self.serials))
+
+    def insert_without_match(self, ns: Namespace, bids: list[int], tokens) -> None:
+        """Insert with pages chosen from the model alone (no match first): the tree must find
+        what is cached itself, whatever the last match was."""
+        cache, pool = self.cache, self.pool
+        need = len(bids) - len(self.model_match(ns, bids))
+        if need > pool.num_free:
+            short = need - pool.num_free
+            assert cache.evict(short) == self.model_evict(short)
+            need = len(bids) - len(self.model_match(ns, bids))  # eviction may have hit our prefix
+            if need > pool.num_free:
+                return
+        prefix = self.model_match(ns, bids)
+        new = pool.alloc(need)
+        assert cache.insert(tokens, self.model_pages(ns, prefix) + new, ns) == len(prefix) * self.PAGE_SIZE
+        self.record_insert(ns, bids, len(prefix), new)
+        pool.decref(new)
+
+    @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=6),
+          tail=st.integers(0, 15))
+    def blind_insert(self, ns: Namespace, bids: list[int], tail: int) -> None:
+        self.insert_without_match(ns, bids, self.tokens(bids, tail))
+
+    @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), min_size=1, max_size=6),
+          tail=st.integers(0, 15))
+    def match_read_only(self, ns: Namespace, bids: list[int], tail: int) -> None:
+        """A read-only match whose insert comes later, after whatever rules run in between."""
+        tokens = self.tokens(bids, tail, readonly=True)
+        self.match(ns, bids, tail, tokens)
+        self.pending = (ns, bids, tokens)
+
+    @precondition(lambda self: self.pending is not None)
+    @rule()
+    def insert_pending(self) -> None:
+        ns, bids, tokens = self.pending
+        self.pending = None
+        self.insert_without_match(ns, bids, tokens)
 
     @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=6),
           tail=st.integers(0, 15))
     def match_only(self, ns: Namespace, bids: list[int], tail: int) -> None:
         self.seen.append(self.match(ns, bids, tail))
-        del self.seen[:-8]
+        del self.seen[:-16]
 
     @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=6))
     def lock(self, ns: Namespace, bids: list[int]) -> None:
@@ -191,16 +250,17 @@ class TreeMachine(RuleBasedStateMachine):
         if not held.prefix or self.is_locked(ns, held.prefix):
             return
         locked_before = self.cache.num_locked_pages
+        event("unlock of an unlocked path")
         with pytest.raises(ValueError, match="unlocked"):
             self.cache.unlock(held.match)
         assert self.cache.num_locked_pages == locked_before
 
-    @precondition(lambda self: self.seen)
-    @rule(data=st.data())
-    def lock_old_match(self, data: st.DataObject) -> None:
-        held = self.seen.pop(data.draw(st.integers(0, len(self.seen) - 1)))
+    def lock_old(self, held: Held) -> None:
+        """Lock a match taken some steps ago: stale (raises, changes nothing) exactly when its
+        last block was evicted since, even if the same prefix was cached again."""
         stale = held.prefix and self.serial_of(held.ns, held.prefix) != held.last_serial
         locked_before = self.cache.num_locked_pages
+        event(f"lock of an old match: {'stale' if stale else 'still valid'}")
         if stale:
             with pytest.raises(ValueError, match="stale"):
                 self.cache.lock(held.match)
@@ -210,11 +270,24 @@ class TreeMachine(RuleBasedStateMachine):
             self.locked.append(held)
             assert held.match.pages == self.model_pages(held.ns, held.prefix)
 
+    @precondition(lambda self: self.seen)
+    @rule(data=st.data())
+    def lock_old_match(self, data: st.DataObject) -> None:
+        self.lock_old(self.seen.pop(data.draw(st.integers(0, len(self.seen) - 1))))
+
+    @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), min_size=1, max_size=6),
+          n=st.integers(1, 20))
+    def match_evict_lock(self, ns: Namespace, bids: list[int], n: int) -> None:
+        held = self.match(ns, bids, 0)
+        self.evict(n)
+        self.lock_old(held)
+
     @rule(n=st.integers(0, 20))
     def evict(self, n: int) -> None:
         evictable = self.cache.num_evictable_pages
         expect = self.model_evict(n)
         assert expect == min(n, evictable)
+        event(f"evict: freed {'none' if expect == 0 else 'some' if expect < n else 'all asked'}")
         assert self.cache.evict(n) == expect
 
     # ---- invariants ----------------------------------------------------------------------
@@ -246,19 +319,19 @@ class TreeMachine(RuleBasedStateMachine):
 
 class TreeMachinePage1(TreeMachine):
     PAGE_SIZE = 1
-    NUM_PAGES = 12
+    NUM_PAGES = 9
 
 
 class TreeMachinePage16(TreeMachine):
     PAGE_SIZE = 16
-    NUM_PAGES = 16
+    NUM_PAGES = 12
 
 
 class TreeMachineCollisions(TreeMachine):
     """Every block hashes alike: children are told apart only by comparing tokens."""
 
     PAGE_SIZE = 2
-    NUM_PAGES = 16
+    NUM_PAGES = 10
     HASH_FN = staticmethod(lambda block: 0)
 
 

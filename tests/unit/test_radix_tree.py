@@ -428,3 +428,34 @@ def test_check_invariants_names_a_corrupted_node() -> None:
     node.pages = node.pages[:1]
     with pytest.raises(AssertionError, match="Node"):
         cache.check_invariants()
+
+
+# ---- insert right after a match of the same read-only array (the walk is reused) -------------
+def _read_only(tokens: list[int]) -> np.ndarray:
+    arr = np.array(tokens, dtype=np.int32)
+    arr.flags.writeable = False
+    return arr
+
+
+def test_insert_after_match_sees_an_insert_made_in_between() -> None:
+    pool, cache = make(ps=2)
+    toks = _read_only(blocks(1, 2, 3, ps=2))
+    assert cache.match(toks).num_tokens == 0
+    other = cached_insert(cache, blocks(1, 2, ps=2))  # extends the path the match saw
+    mine = pool.alloc(3)
+    assert cache.insert(toks, mine) == 4  # blocks 1, 2 are cached now: not adopted
+    assert cache.match(toks).pages == other + [mine[2]]
+    cache.check_invariants()
+
+
+def test_insert_after_match_sees_an_eviction_made_in_between() -> None:
+    pool, cache = make(ps=2)
+    cached_insert(cache, blocks(1, 2, ps=2))
+    toks = _read_only(blocks(1, 2, 3, ps=2))
+    m = cache.match(toks)  # unlocked: its tail may go
+    assert m.num_tokens == 4
+    assert cache.evict(1) == 1  # block 2 leaves; m.node is truncated
+    mine = pool.alloc(3)
+    assert cache.insert(toks, m.pages[:1] + mine[1:]) == 2
+    assert cache.match(toks).pages == m.pages[:1] + mine[1:]
+    cache.check_invariants()
