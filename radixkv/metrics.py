@@ -35,6 +35,8 @@ class SchedulerMetrics:
     (hit_tokens = prompt tokens served from the prefix cache, i.e. `Request.cached_tokens`).
     waits_s: per finished request, its total time in the waiting queue (first wait plus every
     wait after a preemption). peak_pages: most pool pages in use at the end of any step.
+    timeline: one point per step; past `timeline_limit` points every other one is dropped (and
+    from then on only every 2nd, 4th, ... step is kept), so a long-lived engine stays bounded.
     """
 
     prompt_tokens: int = 0
@@ -45,6 +47,8 @@ class SchedulerMetrics:
     peak_pages: int = 0
     waits_s: list[float] = field(default_factory=list)
     timeline: list[TimelinePoint] = field(default_factory=list)
+    timeline_limit: int = 200_000
+    _stride: int = 1  # record every _stride-th step
 
     @property
     def hit_rate(self) -> float:
@@ -60,4 +64,9 @@ class SchedulerMetrics:
         self.steps += 1
         if pages_in_use > self.peak_pages:
             self.peak_pages = pages_in_use
+        if (self.steps - 1) % self._stride:  # keeps steps 1, 1 + stride, 1 + 2 * stride, ...
+            return
         self.timeline.append(TimelinePoint(now, self.hit_rate, pages_in_use))
+        if len(self.timeline) > self.timeline_limit:
+            del self.timeline[1::2]
+            self._stride *= 2
