@@ -46,8 +46,9 @@ class SchedulerConfig:
     whatever the policy (None disables that bound): each step the oldest starved request
     (equal arrivals in policy order) is offered a place before anyone else, and if it does not
     fit nobody is admitted that step; the other requests keep their policy order.
-    policy_window: the policy orders only the oldest `policy_window` waiting requests each step
-    (the cache-aware policies match each one against the tree), which bounds per-step work.
+    policy_window: the policy orders only the oldest `policy_window` waiting requests each step.
+    match_budget: tree matches an admission round may spend on ordering (bounds per-step work):
+    LPM and DFS_WEIGHT keep each candidate's last match and re-match up to this many per round.
     in_batch_sharing: a waiting request whose first uncached block is being computed this step
     by another request waits one step and then hits it, instead of computing it twice.
     decode_reserve: share (0..1) of every running request's remaining output tokens whose pages
@@ -60,7 +61,8 @@ class SchedulerConfig:
     max_running: int = 256
     starvation_steps: int | None = 200
     starvation_s: float | None = 10.0
-    policy_window: int = 256
+    policy_window: int = 4096
+    match_budget: int = 256
     in_batch_sharing: bool = True
     decode_reserve: float = 0.0
 
@@ -77,6 +79,8 @@ class SchedulerConfig:
             raise ValueError(f"starvation_s must be > 0 or None, got {self.starvation_s}")
         if not 0.0 <= self.decode_reserve <= 1.0:
             raise ValueError(f"decode_reserve must lie in [0, 1], got {self.decode_reserve}")
+        if self.match_budget < 1:
+            raise ValueError(f"match_budget must be >= 1, got {self.match_budget}")
         if self.policy_window < 1:
             raise ValueError(f"policy_window must be >= 1, got {self.policy_window}")
 

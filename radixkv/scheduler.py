@@ -29,6 +29,7 @@ never dropped. A request that could not fit the pool even alone is refused at `a
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 import operator
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from .config import Policy, SchedulerConfig
 from .metrics import SchedulerMetrics
 from .pages import PagePool
 from .policies import policy_order
-from .radix_tree import MatchResult, RadixCache
+from .radix_tree import MatchResult, Node, RadixCache
 from .request import Request, Status
 
 _ShareKey = tuple[int, int, bytes]  # (id(end node of the cached path), its tokens, next block's bytes)
@@ -60,6 +61,8 @@ class _Entry:
     admit_seq: int = 0  # larger: admitted more recently
     locked: MatchResult | None = None  # the cached path this request locks while running
     admitted_once: bool = False
+    score: int | None = None  # cached tokens at its last match (None: not matched yet)
+    node: Node | None = None  # where that match ended (DFS_WEIGHT's grouping)
 
     def order_key(self) -> tuple[float, int]:
         return (self.arrival, self.seq)
@@ -97,6 +100,7 @@ class Scheduler:
         self._seq = itertools.count()
         self._admit_seq = itertools.count()
         self._step = 0
+        self._rr = 0  # LPM round-robin cursor over the policy window
         self._inflight: Batch | None = None
 
     # ---- queue --------------------------------------------------------------------------------
@@ -120,6 +124,8 @@ class Scheduler:
         e = _Entry(req, next(self._seq), now, self._step, arr, wait_since=now)
         self._entries[req.rid] = e
         bisect.insort(self.waiting, e, key=_Entry.order_key)
+        if self.config.policy is not Policy.FCFS:
+            self._match(e)  # a score from the start: rounds then only refresh
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -200,17 +206,56 @@ class Scheduler:
         starved request is served per step, oldest first, and `_admit`'s head-of-line rule
         keeps later requests from taking the pages it waits for; the policy keeps ordering
         the rest, so a saturated queue (everyone starved) still gets cache-aware order."""
-        cands = self.waiting[: self.config.policy_window]
-        matches = None
-        if self.config.policy is not Policy.FCFS:
-            matches = [self.cache.match(e.token_array(e.req.num_tokens), e.req.namespace)
-                       for e in cands]
-        rank = policy_order(self.config.policy, matches, len(cands))
+        cfg = self.config
+        cands = self.waiting[: cfg.policy_window]
+        if cfg.policy is Policy.LPM:
+            self._refresh_scores(cands)
+            rank = sorted(range(len(cands)), key=lambda k: -(cands[k].score or 0))  # ties: arrival
+        elif cfg.policy is Policy.DFS_WEIGHT:
+            self._refresh_scores(cands)
+            known = [k for k, e in enumerate(cands) if e.node is not None]
+            matches = [MatchResult(cands[k].score, [], cands[k].node) for k in known]
+            rank = [known[i] for i in policy_order(cfg.policy, matches, len(known))]
+            rank += [k for k, e in enumerate(cands) if e.node is None]  # not matched yet
+        else:
+            rank = policy_order(cfg.policy, None, len(cands))
         starved = [k for k in rank if self._starved(cands[k], now)]
         if not starved:
             return [cands[k] for k in rank], False
         head = min(starved, key=lambda k: cands[k].arrival)  # first in policy order among equals
         return [cands[head]] + [cands[k] for k in rank if k != head], True
+
+    def _match(self, e: _Entry) -> MatchResult:
+        m = self.cache.match(e.token_array(e.req.num_tokens), e.req.namespace)
+        e.score, e.node = m.num_tokens, m.node
+        return m
+
+    def _refresh_scores(self, cands: list[_Entry]) -> None:
+        """Re-match up to `match_budget` candidates, the rest keep their last match (score and
+        end node; a node evicted since then just sorts as its own subtree until re-matched):
+        never-matched ones first, then the current best (the likely admissions), then a
+        round-robin over the others, so a prefix cached since it was last matched is found
+        within policy_window / match_budget rounds."""
+        budget = self.config.match_budget
+        if len(cands) <= budget:
+            for e in cands:
+                self._match(e)
+            return
+        picks = [e for e in cands if e.score is None][:budget]
+        want_best = budget // 2 - len(picks)
+        if want_best > 0:
+            picks += heapq.nlargest(want_best, (e for e in cands if e.score is not None),
+                                    key=lambda e: e.score)
+        chosen = {id(e) for e in picks}
+        start = self._rr % len(cands)
+        for e in itertools.chain(cands[start:], cands[:start]):
+            if len(picks) >= budget:
+                break
+            if id(e) not in chosen:
+                picks.append(e)
+            self._rr += 1
+        for e in picks:
+            self._match(e)
 
     def _admit(self, rows: BatchBuilder, budget: int, shared: set[_ShareKey], now: float) -> None:
         cfg, pool, cache, ps = self.config, self.pool, self.cache, self.page_size
@@ -323,6 +368,7 @@ class Scheduler:
         req.num_computed = 0
         req.status = Status.WAITING
         e.wait_since = now
+        e.score = e.node = None
         self.running.remove(e)
         bisect.insort(self.waiting, e, key=_Entry.order_key)
         self.metrics.preemptions += 1

@@ -41,7 +41,9 @@ def workloads(draw):
         starvation_steps=draw(st.none() | st.integers(1, 6)),
         starvation_s=draw(st.none() | st.sampled_from([0.5, 2.0, 5.0])),
         in_batch_sharing=draw(st.booleans()),
-        decode_reserve=draw(st.sampled_from([0.0, 0.5, 1.0])))
+        decode_reserve=draw(st.sampled_from([0.0, 0.5, 1.0])),
+        policy_window=draw(st.sampled_from([1, 3, 4096])),
+        match_budget=draw(st.sampled_from([1, 2, 256])))
     return reqs, arrivals, ps, num_pages, cfg
 
 

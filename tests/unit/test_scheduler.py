@@ -139,6 +139,22 @@ def test_policy_picks_who_goes_first(policy, first):
     assert_clean(h.s, [miss, hit])
 
 
+@pytest.mark.parametrize("policy", [Policy.LPM, Policy.DFS_WEIGHT])
+def test_a_small_match_budget_still_finds_the_cached_prefix(policy):
+    h = Harness(max_running=1, policy=policy, match_budget=1)
+    hot = list(range(200, 216))
+    _warm(h, [hot])
+    blocker = Request(99, [9, 9, 9], max_tokens=4)
+    misses = [Request(i, [300 + i] * 16, max_tokens=1, arrival_s=0.1 * i) for i in range(1, 6)]
+    hit = Request(6, hot + [1], max_tokens=1, arrival_s=0.6)
+    log: list = []
+    h.drive([blocker, *misses, hit], log)
+    order = list(first_admission(log))
+    assert order[:2] == [99, 6]  # matched when queued, so it goes first once the slot frees
+    assert hit.cached_tokens == 16
+    assert_clean(h.s, [blocker, *misses, hit])
+
+
 def test_dfs_weight_serves_the_heavier_subtree_first():
     h = Harness()
     a, b = list(range(10, 26)), list(range(40, 48))
