@@ -2,7 +2,7 @@
 
 Each policy maps the waiting candidates (given oldest first) and, for the cache-aware ones,
 their current prefix matches to a preference order (a list of candidate indices). The
-starvation guard is applied on top of this order by the scheduler, not here.
+starvation guard is applied on top of this order by `AdmissionRanker`.
 
 - FCFS: arrival order.
 - LPM: longest cached prefix first (ties keep arrival order).
@@ -13,10 +13,13 @@ starvation guard is applied on top of this order by the scheduler, not here.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 from .config import Policy
-from .radix_tree import MatchResult
+from .radix_tree import MatchResult, Node
 
 
 def policy_order(policy: Policy, matches: Sequence[MatchResult] | None, num: int) -> list[int]:
@@ -70,3 +73,82 @@ def _dfs_weight_order(matches: Sequence[MatchResult]) -> list[int]:
         kids = sorted(reversed(children.get(key, [])), key=lambda c: weight[id(c)])
         stack.extend((c, False) for c in kids)
     return order
+
+
+class Queued(Protocol):
+    """What ranking reads of a waiting request (the scheduler's entry for it)."""
+
+    arrival: float
+    score: int | None  # cached tokens at its last match (None: not matched yet)
+    node: Node | None  # where that match ended
+
+
+Q = TypeVar("Q", bound=Queued)
+
+
+class AdmissionRanker:
+    """Orders the waiting window each admission round: the starvation guard, then the policy.
+
+    The guard: the oldest starved request (earliest arrival; equal arrivals in policy order)
+    goes first; everyone else, starved or not, follows in policy order. The scheduler's
+    head-of-line rule keeps later requests from taking the pages that head waits for, so one
+    starved request is served per step, oldest first, while a saturated queue (everyone
+    starved) keeps its cache-aware order.
+
+    LPM and DFS_WEIGHT read each candidate's last match (`score`, `node`); a round re-matches
+    at most `match_budget` of them through `match` (which updates them): never-matched ones
+    first, then the current best (the likely admissions), then a round-robin over the rest,
+    so a prefix cached since a request was last matched is found within
+    len(window) / match_budget rounds. A node evicted since its match just sorts as its own
+    subtree until the request is re-matched.
+    """
+
+    def __init__(self, policy: Policy, match_budget: int, match: Callable[[Queued], None]) -> None:
+        if match_budget < 1:
+            raise ValueError(f"match_budget must be >= 1, got {match_budget}")
+        self.policy = policy
+        self.match_budget = match_budget
+        self._match = match
+        self._cursor = 0  # round-robin position over the window
+
+    def order(self, cands: list[Q], starved: Callable[[Q], bool]) -> tuple[list[Q], bool]:
+        """`cands` (oldest first) in the order they are offered a place; True when the first
+        is a starved request."""
+        if self.policy is Policy.LPM:
+            self._refresh(cands)
+            rank = sorted(range(len(cands)), key=lambda k: -(cands[k].score or 0))  # ties: arrival
+        elif self.policy is Policy.DFS_WEIGHT:
+            self._refresh(cands)
+            known = [k for k, e in enumerate(cands) if e.node is not None]
+            matches = [MatchResult(cands[k].score, [], cands[k].node) for k in known]
+            rank = [known[i] for i in policy_order(self.policy, matches, len(known))]
+            rank += [k for k, e in enumerate(cands) if e.node is None]  # not matched yet
+        else:
+            rank = policy_order(self.policy, None, len(cands))
+        hungry = [k for k in rank if starved(cands[k])]
+        if not hungry:
+            return [cands[k] for k in rank], False
+        head = min(hungry, key=lambda k: cands[k].arrival)  # first in policy order among equals
+        return [cands[head]] + [cands[k] for k in rank if k != head], True
+
+    def _refresh(self, cands: list[Q]) -> None:
+        budget = self.match_budget
+        if len(cands) <= budget:
+            for e in cands:
+                self._match(e)
+            return
+        picks = [e for e in cands if e.score is None][:budget]
+        want_best = budget // 2 - len(picks)
+        if want_best > 0:
+            picks += heapq.nlargest(want_best, (e for e in cands if e.score is not None),
+                                    key=lambda e: e.score)
+        chosen = {id(e) for e in picks}
+        start = self._cursor % len(cands)
+        for e in itertools.chain(cands[start:], cands[:start]):
+            if len(picks) >= budget:
+                break
+            if id(e) not in chosen:
+                picks.append(e)
+            self._cursor += 1
+        for e in picks:
+            self._match(e)

@@ -29,7 +29,6 @@ never dropped. A request that could not fit the pool even alone is refused at `a
 from __future__ import annotations
 
 import bisect
-import heapq
 import itertools
 import operator
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from .batch import Batch, BatchBuilder
 from .config import Policy, SchedulerConfig
 from .metrics import SchedulerMetrics
 from .pages import PagePool
-from .policies import policy_order
+from .policies import AdmissionRanker
 from .radix_tree import MatchResult, Node, RadixCache
 from .request import Request, Status
 
@@ -100,7 +99,7 @@ class Scheduler:
         self._seq = itertools.count()
         self._admit_seq = itertools.count()
         self._step = 0
-        self._rr = 0  # LPM round-robin cursor over the policy window
+        self._ranker = AdmissionRanker(config.policy, config.match_budget, self._match)
         self._inflight: Batch | None = None
 
     # ---- queue --------------------------------------------------------------------------------
@@ -198,70 +197,17 @@ class Scheduler:
                 or (cfg.starvation_steps is not None
                     and self._step - e.arrival_step > cfg.starvation_steps))
 
-    def _admission_order(self, now: float) -> tuple[list[_Entry], bool]:
-        """Candidates in the order they are offered a place; True when the first is starved.
-
-        The starvation guard: the oldest starved request (earliest arrival; equal arrivals in
-        policy order) goes first; everyone else, starved or not, follows in policy order. One
-        starved request is served per step, oldest first, and `_admit`'s head-of-line rule
-        keeps later requests from taking the pages it waits for; the policy keeps ordering
-        the rest, so a saturated queue (everyone starved) still gets cache-aware order."""
-        cfg = self.config
-        cands = self.waiting[: cfg.policy_window]
-        if cfg.policy is Policy.LPM:
-            self._refresh_scores(cands)
-            rank = sorted(range(len(cands)), key=lambda k: -(cands[k].score or 0))  # ties: arrival
-        elif cfg.policy is Policy.DFS_WEIGHT:
-            self._refresh_scores(cands)
-            known = [k for k, e in enumerate(cands) if e.node is not None]
-            matches = [MatchResult(cands[k].score, [], cands[k].node) for k in known]
-            rank = [known[i] for i in policy_order(cfg.policy, matches, len(known))]
-            rank += [k for k, e in enumerate(cands) if e.node is None]  # not matched yet
-        else:
-            rank = policy_order(cfg.policy, None, len(cands))
-        starved = [k for k in rank if self._starved(cands[k], now)]
-        if not starved:
-            return [cands[k] for k in rank], False
-        head = min(starved, key=lambda k: cands[k].arrival)  # first in policy order among equals
-        return [cands[head]] + [cands[k] for k in rank if k != head], True
-
-    def _match(self, e: _Entry) -> MatchResult:
+    def _match(self, e: _Entry) -> None:
+        """Match a queued request against the tree now; the ranker orders by the result."""
         m = self.cache.match(e.token_array(e.req.num_tokens), e.req.namespace)
         e.score, e.node = m.num_tokens, m.node
-        return m
-
-    def _refresh_scores(self, cands: list[_Entry]) -> None:
-        """Re-match up to `match_budget` candidates, the rest keep their last match (score and
-        end node; a node evicted since then just sorts as its own subtree until re-matched):
-        never-matched ones first, then the current best (the likely admissions), then a
-        round-robin over the others, so a prefix cached since it was last matched is found
-        within policy_window / match_budget rounds."""
-        budget = self.config.match_budget
-        if len(cands) <= budget:
-            for e in cands:
-                self._match(e)
-            return
-        picks = [e for e in cands if e.score is None][:budget]
-        want_best = budget // 2 - len(picks)
-        if want_best > 0:
-            picks += heapq.nlargest(want_best, (e for e in cands if e.score is not None),
-                                    key=lambda e: e.score)
-        chosen = {id(e) for e in picks}
-        start = self._rr % len(cands)
-        for e in itertools.chain(cands[start:], cands[:start]):
-            if len(picks) >= budget:
-                break
-            if id(e) not in chosen:
-                picks.append(e)
-            self._rr += 1
-        for e in picks:
-            self._match(e)
 
     def _admit(self, rows: BatchBuilder, budget: int, shared: set[_ShareKey], now: float) -> None:
         cfg, pool, cache, ps = self.config, self.pool, self.cache, self.page_size
         reserve = sum(self._decode_reserve(r) for r in self.running)
         admitted: set[int] = set()
-        order, head_starved = self._admission_order(now)
+        order, head_starved = self._ranker.order(self.waiting[: cfg.policy_window],
+                                                 lambda e: self._starved(e, now))
         deferred: float | None = None  # arrival of the starved head when it defers
         for e in order:
             if len(self.running) >= cfg.max_running or budget <= 0:
