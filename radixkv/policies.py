@@ -99,7 +99,7 @@ class AdmissionRanker:
     at most `match_budget` of them through `match` (which updates them): never-matched ones
     first, then the current best (the likely admissions), then a round-robin over the rest,
     so a prefix cached since a request was last matched is found within
-    len(window) / match_budget rounds. A node evicted since its match just sorts as its own
+    ceil(len(window) / (match_budget - match_budget // 2)) rounds. A node evicted since its match just sorts as its own
     subtree until the request is re-matched.
     """
 

@@ -5,11 +5,14 @@ prefix and writes only pages nobody else holds.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
 from radixkv import PagePool, Policy, RadixCache, SchedulerConfig
-from radixkv.policies import policy_order
+from radixkv.metrics import SchedulerMetrics
+from radixkv.policies import AdmissionRanker, policy_order
 from radixkv.request import Request, Status
 from radixkv.scheduler import Scheduler
 from radixkv.simulator import KVShadow, fake_token, run_scheduler
@@ -155,6 +158,36 @@ def test_a_small_match_budget_still_finds_the_cached_prefix(policy):
     assert_clean(h.s, [blocker, *misses, hit])
 
 
+@dataclass(eq=False)
+class FakeQueued:
+    arrival: float
+    truth: int = 0  # what a match would return now
+    score: int | None = None
+    node: object = None
+
+
+def test_ranker_refresh_finds_a_newly_cached_prefix_within_its_bound():
+    cands = [FakeQueued(float(i)) for i in range(12)]
+    matched: list[int] = []
+
+    def match(e):
+        matched.append(int(e.arrival))
+        e.score = e.truth
+
+    ranker = AdmissionRanker(Policy.LPM, 3, match)
+    for _ in range(4):  # 3 fresh candidates a round until all have a score
+        ranker.order(cands, lambda e: False)
+    assert all(e.score == 0 for e in cands) and len(matched) == 12
+    cands[7].truth = 100  # its prefix got cached since its last match
+    rounds = 0
+    while ranker.order(cands, lambda e: False)[0][0] is not cands[7]:
+        rounds += 1
+        assert len(matched) <= 12 + 3 * (rounds + 1)  # never more than the budget per round
+    assert rounds < 6  # ceil(12 / (3 - 3 // 2)) rounds at most
+    order, head_starved = ranker.order(cands, lambda e: e.arrival < 2.0)
+    assert head_starved and order[0] is cands[0] and order[1] is cands[7]
+
+
 def test_dfs_weight_serves_the_heavier_subtree_first():
     h = Harness()
     a, b = list(range(10, 26)), list(range(40, 48))
@@ -263,3 +296,11 @@ def test_metrics_record_waits_occupancy_and_hits():
     assert len(m.timeline) == m.steps == 6
     assert m.peak_pages == max(p.pages_in_use for p in m.timeline) <= 32
     assert m.timeline[-1].hit_rate == pytest.approx(16 / 27)
+
+
+def test_timeline_stays_bounded_and_evenly_spaced():
+    m = SchedulerMetrics(timeline_limit=10)
+    for step in range(1, 101):
+        m.record_step(float(step), pages_in_use=step % 7)
+    assert [p.now for p in m.timeline] == [1.0, 17.0, 33.0, 49.0, 65.0, 81.0, 97.0]
+    assert m.steps == 100 and m.peak_pages == 6
