@@ -117,14 +117,17 @@ class Scheduler:
             raise ValueError(f"request {req.rid} needs up to {worst} pages ({len(req.prompt)} prompt "
                              f"+ {req.max_tokens} max_tokens, page_size {ps}) but the pool has "
                              f"{self.pool.num_pages}")
-        arr = np.asarray(req.prompt, dtype=np.int32)
-        if arr.ndim != 1:
-            raise ValueError(f"request {req.rid}: prompt must be one-dimensional")
+        try:
+            arr = np.asarray(req.prompt, dtype=np.int32)
+        except (OverflowError, TypeError, ValueError) as err:
+            raise ValueError(f"request {req.rid}: prompt tokens must be int32 ids: {err}") from None
+        if arr.ndim != 1 or (arr.size and int(arr.min()) < 0):
+            raise ValueError(f"request {req.rid}: prompt must be a flat list of non-negative ids")
         e = _Entry(req, next(self._seq), now, self._step, arr, wait_since=now)
-        self._entries[req.rid] = e
-        bisect.insort(self.waiting, e, key=_Entry.order_key)
         if self.config.policy is not Policy.FCFS:
             self._match(e)  # a score from the start: rounds then only refresh
+        self._entries[req.rid] = e
+        bisect.insort(self.waiting, e, key=_Entry.order_key)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

@@ -269,6 +269,10 @@ def test_bad_input_is_refused_before_any_change():
     used = Request(2, [1], max_tokens=2, output=[5])
     with pytest.raises(ValueError, match="not fresh"):
         h.s.add(used, 0.0)
+    with pytest.raises(ValueError, match="non-negative"):
+        h.s.add(Request(3, [1, -2], max_tokens=1), 0.0)
+    with pytest.raises(ValueError, match="int32"):
+        h.s.add(Request(4, [1, 2**40], max_tokens=1), 0.0)
     assert h.s.num_waiting == 1 and h.s.pool.num_free == 4
     batch = h.s.schedule(0.0)
     with pytest.raises(RuntimeError, match="before update"):
