@@ -102,9 +102,11 @@ class RadixCache:
 
     @property
     def namespaces(self) -> list[Namespace]:
+        """Namespaces seen so far (each has its own root; None is the default)."""
         return list(self._roots)
 
     def root(self, namespace: Namespace = None) -> Node:
+        """The root of `namespace`'s subtree (created empty on first use)."""
         node = self._roots.get(namespace)
         if node is None:
             empty = np.zeros(0, dtype=np.int32)
