@@ -280,6 +280,19 @@ def test_evict_skips_pages_a_caller_still_holds_and_keeps_going() -> None:
     cache.check_invariants()
 
 
+def test_lru_heap_stays_bounded_under_repeated_matches() -> None:
+    """Each match re-queues its leaf (lazy deletion); stale entries are dropped in bulk
+    before they outnumber the nodes 4 to 1, and eviction order is unaffected."""
+    pool, cache = make(num_pages=16, ps=2)
+    a = cached_insert(cache, blocks(1, ps=2))
+    b = cached_insert(cache, blocks(2, ps=2))
+    for _ in range(3000):
+        cache.match(blocks(1, ps=2))
+    assert len(cache._lru) <= 4 * 2 + 1024 + 1
+    cache.check_invariants()
+    assert cache.evict(1) == 1 and pool.refcount(b[0]) == 0 and pool.refcount(a[0]) == 1
+
+
 def test_evict_more_than_cached_and_bad_counts() -> None:
     pool, cache = make(ps=2)
     cached_insert(cache, blocks(1, 2, ps=2))
