@@ -13,11 +13,27 @@ from .reference import is_fp8
 LOG2E = 1.4426950408889634
 
 
+class DecodeMath(enum.Enum):
+    """Which units compute decode's q.K^T and P.V.
+
+    TENSOR_CORE: `tl.dot` over the GQA group padded to 16 rows (the bf16 path).
+    CUDA_CORE: broadcast products reduced on CUDA cores in one [head, token, dim] layout; 8-bit
+    tiles are widened in registers and never re-laid out (meant for FP8 pages, group <= 8).
+    CUDA_CORE_WIDE_ACC: as CUDA_CORE, with P.V partial sums kept per token row and reduced once.
+    CUDA_CORE_PREFETCH: as CUDA_CORE, loading the next tile into registers before this tile's math.
+    """
+
+    TENSOR_CORE = "tensor_core"
+    CUDA_CORE = "cuda_core"
+    CUDA_CORE_WIDE_ACC = "cuda_core_wide_acc"
+    CUDA_CORE_PREFETCH = "cuda_core_prefetch"
+
+
 class KernelConfig(NamedTuple):
     """Tile sizes and launch options of an attention kernel (block_m is unused by decode).
 
-    k_first (decode only): compute the scores as K.q^T, so K tiles feed the tensor cores in their
-    memory order; meant for FP8 pages, whose transposed 8-bit loads are slow.
+    k_first (decode, tensor-core math only): compute the scores as K.q^T, so K tiles feed the
+    tensor cores in their memory order. math (decode only): see DecodeMath.
     """
 
     block_m: int
@@ -25,6 +41,7 @@ class KernelConfig(NamedTuple):
     num_warps: int
     num_stages: int
     k_first: bool = False
+    math: DecodeMath = DecodeMath.TENSOR_CORE
 
 
 # GPU defaults (H200, D = 128, bf16/fp8), picked with benchmarks/bench_kernels.py's sweep;

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import LOG2E, KernelConfig, KernelKind, check_paged_args, default_config, for_device, launch_options
+from .launch import LOG2E, DecodeMath, KernelConfig, KernelKind, check_paged_args, default_config, for_device, launch_options
 
 
 @triton.jit
@@ -100,6 +100,121 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
 
 
 @triton.jit
+def _load_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, offs_n, hi, offs_d, d_mask, kv_off, x_off,
+               stride_cp, stride_cs, stride_cd, stride_xp, stride_xs, PAGE_SIZE: tl.constexpr, IS_FP8: tl.constexpr):
+    """K/V rows of tokens offs_n ([1, N, 1]) through the page table, as stored, and their FP8
+    scales (ones for 16/32-bit pages). Tokens at or past `hi` read as zeros."""
+    n_mask = offs_n < hi
+    page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+    slot = offs_n % PAGE_SIZE
+    row = page * stride_cp + slot * stride_cs + kv_off  # [1, N, 1]
+    kv_mask = n_mask & d_mask
+    k = tl.load(kc_ptr + row + offs_d * stride_cd, mask=kv_mask, other=0.0)  # k: [1, N, D]
+    v = tl.load(vc_ptr + row + offs_d * stride_cd, mask=kv_mask, other=0.0)  # v: [1, N, D]
+    if IS_FP8:
+        xrow = page * stride_xp + slot * stride_xs + x_off
+        k_s = tl.load(ks_ptr + xrow, mask=n_mask, other=0.0)  # [1, N, 1]
+        v_s = tl.load(vs_ptr + xrow, mask=n_mask, other=0.0)
+    else:
+        k_s = tl.where(n_mask, 1.0, 0.0)
+        v_s = k_s
+    return k, v, k_s, v_s
+
+
+@triton.jit
+def _cuda_core_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
+                      qk_scale,
+                      stride_qb, stride_qh, stride_qd,
+                      stride_cp, stride_cs, stride_ch, stride_cd,
+                      stride_xp, stride_xs, stride_xh,
+                      stride_ptb, stride_ob, stride_oh, stride_od, num_splits,
+                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                      SPLIT: tl.constexpr, IS_FP8: tl.constexpr, WIDE_ACC: tl.constexpr,
+                      PREFETCH: tl.constexpr):
+    """Same contract as `_kernel`, without tensor cores: q.K^T and P.V are broadcast products
+    reduced on CUDA cores. Every tensor lives in one 3-D [head, token, dim] layout (tiles are
+    loaded straight into it), so the 8-bit tiles are only widened, never re-laid out through
+    shared memory. BLOCK_H is the GQA group rounded up to a power of two (no padding to 16).
+    WIDE_ACC keeps P.V partial sums per token row ([H, N, D]) and reduces them once at the end,
+    so the loop has no cross-warp reduction. PREFETCH issues the next tile's loads before this
+    tile's math (software pipelining in registers)."""
+    kvh = tl.program_id(0)
+    b = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(lens_ptr + b)
+    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)[:, None, None]  # [H, 1, 1]
+    offs_t = tl.arange(0, BLOCK_N)[None, :, None]  # [1, N, 1]
+    offs_d = tl.arange(0, BLOCK_D)[None, None, :]  # [1, 1, D]
+    heads = kvh * GROUP + offs_h
+    h_mask = offs_h < GROUP
+    d_mask = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + b * stride_qb + heads * stride_qh + offs_d * stride_qd,
+                mask=h_mask & d_mask, other=0.0).to(tl.float32) * qk_scale  # q: [H, 1, D], log2 units
+
+    m_i = tl.full([BLOCK_H, 1, 1], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H, 1, 1], tl.float32)
+    if WIDE_ACC:
+        acc = tl.zeros([BLOCK_H, BLOCK_N, BLOCK_D], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_H, 1, BLOCK_D], tl.float32)
+    pt_row = pt_ptr + b * stride_ptb
+    kv_off = kvh * stride_ch
+    x_off = kvh * stride_xh
+    if PREFETCH:  # registers hold the next tile while this one is computed
+        k, v, k_s, v_s = _load_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, lo + offs_t, hi, offs_d, d_mask,
+                                    kv_off, x_off, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs,
+                                    PAGE_SIZE, IS_FP8)
+    for start in range(0, hi - lo, BLOCK_N):
+        offs_n = lo + start + offs_t  # [1, N, 1]
+        n_mask = offs_n < hi
+        if PREFETCH:
+            nk, nv, nk_s, nv_s = _load_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, offs_n + BLOCK_N, hi, offs_d,
+                                            d_mask, kv_off, x_off, stride_cp, stride_cs, stride_cd, stride_xp,
+                                            stride_xs, PAGE_SIZE, IS_FP8)
+        else:
+            k, v, k_s, v_s = _load_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, offs_n, hi, offs_d, d_mask,
+                                        kv_off, x_off, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs,
+                                        PAGE_SIZE, IS_FP8)
+        qk = tl.sum(q * k.to(tl.float32), axis=2, keep_dims=True)  # [H, N, 1]
+        if IS_FP8:  # scales fold into the scores (K) and the probabilities (V): tiles are only cast
+            qk = qk * k_s
+        qk = tl.where(n_mask, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1, keep_dims=True))  # [H, 1, 1]
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new)  # [H, N, 1]
+        l_i = l_i * alpha + tl.sum(p, axis=1, keep_dims=True)
+        if IS_FP8:
+            p = p * v_s
+        if WIDE_ACC:
+            acc = acc * alpha + p * v.to(tl.float32)
+        else:
+            acc = acc * alpha + tl.sum(p * v.to(tl.float32), axis=1, keep_dims=True)  # [H, 1, D]
+        m_i = m_new
+        if PREFETCH:
+            k, v, k_s, v_s = nk, nv, nk_s, nv_s
+
+    if WIDE_ACC:
+        acc = tl.sum(acc, axis=1, keep_dims=True)  # [H, 1, D]
+    out_mask = h_mask & d_mask
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe
+    if not SPLIT:
+        tl.store(out_ptr + b * stride_ob + heads * stride_oh + offs_d * stride_od,
+                 o.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        hq = tl.num_programs(0) * GROUP
+        base = (b * hq + heads) * num_splits + split  # [H, 1, 1]
+        tl.store(mid_o_ptr + base.to(tl.int64) * BLOCK_D + offs_d, o, mask=out_mask)
+        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(mid_lse_ptr + base, lse, mask=h_mask)
+
+
+@triton.jit
 def _merge_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, stride_ob, stride_oh, stride_od,
                   num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     b = tl.program_id(0)
@@ -151,14 +266,20 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
     else:
         mid_o = mid_lse = out  # placeholders, never touched with one split
     xs = k_scale.stride() if fp8 else (0, 0, 0)
-    for_device(_kernel, q.device)[(hkv, B, num_splits)](
-        q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table, seq_lens,
-        out, mid_o, mid_lse, sm_scale * LOG2E,
-        *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(), num_splits,
-        GROUP=group, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
-        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=config.block_n,
-        SPLIT=num_splits > 1, IS_FP8=fp8, K_FIRST=config.k_first,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
+    args = (q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table, seq_lens,
+            out, mid_o, mid_lse, sm_scale * LOG2E,
+            *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(), num_splits)
+    common = dict(GROUP=group, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1], BLOCK_D=block_d, BLOCK_N=config.block_n,
+                  SPLIT=num_splits > 1, IS_FP8=fp8, **launch_options(config, q.device))
+    if config.math is DecodeMath.TENSOR_CORE:
+        for_device(_kernel, q.device)[(hkv, B, num_splits)](
+            *args, BLOCK_H=max(16, triton.next_power_of_2(group)), K_FIRST=config.k_first,
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **common)
+    else:
+        for_device(_cuda_core_kernel, q.device)[(hkv, B, num_splits)](
+            *args, BLOCK_H=triton.next_power_of_2(group), WIDE_ACC=config.math is DecodeMath.CUDA_CORE_WIDE_ACC,
+            PREFETCH=config.math is DecodeMath.CUDA_CORE_PREFETCH,
+            **common)
     if num_splits > 1:
         for_device(_merge_kernel, q.device)[(B, hq)](
             mid_o, mid_lse, out, *out.stride(), num_splits, HEAD_DIM=d, BLOCK_D=block_d,
