@@ -22,11 +22,12 @@ def shared_prefix_requests(groups: int, n: int, prefix: int, suffix: int, out: i
             for i in range(n)]
 
 
-def test_lpm_beats_fcfs_on_a_shared_prefix_burst_into_a_small_pool():
+@pytest.mark.parametrize("match_budget", [256, 8])  # every candidate re-matched, or 8 a round
+def test_lpm_beats_fcfs_on_a_shared_prefix_burst_into_a_small_pool(match_budget):
     # 12 prompts of 32 pages each cannot all stay cached in 250 pages: fcfs cycles through the
     # groups and evicts each prefix before its next user comes; lpm serves cached groups first.
     reqs = shared_prefix_requests(groups=12, n=192, prefix=512, suffix=32, out=16)
-    cfg = dict(max_running=64)  # --concurrency 64
+    cfg = dict(max_running=64, match_budget=match_budget)  # --concurrency 64
     fcfs = simulate(reqs, 250, 16, SchedulerConfig(policy=Policy.FCFS, **cfg), CostModel(), burst=True)
     lpm = simulate(reqs, 250, 16, SchedulerConfig(policy=Policy.LPM, **cfg), CostModel(), burst=True)
     for r in (fcfs, lpm):
