@@ -112,8 +112,8 @@ class AdmissionRanker:
         self._cursor = 0  # round-robin position over the window
 
     def order(self, cands: list[Q], starved: Callable[[Q], bool]) -> tuple[list[Q], bool]:
-        """`cands` (oldest first) in the order they are offered a place; True when the first
-        is a starved request."""
+        """`cands` (sorted by arrival, oldest first) in the order they are offered a place;
+        True when the first is a starved request."""
         if self.policy is Policy.LPM:
             self._refresh(cands)
             rank = sorted(range(len(cands)), key=lambda k: -(cands[k].score or 0))  # ties: arrival
@@ -125,10 +125,12 @@ class AdmissionRanker:
             rank += [k for k, e in enumerate(cands) if e.node is None]  # not matched yet
         else:
             rank = policy_order(self.policy, None, len(cands))
-        hungry = [k for k in rank if starved(cands[k])]
-        if not hungry:
+        # cands are oldest first and waits only grow with age: if the oldest is not starved,
+        # nobody is. Among equal arrivals (a burst) the policy's first starved one leads.
+        if not cands or not starved(cands[0]):
             return [cands[k] for k in rank], False
-        head = min(hungry, key=lambda k: cands[k].arrival)  # first in policy order among equals
+        first = cands[0].arrival
+        head = next(k for k in rank if cands[k].arrival == first and starved(cands[k]))
         return [cands[head]] + [cands[k] for k in rank if k != head], True
 
     def _refresh(self, cands: list[Q]) -> None:
