@@ -37,6 +37,19 @@ Prompt = str | Sequence[int]
 _CPU_DEFAULT_TOKENS = 65536
 _CPU_DEFAULT_BYTES = 1 << 30
 _KV_NAME = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+# other spellings users bring from vLLM / torch ("fp8" is vLLM's name for E4M3)
+_KV_ALIASES = {**_KV_NAME, "float": "fp32", "half": "fp16", "fp8": "fp8_e4m3",
+               "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
+
+
+def kv_dtype_name(kv_dtype: Any) -> Any:
+    """A KV dtype name of config.KV_DTYPES from a name, an alias or a torch.dtype; anything
+    unrecognised is returned as given, so EngineConfig rejects it naming the value."""
+    if isinstance(kv_dtype, torch.dtype):
+        return _KV_ALIASES.get(str(kv_dtype).removeprefix("torch."), kv_dtype)
+    if isinstance(kv_dtype, str):
+        return _KV_ALIASES.get(kv_dtype, kv_dtype)
+    return kv_dtype
 
 
 @dataclass(frozen=True)
@@ -70,11 +83,12 @@ class LLM:
     Other keyword arguments are EngineConfig fields (num_pages, seed, scheduler, ...).
     """
 
-    def __init__(self, model: Any, dtype: Any = "auto", kv_dtype: str = "auto", page_size: int = 16,
+    def __init__(self, model: Any, dtype: Any = "auto", kv_dtype: Any = "auto", page_size: int = 16,
                  device: str | torch.device | None = None, *, attention_backend: Backend = Backend.AUTO,
                  **more: Any) -> None:
         dev_name = None if device is None else str(device)
-        self.config = EngineConfig(page_size=page_size, dtype=dtype, kv_dtype=kv_dtype, device=dev_name, **more)
+        self.config = EngineConfig(page_size=page_size, dtype=dtype, kv_dtype=kv_dtype_name(kv_dtype),
+                                   device=dev_name, **more)
         cfg = self.config
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if isinstance(model, str) or hasattr(model, "__fspath__"):
@@ -139,6 +153,12 @@ class LLM:
     def num_pages(self) -> int:
         return self.pool.num_pages
 
+    def reset_prefix_cache(self) -> bool:
+        """Evict every cached prefix no running request holds (vLLM's name); True when the tree
+        is now empty. With no request in flight, the pool is then entirely free."""
+        self.cache.evict(self.pool.num_pages)
+        return self.cache.num_cached_pages == 0
+
     # ------------------------------------------------------------------ requests
 
     def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
@@ -152,10 +172,9 @@ class LLM:
         else:
             if not isinstance(prompt, Iterable):
                 raise TypeError(f"prompt {index} must be a string or a sequence of token ids, got {prompt!r}")
-            try:
-                ids = [operator.index(t) for t in prompt]
-            except TypeError:
-                raise TypeError(f"prompt {index} holds a token id that is not an integer") from None
+            ids = [_token_id(t) for t in prompt]
+            if None in ids:
+                raise TypeError(f"prompt {index} holds a token id that is not an integer")
         if not ids:
             raise ValueError(f"prompt {index} is empty")
         V = self.spec.vocab_size
@@ -253,9 +272,8 @@ class LLM:
 
         sampling_params: one for all prompts or one per prompt (default: SamplingParams()).
         """
-        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
-                                        and all(isinstance(t, int) for t in prompts)):
-            prompts = [prompts]  # one prompt given bare
+        if _is_single_prompt(prompts):
+            prompts = [prompts]  # one prompt given bare: text, token ids, or a 1-D array
         params = SamplingParams() if sampling_params is None else sampling_params
         reqs = self.add_requests(list(prompts), params)
         pending = {r.rid for r in reqs}
@@ -269,6 +287,26 @@ class LLM:
     def session(self, system: str | None = None, params: SamplingParams | None = None) -> "Session":
         """A multi-turn chat whose every turn reuses the KV of all earlier turns."""
         return Session(self, system, params or SamplingParams(temperature=0.0, max_tokens=64))
+
+
+def _token_id(t: Any) -> int | None:
+    """t as a token id (int, numpy or 0-d torch integer), or None when it is not an integer."""
+    if isinstance(t, bool):
+        return None
+    try:
+        return operator.index(t)
+    except TypeError:
+        return None
+
+
+def _is_single_prompt(prompts: Any) -> bool:
+    """True for one bare prompt (a str, a flat sequence of token ids, a 1-D array or tensor)."""
+    if isinstance(prompts, str):
+        return True
+    if getattr(prompts, "ndim", None) == 1:
+        return True
+    return (isinstance(prompts, Sequence) and len(prompts) > 0
+            and all(_token_id(t) is not None for t in prompts))
 
 
 def _resolve_dtype(name: str, hf_config: Any, device: torch.device) -> torch.dtype:

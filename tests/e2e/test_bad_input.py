@@ -61,3 +61,37 @@ def test_request_larger_than_the_pool_is_refused() -> None:
     small = LLM(tiny_config("llama"), page_size=4, num_pages=3)
     with pytest.raises(ValueError, match="more than the pool's 3"):
         small.generate([[4] * 10], GREEDY)
+
+
+def test_bool_token_ids_are_refused(llm: LLM) -> None:
+    with pytest.raises(TypeError, match="not an integer"):
+        llm.generate([[5, True]], GREEDY)
+
+
+def test_kv_dtype_spellings_from_vllm_and_torch() -> None:
+    import torch
+
+    cfg = tiny_config("llama")
+    for given, kind in (("fp8", "fp8_e4m3"), ("bfloat16", "bf16"), (torch.float16, "fp16"), ("float32", "fp32")):
+        assert LLM(cfg, kv_dtype=given, num_pages=4).kv_dtype.value == kind
+
+
+def test_bare_prompt_of_numpy_ints_is_one_prompt(llm: LLM) -> None:
+    import numpy as np
+
+    good = [5, 6, 7, 8]
+    want = llm.generate([good], GREEDY)[0].token_ids
+    assert [o.token_ids for o in llm.generate(np.array(good), GREEDY)] == [want]
+    assert [o.token_ids for o in llm.generate([np.int64(t) for t in good], GREEDY)] == [want]
+
+
+def test_bad_generate_leaks_nothing(llm: LLM) -> None:
+    good = [[5, 6, 7, 8, 9, 10, 11], [5, 6, 7, 12]]
+    want = [o.token_ids for o in llm.generate(good, GREEDY)]
+    for bad in ([], [5, VOCAB], "text", list(range(3, 70))):
+        with pytest.raises((ValueError, TypeError)):
+            llm.generate([good[0], bad], GREEDY)
+        assert not llm.has_work()
+    assert [o.token_ids for o in llm.generate(good, GREEDY)] == want
+    assert llm.reset_prefix_cache()
+    assert llm.pool.num_free == llm.num_pages

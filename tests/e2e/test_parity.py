@@ -53,3 +53,27 @@ def test_greedy_matches_transformers_cold_then_warm(expected, arch: str, page_si
         assert o.finish_reason.value == "length"
     llm.cache.check_invariants()
     assert llm.pool.num_free + llm.cache.num_cached_pages == llm.num_pages  # nothing leaked
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+def test_greedy_stops_at_eos_like_transformers(expected, model_folder, arch: str) -> None:
+    """The acceptance test's shape: a folder whose config EOS is a token greedy decoding reaches,
+    default SamplingParams (EOS in effect), two rounds: output equals transformers' generate up to
+    and including EOS (vLLM also returns the EOS id in token_ids)."""
+    _, prompts, full = expected(arch)
+    eos = full[0][4]  # greedy reaches it at step <= 4 for prompt 0
+    folder = model_folder(arch, eos_token_id=eos)
+    ref = AutoModelForCausalLM.from_pretrained(folder).eval()
+    want = [hf_greedy(ref, p, MAX_TOKENS, stop_at_eos=True) for p in prompts]
+    assert want[0][-1] == eos and len(want[0]) < MAX_TOKENS
+    llm = LLM(folder, dtype="float32")
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    for round_ in range(2):
+        outs = llm.generate(prompts, params)
+        assert [o.token_ids for o in outs] == want
+        assert all(type(o.token_ids) is list and all(type(t) is int for t in o.token_ids) for o in outs)
+        assert all(type(o.cached_tokens) is int and o.text is None for o in outs)
+        assert outs[0].finish_reason.value == "stop"
+        if round_:
+            assert sum(o.cached_tokens for o in outs) > 0
+    assert llm.reset_prefix_cache() and llm.pool.num_free == llm.num_pages
