@@ -299,8 +299,9 @@ def read_mooncake(path: str | Path, skip_bad: bool = False) -> Trace:
 
     def parse(f: _Fields) -> TraceRequest:
         prompt = _hashed(f, "hash_ids", "input_length", MOONCAKE_BLOCK_TOKENS)
+        # output_length 0 (prefill only) still samples the first token, as a server does
         return TraceRequest(arrival_s=f.number("timestamp") / 1000.0, prompt=prompt,
-                            max_tokens=f.integer("output_length", minimum=1, default=1))
+                            max_tokens=max(f.integer("output_length", minimum=0, default=1), 1))
 
     reqs, skipped = _collect(path, _json_lines(path, skip_bad), parse, skip_bad)
     reqs = _compact_ids(reqs, MOONCAKE_BLOCK_TOKENS)

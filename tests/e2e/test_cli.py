@@ -146,3 +146,67 @@ def test_replay_real_mode_on_tiny_random_model(tmp_path, capsys):
     assert "no tokenizer" in capsys.readouterr().err
     assert main(["generate", str(cfg), "5,999"]) == 2
     assert "outside the vocabulary" in capsys.readouterr().err
+
+
+def _mooncake_records(n: int, seed: int) -> list[dict]:
+    """A Mooncake-shaped trace: prompts continue earlier ones (shared leading ids), partial last
+    blocks, fresh ids, some ids beyond int32 tokens (renumbered by the reader), output_length 0."""
+    import random
+
+    rng = random.Random(seed)
+    recs: list[dict] = []
+    fresh = iter(range(10**12, 10**13))
+    for i in range(n):
+        ids = list(rng.choice(recs)["hash_ids"][: rng.randint(1, 4)]) if recs and rng.random() < 0.7 else []
+        ids += [next(fresh) if rng.random() < 0.5 else rng.randint(0, 40) for _ in range(rng.randint(1, 3))]
+        length = (len(ids) - 1) * 512 + rng.randint(1, 512)
+        recs.append({"timestamp": 100 * i, "input_length": length, "output_length": rng.randint(0, 4),
+                     "hash_ids": ids})
+    return recs
+
+
+def _page_keys(rec: dict, ps: int) -> list[tuple]:
+    """Keys of a request's full pages, from its hash ids alone: (prefix of block ids, page in block)."""
+    per = 512 // ps
+    return [(tuple(rec["hash_ids"][: j // per + 1]), j % per) for j in range(rec["input_length"] // ps)]
+
+
+def _count_hits(recs: list[dict], ps: int, capacity: int | None) -> float:
+    """Independent hit rate: leading pages already cached; LRU over full pages when capacity is set."""
+    from collections import OrderedDict
+
+    cache: OrderedDict[tuple, None] = OrderedDict()
+    hit = total = 0
+    for rec in recs:
+        keys = _page_keys(rec, ps)
+        k = 0
+        while k < len(keys) and keys[k] in cache:
+            k += 1
+        hit, total = hit + k * ps, total + rec["input_length"]
+        for key in reversed(keys):  # deepest first, so a prefix outlives its extensions (as vLLM frees)
+            cache[key] = None
+            cache.move_to_end(key)
+        while capacity is not None and len(cache) > capacity:
+            cache.popitem(last=False)
+    return hit / total
+
+
+def test_replay_mooncake_hit_rates_match_an_independent_count(tmp_path):
+    """Counted from hash ids, not from our token expansion: exact with an unlimited pool, and an
+    LRU-capped pool within 0.02 of a plain LRU over pages."""
+    recs = _mooncake_records(150, seed=11)
+    trace = tmp_path / "mooncake.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    js = tmp_path / "r.json"
+    for ps, pages in ((16, None), (16, 300), (64, 80)):
+        extra = [] if pages is None else ["--num-pages", str(pages)]
+        assert main(["replay", str(trace), "--simulate", "--sequential", "--page-size", str(ps),
+                     "--json", str(js), *extra]) == 0
+        d = json.loads(js.read_text())
+        want = _count_hits(recs, ps, pages)
+        assert DESIGN_KEYS <= d.keys() and d["requests"] == d["completed"] == len(recs)
+        assert d["leaked_pages"] == 0 and d["prompt_tokens"] == sum(r["input_length"] for r in recs)
+        if pages is None:
+            assert round(d["hit_rate"], 4) == round(want, 4) and d["hit_rate"] == pytest.approx(want, abs=1e-12)
+        else:
+            assert abs(d["hit_rate"] - want) < 0.02 and d["peak_pages"] <= pages
