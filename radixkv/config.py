@@ -62,7 +62,7 @@ class SchedulerConfig:
     starvation_steps: int | None = 200
     starvation_s: float | None = 10.0
     policy_window: int = 4096
-    match_budget: int = 256
+    match_budget: int = 128
     in_batch_sharing: bool = True
     decode_reserve: float = 0.0
 
