@@ -18,37 +18,28 @@ Hash ids expand in closed form (block h = h * block_tokens + 0..block_tokens-1),
 give equal blocks and different ids give blocks with no token in common; ids too large for
 int32 tokens (any in [0, 2**63) are accepted) are first renumbered densely. Blocks a trace does
 not cover (WEKA's tail after the last full block) get fresh ids: content nobody else has.
+Field checks and the errors naming file, line and field live in trace_records.py.
 """
 from __future__ import annotations
 
 import enum
 import json
-import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from .trace_records import TOKEN_SPACE, RecordFields, TraceError, collect_records, json_lines
+
 MOONCAKE_BLOCK_TOKENS = 512
-_TOKEN_SPACE = 1 << 31  # tokens are int32 in [0, 2**31)
 
 
 class TraceFormat(enum.Enum):
     RADIXKV = "radixkv"
     MOONCAKE = "mooncake"
     WEKA = "weka"
-
-
-class TraceError(ValueError):
-    """A malformed trace record; names the file, line (1-based; the request's number for WEKA
-    files; None for a whole-document field) and field."""
-
-    def __init__(self, path: str | Path, line: int | None, field: str, problem: str) -> None:
-        where = str(path) if line is None else f"{path}:{line}"
-        super().__init__(f"{where}: field {field!r}: {problem}")
-        self.path, self.line, self.field, self.problem = str(path), line, field, problem
 
 
 # ---------------------------------------------------------------- hash ids -> tokens
@@ -76,8 +67,8 @@ def expand_hash_ids(hash_ids: Sequence[int] | np.ndarray, input_length: int,
                          f"{block_tokens} tokens (needs {lo} < input_length <= {hi})")
     if len(ids) == 0:
         return np.empty(0, dtype=np.int32)
-    if int(ids.min()) < 0 or int(ids.max()) >= _TOKEN_SPACE // block_tokens:
-        raise ValueError(f"hash ids must lie in [0, {_TOKEN_SPACE // block_tokens}) for "
+    if int(ids.min()) < 0 or int(ids.max()) >= TOKEN_SPACE // block_tokens:
+        raise ValueError(f"hash ids must lie in [0, {TOKEN_SPACE // block_tokens}) for "
                          f"{block_tokens}-token blocks, got {int(ids.min())}..{int(ids.max())}")
     base = ids.astype(np.int32) * np.int32(block_tokens)  # [num_blocks]
     tokens = base[:, None] + np.arange(block_tokens, dtype=np.int32)  # [num_blocks, block_tokens]
@@ -129,91 +120,10 @@ class Trace(NamedTuple):
     block_tokens: int | None  # hash-id block size (Mooncake 512, WEKA 64); None for token traces
 
 
-# ---------------------------------------------------------------- field checks
-
-
-class _Fields:
-    """Typed access to one record's fields; every failure is a TraceError naming path/line/field."""
-
-    def __init__(self, path: Path, line: int | None, record: Any) -> None:
-        self.path, self.line = path, line
-        if not isinstance(record, dict):
-            raise TraceError(path, line, "<record>", f"expected a JSON object, got {type(record).__name__}")
-        self.record = record
-
-    def fail(self, field: str, problem: str) -> TraceError:
-        return TraceError(self.path, self.line, field, problem)
-
-    def has(self, field: str) -> bool:
-        return field in self.record
-
-    def number(self, field: str, *, minimum: float = 0.0, default: float | None = None) -> float:
-        v = self.record.get(field, default)
-        if v is None:
-            raise self.fail(field, "missing")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise self.fail(field, f"expected a finite number, got {v!r}")
-        if v < minimum:
-            raise self.fail(field, f"must be >= {minimum}, got {v}")
-        return float(v)
-
-    def integer(self, field: str, *, minimum: int = 0, default: int | None = None) -> int:
-        v = self.record.get(field, default)
-        if v is None:
-            raise self.fail(field, "missing")
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise self.fail(field, f"expected an integer, got {v!r}")
-        if v < minimum:
-            raise self.fail(field, f"must be >= {minimum}, got {v}")
-        return v
-
-    def int_list(self, field: str, *, nonempty: bool, upper: int = _TOKEN_SPACE) -> np.ndarray:
-        v = self.record.get(field)
-        if not isinstance(v, list):
-            raise self.fail(field, "missing" if v is None else f"expected a list of integers, got {type(v).__name__}")
-        if nonempty and not v:
-            raise self.fail(field, "empty")
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            raise self.fail(field, "expected a list of integers")
-        if v and (min(v) < 0 or max(v) >= upper):
-            raise self.fail(field, f"values must lie in [0, {upper}), got {min(v)}..{max(v)}")
-        return np.asarray(v, dtype=np.int64)
-
-
-def _json_lines(path: Path, skip_bad: bool) -> Iterator[tuple[int, Any]]:
-    with path.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as e:
-                if not skip_bad:
-                    raise TraceError(path, lineno, "<json>", f"not valid JSON ({e.msg})") from None
-                yield lineno, None
-
-
-def _collect(path: Path, records: Iterable[tuple[int, Any]], parse: Callable[[_Fields], TraceRequest],
-             skip_bad: bool) -> tuple[list[TraceRequest], int]:
-    """Parse every (line, record); a bad one raises, or with `skip_bad` is counted and skipped."""
-    out: list[TraceRequest] = []
-    skipped = 0
-    for lineno, rec in records:
-        try:
-            if rec is None:  # undecodable line, already judged skippable
-                raise TraceError(path, lineno, "<json>", "not valid JSON")
-            out.append(parse(_Fields(path, lineno, rec)))
-        except TraceError:
-            if not skip_bad:
-                raise
-            skipped += 1
-    return out, skipped
-
-
 # ---------------------------------------------------------------- readers
 
 
-def _parse_radixkv(f: _Fields) -> TraceRequest:
+def _parse_radixkv(f: RecordFields) -> TraceRequest:
     if f.has("tokens"):
         tokens = f.int_list("tokens", nonempty=True).astype(np.int32)
     elif f.has("text"):
@@ -234,7 +144,7 @@ def _parse_radixkv(f: _Fields) -> TraceRequest:
 def read_radixkv(path: str | Path, skip_bad: bool = False) -> Trace:
     """Our JSONL: `arrival_s`, `session`, `tokens` or `text`, `max_tokens` (file order kept)."""
     path = Path(path)
-    reqs, skipped = _collect(path, _json_lines(path, skip_bad), _parse_radixkv, skip_bad)
+    reqs, skipped = collect_records(path, json_lines(path, skip_bad), _parse_radixkv, skip_bad)
     return Trace(reqs, TraceFormat.RADIXKV, skipped, None)
 
 
@@ -265,7 +175,7 @@ def _fill_tails(requests: list[TraceRequest], first_free_id: int) -> list[TraceR
     return out
 
 
-def _hashed(f: _Fields, ids_field: str, length_field: str, block_tokens: int) -> HashedPrompt:
+def _hashed(f: RecordFields, ids_field: str, length_field: str, block_tokens: int) -> HashedPrompt:
     """Hash ids + length; fewer ids than blocks is allowed (the tail is filled later), more is not."""
     ids = f.int_list(ids_field, nonempty=False, upper=1 << 63)
     length = f.integer(length_field, minimum=1)
@@ -285,7 +195,7 @@ def _compact_ids(requests: list[TraceRequest], block_tokens: int) -> list[TraceR
     """Renumber hash ids densely (0, 1, ... by value) when they, plus the fresh tail ids still
     to come, would not fit int32 tokens; equal ids stay equal, different stay different."""
     tails = sum(-(-r.prompt.input_length // block_tokens) - len(r.prompt.hash_ids) for r in requests)
-    if _first_free_id(requests) + tails <= _TOKEN_SPACE // block_tokens:
+    if _first_free_id(requests) + tails <= TOKEN_SPACE // block_tokens:
         return requests
     _, dense = np.unique(np.concatenate([r.prompt.hash_ids for r in requests]), return_inverse=True)
     bounds = np.cumsum([len(r.prompt.hash_ids) for r in requests])[:-1]
@@ -297,13 +207,13 @@ def read_mooncake(path: str | Path, skip_bad: bool = False) -> Trace:
     """Mooncake JSONL: `timestamp` ms, `input_length`, `output_length`, 512-token `hash_ids`."""
     path = Path(path)
 
-    def parse(f: _Fields) -> TraceRequest:
+    def parse(f: RecordFields) -> TraceRequest:
         prompt = _hashed(f, "hash_ids", "input_length", MOONCAKE_BLOCK_TOKENS)
         # output_length 0 (prefill only) still samples the first token, as a server does
         return TraceRequest(arrival_s=f.number("timestamp") / 1000.0, prompt=prompt,
                             max_tokens=max(f.integer("output_length", minimum=0, default=1), 1))
 
-    reqs, skipped = _collect(path, _json_lines(path, skip_bad), parse, skip_bad)
+    reqs, skipped = collect_records(path, json_lines(path, skip_bad), parse, skip_bad)
     reqs = _compact_ids(reqs, MOONCAKE_BLOCK_TOKENS)
     return Trace(_fill_tails(reqs, _first_free_id(reqs)), TraceFormat.MOONCAKE, skipped, MOONCAKE_BLOCK_TOKENS)
 
@@ -337,14 +247,14 @@ def read_weka(paths: str | Path | Sequence[str | Path], skip_bad: bool = False) 
             doc = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise TraceError(path, e.lineno, "<json>", f"not valid JSON ({e.msg})") from None
-        head = _Fields(path, None, doc)
+        head = RecordFields(path, None, doc)
         bt = head.integer("block_size", minimum=1, default=64)
         if block_tokens is not None and bt != block_tokens:
             raise head.fail("block_size", f"{bt} differs from earlier files' {block_tokens}")
         block_tokens, session = bt, str(doc.get("id", path.stem))
         prev_end = 0.0  # previous request's arrival + api_time, for records without `t`
 
-        def parse(f: _Fields) -> TraceRequest:
+        def parse(f: RecordFields) -> TraceRequest:
             nonlocal prev_end
             prompt = _hashed(f, "hash_ids", "in", bt)
             arrival = f.number("t") if f.has("t") else prev_end + f.number("think_time", default=0.0)
@@ -353,7 +263,7 @@ def read_weka(paths: str | Path | Sequence[str | Path], skip_bad: bool = False) 
                                 max(f.integer("out", minimum=0, default=1), 1), session)
 
         records = ((i + 1, rec) for i, (_, rec) in enumerate(_weka_records(doc.get("requests"), "")))
-        reqs, bad = _collect(path, records, parse, skip_bad)
+        reqs, bad = collect_records(path, records, parse, skip_bad)
         skipped += bad
         staged.extend(reqs)
         offset = max(offset, _first_free_id(reqs))
