@@ -39,6 +39,14 @@ def _page_keys(tokens: np.ndarray, ps: int) -> list[bytes]:
     return keys
 
 
+def _leading_cached(keys: list[bytes], cached: set[bytes] | OrderedDict[bytes, None]) -> int:
+    """How many leading page keys are cached."""
+    k = 0
+    while k < len(keys) and keys[k] in cached:
+        k += 1
+    return k
+
+
 def brute_unlimited(requests: list[TraceRequest], ps: int) -> tuple[int, int]:
     """(hit_tokens, prompt_tokens) with an unlimited cache."""
     seen: set[bytes] = set()
@@ -47,10 +55,7 @@ def brute_unlimited(requests: list[TraceRequest], ps: int) -> tuple[int, int]:
         t = r.tokens()
         total += len(t)
         keys = _page_keys(t, ps)
-        k = 0
-        while k < len(keys) and keys[k] in seen:
-            k += 1
-        hit += k * ps
+        hit += _leading_cached(keys, seen) * ps
         seen.update(keys)
     return hit, total
 
@@ -63,9 +68,7 @@ def brute_lru(requests: list[TraceRequest], ps: int, capacity: int) -> tuple[int
         t = r.tokens()
         total += len(t)
         keys = _page_keys(t, ps)
-        k = 0
-        while k < len(keys) and keys[k] in lru:
-            k += 1
+        k = _leading_cached(keys, lru)
         need = -(-len(t) // ps) - k  # this request's own pages (tail included)
         hit += k * ps
         for key in reversed(keys[:k]):  # a lookup touches the matched prefix, deepest first
