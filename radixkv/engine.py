@@ -284,8 +284,10 @@ class LLM:
                 pending.discard(r.rid)
         return [self.output_of(r) for r in reqs]
 
-    def session(self, system: str | None = None, params: SamplingParams | None = None) -> "Session":
-        """A multi-turn chat whose every turn reuses the KV of all earlier turns."""
+    def session(self, system: str | Sequence[int] | None = None, params: SamplingParams | None = None) -> "Session":
+        """A multi-turn chat whose every turn reuses the KV of all earlier turns.
+
+        system: text, or token ids (a model without tokenizer takes ids only)."""
         return Session(self, system, params or SamplingParams(temperature=0.0, max_tokens=64))
 
 

@@ -2,6 +2,7 @@
 
 The session keeps the exact token ids of the conversation so far (every prompt and every
 generated reply, as generated), and each `send` appends only the tokens of the new turn.
+A system prompt given as token ids is the first part of that history.
 The radix tree then matches the previous request's prompt + output, so turn k recomputes
 only its new message (plus the partial last page of the previous exchange).
 
@@ -24,11 +25,17 @@ if TYPE_CHECKING:
 class Session:
     """Multi-turn chat over one LLM. `history` holds the token ids of every turn so far."""
 
-    def __init__(self, llm: "LLM", system: str | None, params: SamplingParams) -> None:
+    def __init__(self, llm: "LLM", system: str | Sequence[int] | None, params: SamplingParams) -> None:
+        """system: text (needs a tokenizer), or token ids that every prompt of the chat starts with."""
         self.llm = llm
         self.params = params
-        self.messages: list[dict[str, str]] = [] if system is None else [{"role": "system", "content": system}]
         self.history: list[int] = []  # prompt + reply ids of all completed turns, as the engine saw them
+        if system is not None and not isinstance(system, str):
+            self.history = llm.encode(system)  # validated ids: a raw prefix, never rendered as text
+            system = None
+        elif system is not None and llm.tokenizer is None:
+            raise ValueError("the system prompt is text but the model has no tokenizer; pass token ids")
+        self.messages: list[dict[str, str]] = [] if system is None else [{"role": "system", "content": system}]
         self._rendered = ""  # chat-template text that `history` corresponds to
         self.outputs: list[RequestOutput] = []  # one per send, for cached_tokens and finish reasons
         tok = llm.tokenizer

@@ -52,3 +52,16 @@ def test_token_id_session_without_tokenizer(model_folder) -> None:
     assert chat.last.cached_tokens == 8  # 10 tokens with KV, page 2 -> all of them
     with pytest.raises(ValueError, match="no tokenizer"):
         chat.send("text")
+
+
+def test_system_prompt_without_tokenizer_is_ids_or_refused(model_folder) -> None:
+    llm = LLM(model_folder("mistral"), page_size=2, num_pages=512)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    with pytest.raises(ValueError, match="system prompt is text but the model has no tokenizer"):
+        llm.session(system="You are terse.")
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.session(system=[5, 10**6])
+    chat = llm.session(system=[20, 21, 22, 23], params=params)
+    reply = chat.send([5, 6])
+    assert chat.last.prompt_token_ids == [20, 21, 22, 23, 5, 6]
+    assert reply == llm.generate([[20, 21, 22, 23, 5, 6]], params)[0].token_ids
