@@ -10,7 +10,7 @@ import torch
 
 from kv_fixtures import make_paged
 from radixkv.kernels import paged_decode, paged_prefill
-from radixkv.kernels.launch import KernelConfig
+from radixkv.kernels.launch import DecodeMath, KernelConfig
 from radixkv.kernels.reference import paged_decode_ref, paged_prefill_ref
 
 DTYPES = {  # cache dtype -> (q dtype, tolerance)
@@ -57,6 +57,30 @@ def test_decode_k_first_variant(kv_dtype):
     ref = paged_decode_ref(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, k_scale=kv.k_scale,
                            v_scale=kv.v_scale)
     _close(out, ref, tol)
+
+
+CUDA_CORE_MATHS = [m for m in DecodeMath if m is not DecodeMath.TENSOR_CORE]
+
+
+@pytest.mark.parametrize("math", CUDA_CORE_MATHS, ids=lambda m: m.name.lower())
+@pytest.mark.parametrize("kv_dtype,page_size,group", [("fp8_e4m3", 16, 4), ("fp8_e5m2", 1, 3), ("fp16", 32, 1),
+                                                      ("fp32", 16, 4)])
+def test_decode_cuda_core_variants(math, kv_dtype, page_size, group):
+    """DecodeMath's CUDA-core kernels (no tl.dot; groups not a power of two; tiles longer than some rows)
+    agree with the reference, with and without splits."""
+    cache_dt, q_dt, tol = DTYPES[kv_dtype]
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((math.name, kv_dtype, page_size, group)).encode()))
+    lens = torch.randint(1, 80, (3,), generator=gen).tolist()
+    lens[0] = 5  # shorter than one tile
+    kv = make_paged(lens, page_size, 2, 24, cache_dt, gen)
+    q = torch.randn(3, 2 * group, 24, generator=gen).to(q_dt)
+    ref = paged_decode_ref(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, 0.3,
+                           k_scale=kv.k_scale, v_scale=kv.v_scale)
+    for splits in (1, 3):
+        out = torch.full_like(q, float("nan"))
+        paged_decode(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, 0.3, k_scale=kv.k_scale,
+                     v_scale=kv.v_scale, num_splits=splits, config=KernelConfig(16, 16, 1, 1, math=math), out=out)
+        _close(out, ref, tol)
 
 
 def test_decode_e5m2_splits_longer_than_sequence():
