@@ -267,21 +267,34 @@ class LLM:
         return RequestOutput(req.rid, list(req.prompt), list(req.output), text, req.cached_tokens, req.finish_reason)
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate for every prompt (str or token ids); outputs in prompt order.
 
         sampling_params: one for all prompts or one per prompt (default: SamplingParams()).
+        use_tqdm: show a progress bar of finished prompts (vLLM's flag; off by default here).
         """
         if _is_single_prompt(prompts):
             prompts = [prompts]  # one prompt given bare: text, token ids, or a 1-D array
         params = SamplingParams() if sampling_params is None else sampling_params
         reqs = self.add_requests(list(prompts), params)
         pending = {r.rid for r in reqs}
-        while pending:
-            if not self.has_work():
-                raise RuntimeError(f"scheduler idle with requests {sorted(pending)} unfinished")
-            for r in self.step():
-                pending.discard(r.rid)
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(reqs), unit="prompt", desc="generate")
+        try:
+            while pending:
+                if not self.has_work():
+                    raise RuntimeError(f"scheduler idle with requests {sorted(pending)} unfinished")
+                done = [r.rid for r in self.step() if r.rid in pending]
+                pending.difference_update(done)
+                if bar is not None:
+                    bar.update(len(done))
+        finally:
+            if bar is not None:
+                bar.close()
         return [self.output_of(r) for r in reqs]
 
     def session(self, system: str | Sequence[int] | None = None, params: SamplingParams | None = None) -> "Session":

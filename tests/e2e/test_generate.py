@@ -125,3 +125,12 @@ def test_mistral_sliding_window_bounds_the_sequence() -> None:
     with pytest.raises(ValueError, match="sliding window of 32"):
         llm.generate([list(range(3, 30))], GREEDY)  # 27 + 12 > 32
     assert len(llm.generate([list(range(3, 20))], GREEDY)[0].token_ids) == 12
+
+
+def test_use_tqdm_shows_progress_and_changes_nothing(capsys) -> None:
+    llm = LLM(tiny_config("llama"), page_size=4, num_pages=64)
+    prompts = _prompts(2, (9, 5))
+    plain = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    assert "2/2" not in capsys.readouterr().err
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=True)] == plain
+    assert "2/2" in capsys.readouterr().err
