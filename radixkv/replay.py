@@ -137,6 +137,45 @@ class ServiceTime:
         return float(s)
 
 
+class Served(NamedTuple):
+    hit_tokens: int  # prompt tokens matched in the tree
+    ran: bool  # False: the request needed more pages than the whole pool
+    pages_in_use: int  # pool pages used while the request held its own (its peak)
+
+
+class _SequentialServer:
+    """The pool and tree of a sequential replay: one request's prompt at a time."""
+
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        self.pool = PagePool(num_pages)
+        self.cache = RadixCache(self.pool, page_size=page_size)
+        self.page_size = page_size
+
+    def serve(self, tokens: np.ndarray) -> Served:
+        """Match, evict LRU leaves if short, allocate, insert the full blocks, release.
+
+        A request needing more pages than the pool can give even
+        after evicting everything else does not run: it evicts and inserts nothing.
+        """
+        ps, pool, cache = self.page_size, self.pool, self.cache
+        n = len(tokens)
+        m = cache.match(tokens)
+        cache.lock(m)
+        need = -(-n // ps) - len(m.pages)  # pages for the uncached rest (tail page included)
+        if need > pool.num_free + cache.num_evictable_pages:
+            cache.unlock(m)
+            return Served(m.num_tokens, False, pool.num_used)
+        if need > pool.num_free:
+            cache.evict(need - pool.num_free)
+        new = pool.alloc(need)
+        full = n // ps
+        cache.insert(tokens[:full * ps], m.pages + new[:full - len(m.pages)])
+        in_use = pool.num_used
+        cache.unlock(m)
+        pool.decref(new)  # the request is done; the tree keeps its own references
+        return Served(m.num_tokens, True, in_use)
+
+
 def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost: CostModel,
                       progress: Progress | None = None) -> ReplayResult:
     """Serve `requests` one at a time in the given order; exact prefix-hit accounting.
@@ -150,8 +189,8 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
     t0 = time.perf_counter()
     ps = cfg.page_size
     num_pages = cfg.num_pages if cfg.num_pages is not None else unlimited_pages(requests, ps, False)
-    pool = PagePool(num_pages)
-    cache = RadixCache(pool, page_size=ps)
+    server = _SequentialServer(num_pages, ps)
+    pool = server.pool
     service = ServiceTime(cost)
     prompt_tokens = hit_tokens = output_tokens = peak = rejected = 0
     clock = 0.0
@@ -159,38 +198,22 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
     timeline: list[TimelinePoint] = []
     for r in requests:
         tokens = r.tokens()  # int32 [L]
-        n = len(tokens)
-        m = cache.match(tokens)
-        cache.lock(m)
-        need = -(-n // ps) - len(m.pages)  # pages for the uncached rest (tail page included)
-        if need > pool.num_free + cache.num_evictable_pages:  # cannot run: evict nothing, cache nothing
-            cache.unlock(m)
+        hit, ran, in_use = server.serve(tokens)
+        prompt_tokens += len(tokens)
+        hit_tokens += hit
+        if not ran:
             rejected += 1
-            prompt_tokens += n
-            hit_tokens += m.num_tokens
-            if progress:
-                progress(1)
-            continue
-        if need > pool.num_free:
-            cache.evict(need - pool.num_free)
-        new = pool.alloc(need)
-        full = n // ps
-        cache.insert(tokens[:full * ps], m.pages + new[:full - len(m.pages)])
-        peak = max(peak, pool.num_used)
-        cache.unlock(m)
-        pool.decref(new)  # the request is done; the tree keeps its own references
-
-        arrival = 0.0 if cfg.burst else r.arrival_s
-        start = max(clock, arrival)
-        clock = start + service.serve(n, m.num_tokens, r.max_tokens)
-        waits.append(start - arrival)
-        prompt_tokens += n
-        hit_tokens += m.num_tokens
-        output_tokens += r.max_tokens
-        timeline.append(TimelinePoint(clock, hit_tokens / prompt_tokens, pool.num_used))
+        else:
+            peak = max(peak, in_use)
+            arrival = 0.0 if cfg.burst else r.arrival_s
+            start = max(clock, arrival)
+            clock = start + service.serve(len(tokens), hit, r.max_tokens)
+            waits.append(start - arrival)
+            output_tokens += r.max_tokens
+            timeline.append(TimelinePoint(clock, hit_tokens / prompt_tokens, pool.num_used))
         if progress:
             progress(1)
-    cache.evict(pool.num_pages)
+    server.cache.evict(pool.num_pages)
     w = wait_percentiles(waits)
     return ReplayResult(
         requests=len(requests), completed=len(waits), prompt_tokens=prompt_tokens,
@@ -201,11 +224,16 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
         rejected=rejected, sim_seconds=clock, output_tokens=output_tokens, timeline=timeline)
 
 
-def _fits(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> tuple[list[TraceRequest], int]:
-    """Requests whose prompt + output fit the pool on their own, and how many did not."""
-    if cfg.num_pages is None:
-        return list(requests), 0
-    ok = [r for r in requests if -(-(r.num_prompt_tokens + r.max_tokens) // cfg.page_size) <= cfg.num_pages]
+def _fits(requests: Sequence[TraceRequest], page_size: int, num_pages: int | None,
+          context: int | None = None) -> tuple[list[TraceRequest], int]:
+    """Requests whose prompt + output fit the pool on their own (and the model's context, when
+    given), and how many did not. `num_pages=None`: an unlimited pool."""
+    def fits(r: TraceRequest) -> bool:
+        total = r.num_prompt_tokens + r.max_tokens
+        return ((num_pages is None or -(-total // page_size) <= num_pages)
+                and (context is None or total <= context))
+
+    ok = [r for r in requests if fits(r)]
     return ok, len(requests) - len(ok)
 
 
@@ -220,7 +248,7 @@ def replay_simulated(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost: 
     from .simulator import simulate
 
     t0 = time.perf_counter()
-    served, rejected = _fits(requests, cfg)
+    served, rejected = _fits(requests, cfg.page_size, cfg.num_pages)
     num_pages = cfg.num_pages if cfg.num_pages is not None else unlimited_pages(served, cfg.page_size, True)
     reqs = [Request(rid=i, prompt=r.tokens(), max_tokens=r.max_tokens, arrival_s=r.arrival_s)
             for i, r in enumerate(served)]
@@ -312,10 +340,8 @@ def replay_real(requests: Sequence[TraceRequest], cfg: ReplayConfig, model: str,
 
     t0 = time.perf_counter()
     llm = load_llm(model, page_size=cfg.page_size, num_pages=cfg.num_pages, scheduler=_sched_config(cfg))
-    vocab, ctx = llm.spec.vocab_size, llm.spec.max_position
-    ok = [r for r in requests if r.num_prompt_tokens + r.max_tokens <= ctx
-          and -(-(r.num_prompt_tokens + r.max_tokens) // cfg.page_size) <= llm.num_pages]
-    rejected = len(requests) - len(ok)
+    vocab = llm.spec.vocab_size
+    ok, rejected = _fits(requests, cfg.page_size, llm.num_pages, llm.spec.max_position)
     order = list(ok) if cfg.sequential else sorted(ok, key=lambda r: 0.0 if cfg.burst else r.arrival_s)
     start = time.monotonic()
     completed = i = 0
