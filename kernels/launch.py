@@ -21,6 +21,9 @@ class DecodeMath(enum.Enum):
     tiles are widened in registers and never re-laid out (meant for FP8 pages, group <= 8).
     CUDA_CORE_WIDE_ACC: as CUDA_CORE, with P.V partial sums kept per token row and reduced once.
     CUDA_CORE_PREFETCH: as CUDA_CORE, loading the next tile into registers before this tile's math.
+    On the H200 every CUDA_CORE* variant was slower than TENSOR_CORE for FP8 (1783 us at best vs 1008 at
+    64 x 16k, benchmarks/RESULTS.md): Triton materialises the broadcast product (255 registers). Kept as
+    an opt-in alternative; the defaults below all use TENSOR_CORE.
     """
 
     TENSOR_CORE = "tensor_core"
@@ -47,7 +50,8 @@ class KernelConfig(NamedTuple):
 # GPU defaults (H200, D = 128, bf16/fp8), picked with benchmarks/bench_kernels.py's sweep;
 # CPU (interpreter) runs use small tiles so tests stay fast.
 DECODE_GPU = KernelConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
-# FP8: 2 warps x 64-token tiles was the best of 10 configs at 64 x 16k (1001 us vs 1142 for 4 x 128).
+# FP8: 2 warps x 64-token tiles was the best of 10 configs at 64 x 16k (1001 us vs 1142 for 4 x 128),
+# and of 18 CUDA-core configs (DecodeMath) tried later (best 1783 us).
 DECODE_FP8_GPU = KernelConfig(block_m=16, block_n=64, num_warps=2, num_stages=2)
 PREFILL_GPU = KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
 # fp32 q or pages: 4-byte tiles, kept small so the pipeline stages fit in shared memory.
