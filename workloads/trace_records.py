@@ -6,6 +6,7 @@ before anything is replayed; `skip_bad` counts and skips such records instead. N
 """
 from __future__ import annotations
 
+import enum
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator
@@ -18,27 +19,36 @@ TOKEN_SPACE = 1 << 31  # tokens are int32 in [0, 2**31)
 Parsed = TypeVar("Parsed")
 
 
-class TraceError(ValueError):
-    """A malformed trace record; names the file, line (1-based; the request's number for WEKA
-    files; None for a whole-document field) and field."""
+class Place(enum.Enum):
+    """What a TraceError's number counts: a line of a JSONL file, or a request of a WEKA file."""
 
-    def __init__(self, path: str | Path, line: int | None, field: str, problem: str) -> None:
-        where = str(path) if line is None else f"{path}:{line}"
-        super().__init__(f"{where}: field {field!r}: {problem}")
+    LINE = "line"
+    REQUEST = "request"
+
+
+class TraceError(ValueError):
+    """A malformed trace record; names the file, line (1-based; with `Place.REQUEST` the
+    request's number in a WEKA file; None for a whole-document field) and field, e.g.
+    `trace.jsonl:7: line 7, field 'input_length': expected an integer, got 'abc'`."""
+
+    def __init__(self, path: str | Path, line: int | None, field: str, problem: str,
+                 place: Place = Place.LINE) -> None:
+        where = f"{path}:" if line is None else f"{path}:{line}: {place.value} {line},"
+        super().__init__(f"{where} field {field!r}: {problem}")
         self.path, self.line, self.field, self.problem = str(path), line, field, problem
 
 
 class RecordFields:
     """Typed access to one record's fields; every failure is a TraceError naming path/line/field."""
 
-    def __init__(self, path: Path, line: int | None, record: Any) -> None:
-        self.path, self.line = path, line
+    def __init__(self, path: Path, line: int | None, record: Any, place: Place = Place.LINE) -> None:
+        self.path, self.line, self.place = path, line, place
         if not isinstance(record, dict):
-            raise TraceError(path, line, "<record>", f"expected a JSON object, got {type(record).__name__}")
+            raise self.fail("<record>", f"expected a JSON object, got {type(record).__name__}")
         self.record = record
 
     def fail(self, field: str, problem: str) -> TraceError:
-        return TraceError(self.path, self.line, field, problem)
+        return TraceError(self.path, self.line, field, problem, self.place)
 
     def has(self, field: str) -> bool:
         return field in self.record
@@ -92,15 +102,15 @@ def json_lines(path: Path, skip_bad: bool) -> Iterator[tuple[int, Any]]:
 
 
 def collect_records(path: Path, records: Iterable[tuple[int, Any]], parse: Callable[[RecordFields], Parsed],
-             skip_bad: bool) -> tuple[list[Parsed], int]:
-    """Parse every (line, record); a bad one raises, or with `skip_bad` is counted and skipped."""
+                    skip_bad: bool, place: Place = Place.LINE) -> tuple[list[Parsed], int]:
+    """Parse every (number, record); a bad one raises, or with `skip_bad` is counted and skipped."""
     out: list[Parsed] = []
     skipped = 0
     for lineno, rec in records:
         try:
             if rec is None:  # undecodable line, already judged skippable
                 raise TraceError(path, lineno, "<json>", "not valid JSON")
-            out.append(parse(RecordFields(path, lineno, rec)))
+            out.append(parse(RecordFields(path, lineno, rec, place)))
         except TraceError:
             if not skip_bad:
                 raise

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .trace_records import TOKEN_SPACE, RecordFields, TraceError, collect_records, json_lines
+from .trace_records import TOKEN_SPACE, Place, RecordFields, TraceError, collect_records, json_lines
 
 MOONCAKE_BLOCK_TOKENS = 512
 
@@ -263,7 +263,7 @@ def read_weka(paths: str | Path | Sequence[str | Path], skip_bad: bool = False) 
                                 max(f.integer("out", minimum=0, default=1), 1), session)
 
         records = ((i + 1, rec) for i, (_, rec) in enumerate(_weka_records(doc.get("requests"), "")))
-        reqs, bad = collect_records(path, records, parse, skip_bad)
+        reqs, bad = collect_records(path, records, parse, skip_bad, Place.REQUEST)
         skipped += bad
         staged.extend(reqs)
         offset = max(offset, _first_free_id(reqs))

@@ -63,7 +63,7 @@ def test_replay_malformed_trace_names_line_and_skip_bad(tmp_path, capsys):
                      '{"timestamp": 9, "input_length": 512, "output_length": 2, "hash_ids": [0]}\n')
     assert main(["replay", str(trace), "--sequential"]) == 2
     err = capsys.readouterr().err
-    assert "bad.jsonl:2: field 'hash_ids': missing" in err
+    assert "bad.jsonl:2: line 2, field 'hash_ids': missing" in err
     js = tmp_path / "r.json"
     assert main(["replay", str(trace), "--sequential", "--skip-bad", "--json", str(js)]) == 0
     d = json.loads(js.read_text())
@@ -79,7 +79,7 @@ def test_replay_format_override_and_missing_file(tmp_path, capsys):
     assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
     assert "trace not found" in capsys.readouterr().err
     assert main(["replay", str(trace), "--format", "mooncake"]) == 2
-    assert "t.jsonl:1: field 'hash_ids'" in capsys.readouterr().err
+    assert "t.jsonl:1: line 1, field 'hash_ids'" in capsys.readouterr().err
 
 
 def test_progress_bar_only_on_a_terminal_and_record(tmp_path, capsys, monkeypatch):

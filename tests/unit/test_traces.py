@@ -108,14 +108,14 @@ def test_mooncake_malformed_names_file_line_field(tmp_path, record, field):
     with pytest.raises(TraceError) as e:
         load_trace(p, TraceFormat.MOONCAKE)
     assert (e.value.line, e.value.field) == (2, field)
-    assert f"bad.jsonl:2: field {field!r}" in str(e.value)
+    assert f"bad.jsonl:2: line 2, field {field!r}" in str(e.value)
     tr = load_trace(p, TraceFormat.MOONCAKE, skip_bad=True)
     assert (len(tr.requests), tr.skipped) == (2, 1)
 
 
 def test_invalid_json_line_is_named_and_skippable(tmp_path):
     p = _jsonl(tmp_path / "t.jsonl", [{"tokens": [1, 2], "max_tokens": 2}, "{not json", {"tokens": [3]}])
-    with pytest.raises(TraceError, match=r"t.jsonl:2: field '<json>'"):
+    with pytest.raises(TraceError, match=r"t.jsonl:2: line 2, field '<json>'"):
         load_trace(p)
     tr = load_trace(p, skip_bad=True)
     assert tr.skipped == 1 and [r.tokens().tolist() for r in tr.requests] == [[1, 2], [3]]
@@ -226,7 +226,7 @@ def test_weka_bad_header_named_without_line(tmp_path):
 
 def test_weka_malformed_request_named(tmp_path):
     p = _weka(tmp_path / "c.json", "c", [{"t": 0, "in": 64, "hash_ids": [1]}, {"t": 1, "hash_ids": [1]}])
-    with pytest.raises(TraceError, match=r"c.json:2: field 'in'"):
+    with pytest.raises(TraceError, match=r"c.json:2: request 2, field 'in'"):
         read_weka(p)
     assert read_weka(p, skip_bad=True).skipped == 1
 
