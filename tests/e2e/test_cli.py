@@ -210,3 +210,13 @@ def test_replay_mooncake_hit_rates_match_an_independent_count(tmp_path):
             assert round(d["hit_rate"], 4) == round(want, 4) and d["hit_rate"] == pytest.approx(want, abs=1e-12)
         else:
             assert abs(d["hit_rate"] - want) < 0.02 and d["peak_pages"] <= pages
+
+
+def test_python_dash_m_radixkv_is_the_command(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 40, "output_length": 1, "hash_ids": [7]}\n'
+                     '{"timestamp": 1, "input_length": 40, "output_length": 1, "hash_ids": [7]}\n')
+    out = subprocess.run([sys.executable, "-m", "radixkv", "replay", str(trace), "--sequential"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "prefix hit rate             0.4000" in out.stdout  # 32 of 80 tokens (two full pages of 16)
