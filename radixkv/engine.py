@@ -39,7 +39,7 @@ _CPU_DEFAULT_BYTES = 1 << 30
 _KV_NAME = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 # other spellings users bring from vLLM / torch ("fp8" is vLLM's name for E4M3)
 _KV_ALIASES = {**_KV_NAME, "float": "fp32", "half": "fp16", "fp8": "fp8_e4m3",
-               "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
+               "fp8_e4m3fn": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 
 
 def kv_dtype_name(kv_dtype: Any) -> Any:
