@@ -112,11 +112,21 @@ def test_help_and_engine_commands(capsys):
             main(argv)
         assert e.value.code == 0
     assert "--sequential" in capsys.readouterr().out
-    assert main(["bench"]) == 2
-    assert "not implemented yet" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["replay", "--num-pages", "0"])
     assert "positive integer" in capsys.readouterr().err
+
+
+def test_bench_serves_few_shot_prompts_from_the_cache(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--shots", "2", "--prompts", "2", "--max-tokens", "2", "--hidden", "64", "--layers", "1",
+            "--device", "cpu", "--json", str(out)]
+    assert main(argv) == 0
+    assert "identical across modes: True" in capsys.readouterr().out
+    off, on, batched = json.loads(out.read_text())
+    assert off["hit_rate"] == 0.0 and off["cached_tokens"] == 0
+    assert on["hit_rate"] > 0.3 and batched["cached_tokens"] == on["cached_tokens"] > 0
+    assert on["prompt_tokens"] == off["prompt_tokens"] == on["cached_tokens"] + on["computed_tokens"]
 
 
 def test_replay_real_mode_on_tiny_random_model(tmp_path, capsys):
