@@ -21,7 +21,8 @@ import time
 
 import torch
 
-from bench_kernels import D, HKV, HQ, PAGE, ceilings, check_rows, make_pool, quantize_pool, time_fn
+from bench_kernels import D, HKV, HQ, ceilings, check_rows, make_pool, quantize_pool, time_fn
+from kernel_common import FP8, ragged_kv, rel_err
 
 
 def variants():
@@ -43,29 +44,14 @@ def variants():
 def gpu_correctness(ops, ref, dev, gen, smoke: bool) -> list[dict]:
     from radixkv.kernels.launch import CPU_TILES, DecodeMath
 
-    fp8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
     hgen = torch.Generator().manual_seed(1)
     rows_n, max_len = (2, 40) if smoke else (5, 700)
     maths = [m for m in DecodeMath if m is not DecodeMath.TENSOR_CORE]
     res = []
     for page_size, kv_name in (((16, "fp8_e4m3"),) if smoke else ((1, "fp8_e4m3"), (32, "fp8_e5m2"), (16, "bf16"))):
-        cdt = fp8.get(kv_name, torch.bfloat16)
+        cdt = FP8.get(kv_name, torch.bfloat16)
         lens = torch.randint(1, max_len, (rows_n,), generator=hgen).tolist()
-        need = [-(-n // page_size) for n in lens]
-        P = sum(need) + 5
-        kt = torch.randn(P, page_size, HKV, D, device=dev, generator=gen)
-        vt = torch.randn(P, page_size, HKV, D, device=dev, generator=gen)
-        if kv_name in fp8:
-            (kq, ks), (vq, vs) = ref.quantize_fp8(kt, cdt), ref.quantize_fp8(vt, cdt)
-        else:
-            kq, vq, ks, vs = kt.to(cdt), vt.to(cdt), None, None
-        perm = torch.randperm(P, device=dev, generator=gen).to(torch.int32)
-        table = torch.zeros(rows_n, max(need), dtype=torch.int32, device=dev)
-        pos = 0
-        for b, n in enumerate(need):
-            table[b, :n] = perm[pos:pos + n]
-            pos += n
-        seq = torch.tensor(lens, dtype=torch.int32, device=dev)
+        kq, vq, ks, vs, table, seq = ragged_kv(ref, lens, page_size, cdt, 5, dev, gen)
         q = torch.randn(rows_n, HQ, D, device=dev, generator=gen).to(torch.bfloat16)
         want = ref.paged_decode_ref(q.float(), kq, vq, table, seq, k_scale=ks, v_scale=vs).double()
         for m in maths:
@@ -75,7 +61,7 @@ def gpu_correctness(ops, ref, dev, gen, smoke: bool) -> list[dict]:
                     out = torch.full_like(q, float("nan"))
                     ops.paged_decode(q, kq, vq, table, seq, k_scale=ks, v_scale=vs, num_splits=splits,
                                      out=out, config=cfg)
-                    e = float((out.double() - want).norm() / want.norm()) if torch.isfinite(out).all() else math.nan
+                    e = rel_err(out, want)
                     res.append({"check": f"decode {m.name} n{n} w{w} page{page_size} {kv_name} splits{splits}",
                                 "ok": e < 1e-2, "rel_err": e})
     return res
