@@ -26,6 +26,18 @@ def _close(out, ref, tol):
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
 
 
+def _check_decode(q, kv, tol, splits, sm_scale=None, config=None):
+    """paged_decode into a NaN-poisoned output, for each split count, against paged_decode_ref.
+    q: [B, Hq, D]; kv: a kv_fixtures.make_paged cache."""
+    ref = paged_decode_ref(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, sm_scale,
+                           k_scale=kv.k_scale, v_scale=kv.v_scale)
+    for num_splits in splits:
+        out = torch.full_like(q, float("nan"))
+        paged_decode(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, sm_scale, k_scale=kv.k_scale,
+                     v_scale=kv.v_scale, num_splits=num_splits, config=config, out=out)
+        _close(out, ref, tol)
+
+
 @pytest.mark.parametrize("page_size", [1, 16, 32])
 @pytest.mark.parametrize("group", [1, 4])
 @pytest.mark.parametrize("kv_dtype", ["fp32", "fp16", "fp8_e4m3"])
@@ -35,13 +47,7 @@ def test_decode_matches_reference(page_size, group, kv_dtype):
     lens = torch.randint(1, 90, (3,), generator=gen).tolist()
     kv = make_paged(lens, page_size, 2, 32, cache_dt, gen)
     q = torch.randn(3, 2 * group, 32, generator=gen).to(q_dt)
-    ref = paged_decode_ref(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, 0.2,
-                           k_scale=kv.k_scale, v_scale=kv.v_scale)
-    for splits in (1, 4):
-        out = torch.full_like(q, float("nan"))
-        paged_decode(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, 0.2, k_scale=kv.k_scale,
-                     v_scale=kv.v_scale, num_splits=splits, out=out)
-        _close(out, ref, tol)
+    _check_decode(q, kv, tol, (1, 4), sm_scale=0.2)
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp16", "fp8_e4m3"])
@@ -51,12 +57,7 @@ def test_decode_k_first_variant(kv_dtype):
     gen = torch.Generator().manual_seed(11)
     kv = make_paged([50, 9], 16, 2, 32, cache_dt, gen)
     q = torch.randn(2, 8, 32, generator=gen).to(q_dt)
-    out = torch.full_like(q, float("nan"))
-    paged_decode(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, k_scale=kv.k_scale, v_scale=kv.v_scale,
-                 num_splits=2, config=KernelConfig(16, 16, 1, 1, k_first=True), out=out)
-    ref = paged_decode_ref(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, k_scale=kv.k_scale,
-                           v_scale=kv.v_scale)
-    _close(out, ref, tol)
+    _check_decode(q, kv, tol, (2,), config=KernelConfig(16, 16, 1, 1, k_first=True))
 
 
 CUDA_CORE_MATHS = [m for m in DecodeMath if m is not DecodeMath.TENSOR_CORE]
@@ -74,13 +75,7 @@ def test_decode_cuda_core_variants(math, kv_dtype, page_size, group):
     lens[0] = 5  # shorter than one tile
     kv = make_paged(lens, page_size, 2, 24, cache_dt, gen)
     q = torch.randn(3, 2 * group, 24, generator=gen).to(q_dt)
-    ref = paged_decode_ref(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, 0.3,
-                           k_scale=kv.k_scale, v_scale=kv.v_scale)
-    for splits in (1, 3):
-        out = torch.full_like(q, float("nan"))
-        paged_decode(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, 0.3, k_scale=kv.k_scale,
-                     v_scale=kv.v_scale, num_splits=splits, config=KernelConfig(16, 16, 1, 1, math=math), out=out)
-        _close(out, ref, tol)
+    _check_decode(q, kv, tol, (1, 3), sm_scale=0.3, config=KernelConfig(16, 16, 1, 1, math=math))
 
 
 def test_decode_e5m2_splits_longer_than_sequence():
