@@ -2,7 +2,8 @@
 
 A Node is one edge of the tree: `key` holds a whole number of `page_size`-token blocks and
 `pages` one physical page per block. MatchResult names the node that ends a matched path,
-which is what `RadixCache.lock`/`unlock` take.
+which is what `RadixCache.lock`/`unlock` take. attach_child / detach_child / replace_child
+keep a parent's hash-keyed collision chains linked.
 """
 from __future__ import annotations
 
@@ -60,6 +61,48 @@ class Node:
         head = self.key[:4].tolist()
         return (f"Node(ns={self.namespace!r}, tokens={len(self.key)}, first={head}, "
                 f"pages={len(self.pages)}, locks={self.lock_count})")
+
+
+# ---- a parent's children: a dict from first-block hash to the head of a collision chain ----
+def attach_child(parent: Node, child: Node) -> None:
+    """File `child` under parent.children[child.hkey], at the head of its collision chain."""
+    head = parent.children.get(child.hkey)
+    if head is not None:
+        child.next_sibling = head
+    parent.children[child.hkey] = child
+    child.parent = parent
+
+
+def detach_child(child: Node) -> None:
+    """Unlink `child` from its parent's collision chain; it keeps its own children."""
+    parent = child.parent
+    assert parent is not None
+    head = parent.children[child.hkey]
+    if head is child:
+        if child.next_sibling is None:
+            del parent.children[child.hkey]
+        else:
+            parent.children[child.hkey] = child.next_sibling
+    else:
+        while head.next_sibling is not child:
+            head = head.next_sibling
+        head.next_sibling = child.next_sibling
+    child.next_sibling = None
+    child.parent = None
+
+
+def replace_child(parent: Node, old: Node, new: Node) -> None:
+    """Put `new` in `old`'s place in parent's collision chain (same hash key); `old` is left
+    unlinked but its own fields (parent, next_sibling) are not reset."""
+    head = parent.children[old.hkey]
+    new.next_sibling = old.next_sibling
+    new.parent = parent
+    if head is old:
+        parent.children[old.hkey] = new
+    else:
+        while head.next_sibling is not old:
+            head = head.next_sibling
+        head.next_sibling = new
 
 
 class MatchResult(NamedTuple):

@@ -27,7 +27,8 @@ import numpy as np
 
 from .lru_leaves import LruLeaves
 from .pages import PagePool
-from .radix_node import HashFn, MatchResult, Namespace, Node, xxhash_block
+from .radix_node import (HashFn, MatchResult, Namespace, Node, attach_child, detach_child, replace_child,
+                         xxhash_block)
 from .tree_check import check_tree
 
 __all__ = ["HashFn", "MatchResult", "Namespace", "Node", "RadixCache", "xxhash_block"]
@@ -262,36 +263,13 @@ class RadixCache:
             first = key[:ps]
             leaf = Node(key, first.tobytes(), new_pages, node, self._hash(first), namespace)
             leaf.last_access = self._clock
-            self._attach(node, leaf)
+            attach_child(node, leaf)
             self.num_cached_pages += len(new_pages)
             self._num_nodes += 1
             self._adoptions += 1
             node = leaf
         self._push_if_evictable(node)
         return matched
-
-    def _attach(self, parent: Node, child: Node) -> None:
-        head = parent.children.get(child.hkey)
-        if head is not None:
-            child.next_sibling = head
-        parent.children[child.hkey] = child
-        child.parent = parent
-
-    def _detach(self, child: Node) -> None:
-        parent = child.parent
-        assert parent is not None
-        head = parent.children[child.hkey]
-        if head is child:
-            if child.next_sibling is None:
-                del parent.children[child.hkey]
-            else:
-                parent.children[child.hkey] = child.next_sibling
-        else:
-            while head.next_sibling is not child:
-                head = head.next_sibling
-            head.next_sibling = child.next_sibling
-        child.next_sibling = None
-        child.parent = None
 
     def _split(self, node: Node, blocks: int) -> Node:
         """Cut `node`'s edge after `blocks` blocks; returns the new upper node (node stays below,
@@ -303,27 +281,16 @@ class RadixCache:
                      node.namespace)
         upper.lock_count = node.lock_count  # every lock on node's path also covers its prefix
         upper.last_access = node.last_access
-        self._replace_child(parent, node, upper)  # upper takes node's place among the siblings
+        replace_child(parent, node, upper)  # upper takes node's place among the siblings
         node.key = node.key[blocks * ps:]
         node.pages = node.pages[blocks:]
         first = node.key[:ps]
         node.first = first.tobytes()
         node.hkey = self._hash(first)
         node.next_sibling = None
-        self._attach(upper, node)
+        attach_child(upper, node)
         self._num_nodes += 1
         return upper
-
-    def _replace_child(self, parent: Node, old: Node, new: Node) -> None:
-        head = parent.children[old.hkey]
-        new.next_sibling = old.next_sibling
-        new.parent = parent
-        if head is old:
-            parent.children[old.hkey] = new
-        else:
-            while head.next_sibling is not old:
-                head = head.next_sibling
-            head.next_sibling = new
 
     # ---- locks -------------------------------------------------------------------------------
     def _path_to_root(self, m: MatchResult, verb: str) -> list[Node]:
@@ -388,7 +355,7 @@ class RadixCache:
             else:
                 pages = node.pages
                 parent = node.parent
-                self._detach(node)
+                detach_child(node)
                 self._num_nodes -= 1
                 self._push_if_evictable(parent)
             dropped.append(pages)
