@@ -1,4 +1,4 @@
-"""FP8 (e4m3) paged decode on the GPU: CUDA-core variants against the tensor-core default and bf16.
+"""FP8 (e4m3) paged decode on the GPU: the dot-dtype variants (DecodeMath) and tiles against bf16.
 
     python benchmarks/bench_fp8_decode.py --json $OUT/fp8_decode.json     # H200, one call (~4 min)
     python benchmarks/bench_fp8_decode.py --smoke                         # CPU interpreter, checks the script
@@ -30,12 +30,13 @@ def variants():
     from radixkv.kernels.launch import DECODE_FP8_GPU, DecodeMath, KernelConfig
 
     grid = {
-        DecodeMath.CUDA_CORE: ((64, 4, 1), (32, 4, 1), (128, 4, 1), (128, 8, 1), (64, 2, 1), (32, 2, 1),
-                               (256, 8, 1), (64, 8, 1), (64, 4, 2)),
-        DecodeMath.CUDA_CORE_PREFETCH: ((64, 4, 1), (32, 4, 1), (64, 2, 1), (128, 8, 1), (32, 2, 1)),
-        DecodeMath.CUDA_CORE_WIDE_ACC: ((16, 4, 1), (32, 4, 1), (16, 2, 1), (32, 8, 1)),
+        DecodeMath.Q_DTYPE: ((64, 2, 2),),
+        DecodeMath.F16_SCALE_P: ((64, 2, 2), (32, 1, 2), (32, 2, 2), (64, 2, 3), (64, 4, 3), (128, 4, 3),
+                                 (128, 8, 3), (64, 1, 2), (32, 1, 3)),
+        DecodeMath.F16_SCALE_V: ((64, 4, 3), (64, 4, 2), (128, 8, 3), (128, 8, 2), (64, 4, 4), (64, 2, 2),
+                                 (32, 2, 2)),
     }
-    out = [("tc-default", DECODE_FP8_GPU)]
+    out = [("default", DECODE_FP8_GPU)]
     for math_, tiles in grid.items():
         out += [(f"{math_.name.lower()} n{n} w{w} s{s}", KernelConfig(16, n, w, s, math=math_)) for n, w, s in tiles]
     return out
@@ -46,7 +47,7 @@ def gpu_correctness(ops, ref, dev, gen, smoke: bool) -> list[dict]:
 
     hgen = torch.Generator().manual_seed(1)
     rows_n, max_len = (2, 40) if smoke else (5, 700)
-    maths = [m for m in DecodeMath if m is not DecodeMath.TENSOR_CORE]
+    maths = list(DecodeMath)
     res = []
     for page_size, kv_name in (((16, "fp8_e4m3"),) if smoke else ((1, "fp8_e4m3"), (32, "fp8_e5m2"), (16, "bf16"))):
         cdt = FP8.get(kv_name, torch.bfloat16)
@@ -55,7 +56,7 @@ def gpu_correctness(ops, ref, dev, gen, smoke: bool) -> list[dict]:
         q = torch.randn(rows_n, HQ, D, device=dev, generator=gen).to(torch.bfloat16)
         want = ref.paged_decode_ref(q.float(), kq, vq, table, seq, k_scale=ks, v_scale=vs).double()
         for m in maths:
-            for n, w in (((16, 1),) if smoke else ((64, 4),)):
+            for n, w in (((16, 1),) if smoke else ((64, 4), (64, 2))):
                 cfg = CPU_TILES._replace(block_n=n, num_warps=w, math=m)
                 for splits in (1, 5):
                     out = torch.full_like(q, float("nan"))
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         record("bf16-default", "bf16", DECODE_GPU, base_splits,
                lambda: ops.paged_decode(q, pool.k, pool.v, pool.page_table, pool.seq_lens, num_splits=base_splits),
                bf16_bytes, None)
-        cands = variants() if si == 0 else [("tc-default", variants()[0][1])] + [(lb, c) for _, lb, c, _ in ranked[:3]]
+        cands = variants() if si == 0 else [("default", variants()[0][1])] + [(lb, c) for _, lb, c, _ in ranked[:3]]
         for label, cfg in cands:
             if time.time() - t0 > args.budget_s:
                 print("  (time budget reached, stopping)")
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             fn = (lambda cfg=cfg: ops.paged_decode(q, kq, vq, pool.page_table, pool.seq_lens, k_scale=ks, v_scale=vs,
                                                    num_splits=base_splits, config=cfg))
             us = record(label, "fp8_e4m3", cfg, base_splits, fn, fp8_bytes, fp8)
-            if si == 0 and us is not None and label != "tc-default":
+            if si == 0 and us is not None and label != "default":
                 ranked.append((us, label, cfg, base_splits))
         if si == 0:
             ranked.sort(key=lambda x: x[0])

@@ -14,29 +14,26 @@ LOG2E = 1.4426950408889634
 
 
 class DecodeMath(enum.Enum):
-    """Which units compute decode's q.K^T and P.V.
+    """The dtype of decode's two tensor-core dots over FP8 pages (16/32-bit pages ignore it).
 
-    TENSOR_CORE: `tl.dot` over the GQA group padded to 16 rows (the bf16 path).
-    CUDA_CORE: broadcast products reduced on CUDA cores in one [head, token, dim] layout; 8-bit
-    tiles are widened in registers and never re-laid out (meant for FP8 pages, group <= 8).
-    CUDA_CORE_WIDE_ACC: as CUDA_CORE, with P.V partial sums kept per token row and reduced once.
-    CUDA_CORE_PREFETCH: as CUDA_CORE, loading the next tile into registers before this tile's math.
-    On the H200 every CUDA_CORE* variant was slower than TENSOR_CORE for FP8 (1783 us at best vs 1008 at
-    64 x 16k, benchmarks/RESULTS.md): Triton materialises the broadcast product (255 registers). Kept as
-    an opt-in alternative; the defaults below all use TENSOR_CORE.
+    Q_DTYPE: tiles widened to q's dtype. For bf16 q that is one slow convert per value (F2F, a
+    quarter-rate pipe on Hopper): FP8 decode ran no faster than bf16 (about 1000 us at 64 x 16k).
+    F16_SCALE_P: tiles widened to fp16 (one packed convert per two values; e4m3 and e5m2 are exact
+    in fp16), q scaled to |q| <= 1; the V scales, relative to the tile's largest, multiply P.
+    F16_SCALE_V: as F16_SCALE_P, but the relative V scales multiply the widened V tile, which lets
+    Triton transpose V as 16-bit (ldmatrix) instead of byte by byte.
     """
 
-    TENSOR_CORE = "tensor_core"
-    CUDA_CORE = "cuda_core"
-    CUDA_CORE_WIDE_ACC = "cuda_core_wide_acc"
-    CUDA_CORE_PREFETCH = "cuda_core_prefetch"
+    Q_DTYPE = "q_dtype"
+    F16_SCALE_P = "f16_scale_p"
+    F16_SCALE_V = "f16_scale_v"
 
 
 class KernelConfig(NamedTuple):
     """Tile sizes and launch options of an attention kernel (block_m is unused by decode).
 
-    k_first (decode, tensor-core math only): compute the scores as K.q^T, so K tiles feed the
-    tensor cores in their memory order. math (decode only): see DecodeMath.
+    k_first (decode only): compute the scores as K.q^T, so K tiles feed the tensor cores in their
+    memory order. math (decode over FP8 pages only): see DecodeMath.
     """
 
     block_m: int
@@ -44,7 +41,7 @@ class KernelConfig(NamedTuple):
     num_warps: int
     num_stages: int
     k_first: bool = False
-    math: DecodeMath = DecodeMath.TENSOR_CORE
+    math: DecodeMath = DecodeMath.Q_DTYPE
 
 
 # GPU defaults (H200, D = 128, bf16/fp8), picked with benchmarks/bench_kernels.py's sweep;

@@ -7,8 +7,12 @@ tiles of BLOCK_N tokens are independent of the page size (each token looks its p
 With one split the program writes the output; otherwise each split writes its normalised
 partial output and log-sum-exp, and `_merge_kernel` combines them.
 
-FP8 caches are dequantised in-kernel: K/V tiles are converted to q's dtype, the per-token
-scales multiply the score columns (K) and the probabilities (V); accumulation stays fp32.
+FP8 caches are dequantised in-kernel: the per-token K scales multiply the score columns and the
+V scales the probabilities (or the widened V tile); accumulation stays fp32. The dots run in q's
+dtype or, with the fp16 maths (DecodeMath), in fp16: e4m3 and e5m2 widen to fp16 exactly with one
+packed convert per two values, where widening to bf16 costs a slow convert per value and made FP8
+decode no faster than bf16. fp16 has a narrow range, so q is divided by its largest |value| (folded
+back into the K scales) and the V scales by the tile's largest (multiplied back after the dot).
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
             stride_ptb, stride_ob, stride_oh, stride_od, num_splits,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
             BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-            SPLIT: tl.constexpr, IS_FP8: tl.constexpr, K_FIRST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+            SPLIT: tl.constexpr, IS_FP8: tl.constexpr, K_FIRST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+            F16_MATH: tl.constexpr):
     kvh = tl.program_id(0)  # heads of one row are launch neighbours: they share FP8 scale sectors in L2
     b = tl.program_id(1)
     split = tl.program_id(2)
@@ -48,6 +53,11 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
     d_mask = offs_d < HEAD_DIM
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=h_mask[:, None] & d_mask[None, :], other=0.0)  # q: [BLOCK_H, BLOCK_D]
+    if F16_MATH != 0:  # 1: V scales on P, 2: V scales on the V tile (DecodeMath.F16_SCALE_P / _V)
+        q = q.to(tl.float32)
+        q_max = tl.maximum(tl.max(tl.max(tl.abs(q), axis=1), axis=0), 1e-30)
+        q = (q / q_max).to(tl.float16)  # |q| <= 1: no fp16 overflow
+        qk_scale = qk_scale * q_max
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -78,10 +88,19 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if IS_FP8:
-            p = p * v_s[None, :]
         acc = acc * alpha[:, None]
-        acc += tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        if F16_MATH == 0:
+            if IS_FP8:
+                p = p * v_s[None, :]
+            acc += tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        else:  # V scales relative to the tile's largest (<= 1), so no fp16 overflow or early underflow
+            v_max = tl.maximum(tl.max(v_s, axis=0), 1e-30)
+            v_rel = v_s / v_max  # [BLOCK_N]
+            if F16_MATH == 1:
+                pv = tl.dot((p * v_rel[None, :]).to(tl.float16), v.to(tl.float16))
+            else:
+                pv = tl.dot(p.to(tl.float16), v.to(tl.float16) * v_rel.to(tl.float16)[:, None])
+            acc += pv * v_max
         m_i = m_new
 
     out_mask = h_mask[:, None] & d_mask[None, :]
@@ -95,121 +114,6 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
         hq = tl.num_programs(0) * GROUP
         base = (b * hq + heads) * num_splits + split  # [BLOCK_H]
         tl.store(mid_o_ptr + base[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :], o, mask=out_mask)
-        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-        tl.store(mid_lse_ptr + base, lse, mask=h_mask)
-
-
-@triton.jit
-def _load_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, offs_n, hi, offs_d, d_mask, kv_off, x_off,
-               stride_cp, stride_cs, stride_cd, stride_xp, stride_xs, PAGE_SIZE: tl.constexpr, IS_FP8: tl.constexpr):
-    """K/V rows of tokens offs_n ([1, N, 1]) through the page table, as stored, and their FP8
-    scales (ones for 16/32-bit pages). Tokens at or past `hi` read as zeros."""
-    n_mask = offs_n < hi
-    page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
-    slot = offs_n % PAGE_SIZE
-    row = page * stride_cp + slot * stride_cs + kv_off  # [1, N, 1]
-    kv_mask = n_mask & d_mask
-    k = tl.load(kc_ptr + row + offs_d * stride_cd, mask=kv_mask, other=0.0)  # k: [1, N, D]
-    v = tl.load(vc_ptr + row + offs_d * stride_cd, mask=kv_mask, other=0.0)  # v: [1, N, D]
-    if IS_FP8:
-        xrow = page * stride_xp + slot * stride_xs + x_off
-        k_s = tl.load(ks_ptr + xrow, mask=n_mask, other=0.0)  # [1, N, 1]
-        v_s = tl.load(vs_ptr + xrow, mask=n_mask, other=0.0)
-    else:
-        k_s = tl.where(n_mask, 1.0, 0.0)
-        v_s = k_s
-    return k, v, k_s, v_s
-
-
-@triton.jit
-def _cuda_core_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
-                      qk_scale,
-                      stride_qb, stride_qh, stride_qd,
-                      stride_cp, stride_cs, stride_ch, stride_cd,
-                      stride_xp, stride_xs, stride_xh,
-                      stride_ptb, stride_ob, stride_oh, stride_od, num_splits,
-                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                      SPLIT: tl.constexpr, IS_FP8: tl.constexpr, WIDE_ACC: tl.constexpr,
-                      PREFETCH: tl.constexpr):
-    """Same contract as `_kernel`, without tensor cores: q.K^T and P.V are broadcast products
-    reduced on CUDA cores. Every tensor lives in one 3-D [head, token, dim] layout (tiles are
-    loaded straight into it), so the 8-bit tiles are only widened, never re-laid out through
-    shared memory. BLOCK_H is the GQA group rounded up to a power of two (no padding to 16).
-    WIDE_ACC keeps P.V partial sums per token row ([H, N, D]) and reduces them once at the end,
-    so the loop has no cross-warp reduction. PREFETCH issues the next tile's loads before this
-    tile's math (software pipelining in registers)."""
-    kvh = tl.program_id(0)
-    b = tl.program_id(1)
-    split = tl.program_id(2)
-    seq_len = tl.load(lens_ptr + b)
-    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * per_split
-    hi = tl.minimum(lo + per_split, seq_len)
-
-    offs_h = tl.arange(0, BLOCK_H)[:, None, None]  # [H, 1, 1]
-    offs_t = tl.arange(0, BLOCK_N)[None, :, None]  # [1, N, 1]
-    offs_d = tl.arange(0, BLOCK_D)[None, None, :]  # [1, 1, D]
-    heads = kvh * GROUP + offs_h
-    h_mask = offs_h < GROUP
-    d_mask = offs_d < HEAD_DIM
-    q = tl.load(q_ptr + b * stride_qb + heads * stride_qh + offs_d * stride_qd,
-                mask=h_mask & d_mask, other=0.0).to(tl.float32) * qk_scale  # q: [H, 1, D], log2 units
-
-    m_i = tl.full([BLOCK_H, 1, 1], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H, 1, 1], tl.float32)
-    if WIDE_ACC:
-        acc = tl.zeros([BLOCK_H, BLOCK_N, BLOCK_D], tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_H, 1, BLOCK_D], tl.float32)
-    pt_row = pt_ptr + b * stride_ptb
-    kv_off = kvh * stride_ch
-    x_off = kvh * stride_xh
-    if PREFETCH:  # registers hold the next tile while this one is computed
-        k, v, k_s, v_s = _load_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, lo + offs_t, hi, offs_d, d_mask,
-                                    kv_off, x_off, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs,
-                                    PAGE_SIZE, IS_FP8)
-    for start in range(0, hi - lo, BLOCK_N):
-        offs_n = lo + start + offs_t  # [1, N, 1]
-        n_mask = offs_n < hi
-        if PREFETCH:
-            nk, nv, nk_s, nv_s = _load_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, offs_n + BLOCK_N, hi, offs_d,
-                                            d_mask, kv_off, x_off, stride_cp, stride_cs, stride_cd, stride_xp,
-                                            stride_xs, PAGE_SIZE, IS_FP8)
-        else:
-            k, v, k_s, v_s = _load_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, offs_n, hi, offs_d, d_mask,
-                                        kv_off, x_off, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs,
-                                        PAGE_SIZE, IS_FP8)
-        qk = tl.sum(q * k.to(tl.float32), axis=2, keep_dims=True)  # [H, N, 1]
-        if IS_FP8:  # scales fold into the scores (K) and the probabilities (V): tiles are only cast
-            qk = qk * k_s
-        qk = tl.where(n_mask, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1, keep_dims=True))  # [H, 1, 1]
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new)  # [H, N, 1]
-        l_i = l_i * alpha + tl.sum(p, axis=1, keep_dims=True)
-        if IS_FP8:
-            p = p * v_s
-        if WIDE_ACC:
-            acc = acc * alpha + p * v.to(tl.float32)
-        else:
-            acc = acc * alpha + tl.sum(p * v.to(tl.float32), axis=1, keep_dims=True)  # [H, 1, D]
-        m_i = m_new
-        if PREFETCH:
-            k, v, k_s, v_s = nk, nv, nk_s, nv_s
-
-    if WIDE_ACC:
-        acc = tl.sum(acc, axis=1, keep_dims=True)  # [H, 1, D]
-    out_mask = h_mask & d_mask
-    l_safe = tl.where(l_i > 0, l_i, 1.0)
-    o = acc / l_safe
-    if not SPLIT:
-        tl.store(out_ptr + b * stride_ob + heads * stride_oh + offs_d * stride_od,
-                 o.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        hq = tl.num_programs(0) * GROUP
-        base = (b * hq + heads) * num_splits + split  # [H, 1, 1]
-        tl.store(mid_o_ptr + base.to(tl.int64) * BLOCK_D + offs_d, o, mask=out_mask)
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(mid_lse_ptr + base, lse, mask=h_mask)
 
@@ -271,15 +175,10 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
             *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(), num_splits)
     common = dict(GROUP=group, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1], BLOCK_D=block_d, BLOCK_N=config.block_n,
                   SPLIT=num_splits > 1, IS_FP8=fp8, **launch_options(config, q.device))
-    if config.math is DecodeMath.TENSOR_CORE:
-        for_device(_kernel, q.device)[(hkv, B, num_splits)](
-            *args, BLOCK_H=max(16, triton.next_power_of_2(group)), K_FIRST=config.k_first,
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **common)
-    else:
-        for_device(_cuda_core_kernel, q.device)[(hkv, B, num_splits)](
-            *args, BLOCK_H=triton.next_power_of_2(group), WIDE_ACC=config.math is DecodeMath.CUDA_CORE_WIDE_ACC,
-            PREFETCH=config.math is DecodeMath.CUDA_CORE_PREFETCH,
-            **common)
+    f16_math = {DecodeMath.Q_DTYPE: 0, DecodeMath.F16_SCALE_P: 1, DecodeMath.F16_SCALE_V: 2}[config.math] if fp8 else 0
+    for_device(_kernel, q.device)[(hkv, B, num_splits)](
+        *args, BLOCK_H=max(16, triton.next_power_of_2(group)), K_FIRST=config.k_first,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", F16_MATH=f16_math, **common)
     if num_splits > 1:
         for_device(_merge_kernel, q.device)[(B, hq)](
             mid_o, mid_lse, out, *out.stride(), num_splits, HEAD_DIM=d, BLOCK_D=block_d,
