@@ -26,8 +26,7 @@ import time
 import torch
 
 from kernel_checks import correctness
-# bench_fp8_decode.py imports the shapes, pools, oracles, time_fn and ceilings from here (PAGE too)
-from kernel_common import D, FP8, HKV, HQ, PAGE, Timing, check_rows, make_pool, quantize_pool, time_fn  # noqa: F401
+from kernel_common import D, FP8, HKV, HQ, Timing, check_rows, make_pool, quantize_pool, time_fn
 from kernel_peers import (ceilings, contiguous_kv, flashinfer_decode, flashinfer_prefill, gather_sdpa_decode,
                           load_flashinfer, sdpa_decode, sdpa_extend)
 
@@ -227,8 +226,8 @@ def sweeps(ops, dev, gen, read_tbps, smoke, which: Sweeps) -> list[dict]:
     qs = torch.arange(0, seqs * new, new, dtype=torch.int32, device=dev)
     ql = torch.full((seqs,), new, dtype=torch.int32, device=dev)
     flops = 4 * D * (new * cached + new * (new + 1) / 2) * HQ * seqs
-    for cfg in (KernelConfig(128, 128, 8, 3), KernelConfig(128, 128, 8, 2), KernelConfig(128, 64, 8, 3),
-                KernelConfig(128, 128, 4, 3), KernelConfig(64, 128, 4, 3)):
+    for cfg in (KernelConfig(128, 64, 8, 3, max_registers=128), KernelConfig(128, 64, 8, 2, max_registers=128),
+                KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 8, 3), KernelConfig(64, 128, 4, 3)):
         try:
             t = time_fn(lambda: ops.paged_prefill(q, pool.k, pool.v, pool.page_table, pool.seq_lens, qs, ql,
                                                   max_q_len=new, config=cfg), smoke)

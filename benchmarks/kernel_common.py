@@ -1,5 +1,5 @@
 """Shapes, timing, random page pools and fp64 oracles shared by the kernel benchmarks
-(bench_kernels.py, kernel_checks.py, kernel_peers.py, bench_fp8_decode.py). GPU timings are
+(bench_kernels.py, kernel_checks.py, kernel_peers.py, profile_*.py). GPU timings are
 medians of triton's do_bench over CUDA-graph replays; smoke runs time one wall-clock call."""
 from __future__ import annotations
 

@@ -13,27 +13,12 @@ from .reference import is_fp8
 LOG2E = 1.4426950408889634
 
 
-class DecodeMath(enum.Enum):
-    """The dtype of decode's two tensor-core dots over FP8 pages (16/32-bit pages ignore it).
-
-    Q_DTYPE: tiles widened to q's dtype. For bf16 q that is one slow convert per value (F2F, a
-    quarter-rate pipe on Hopper): FP8 decode ran no faster than bf16 (about 1000 us at 64 x 16k).
-    F16_SCALE_P: tiles widened to fp16 (one packed convert per two values; e4m3 and e5m2 are exact
-    in fp16), q scaled to |q| <= 1; the V scales, relative to the tile's largest, multiply P.
-    F16_SCALE_V: as F16_SCALE_P, but the relative V scales multiply the widened V tile, which lets
-    Triton transpose V as 16-bit (ldmatrix) instead of byte by byte.
-    """
-
-    Q_DTYPE = "q_dtype"
-    F16_SCALE_P = "f16_scale_p"
-    F16_SCALE_V = "f16_scale_v"
-
-
 class KernelConfig(NamedTuple):
     """Tile sizes and launch options of an attention kernel (block_m is unused by decode).
 
     k_first (decode only): compute the scores as K.q^T, so K tiles feed the tensor cores in their
-    memory order. math (decode over FP8 pages only): see DecodeMath.
+    memory order. max_registers: ptxas's cap per thread (Triton's maxnreg), to fit more programs
+    on each multiprocessor.
     """
 
     block_m: int
@@ -41,16 +26,20 @@ class KernelConfig(NamedTuple):
     num_warps: int
     num_stages: int
     k_first: bool = False
-    math: DecodeMath = DecodeMath.Q_DTYPE
+    max_registers: int | None = None
 
 
 # GPU defaults (H200, D = 128, bf16/fp8), picked with benchmarks/bench_kernels.py's sweep;
 # CPU (interpreter) runs use small tiles so tests stay fast.
 DECODE_GPU = KernelConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
 # FP8: 2 warps x 64-token tiles was the best of 10 configs at 64 x 16k (1001 us vs 1142 for 4 x 128),
-# and of 18 CUDA-core configs (DecodeMath) tried later (best 1783 us).
+# and of CUDA-core and fp16-dot variants tried later (benchmarks/RESULTS.md).
 DECODE_FP8_GPU = KernelConfig(block_m=16, block_n=64, num_warps=2, num_stages=2)
-PREFILL_GPU = KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
+# Prefill: 128 x 64 tiles capped at 128 registers fit two programs per SM, so one program's softmax
+# overlaps the other's matrix products (398 TFLOP/s on the extend shape vs 342 for 128 x 128 at 255
+# registers, one program per SM). FP8 pages keep the larger tiles (their widening needs registers).
+PREFILL_GPU = KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, max_registers=128)
+PREFILL_FP8_GPU = KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
 # fp32 q or pages: 4-byte tiles, kept small so the pipeline stages fit in shared memory.
 DECODE_FP32_GPU = KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=2)
 PREFILL_FP32_GPU = KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
@@ -69,14 +58,17 @@ def default_config(kind: KernelKind, q: Tensor, k_cache: Tensor) -> KernelConfig
     wide = q.element_size() == 4 or k_cache.element_size() == 4
     if kind is KernelKind.DECODE:
         return DECODE_FP32_GPU if wide else (DECODE_FP8_GPU if is_fp8(k_cache.dtype) else DECODE_GPU)
-    return PREFILL_FP32_GPU if wide else PREFILL_GPU
+    return PREFILL_FP32_GPU if wide else (PREFILL_FP8_GPU if is_fp8(k_cache.dtype) else PREFILL_GPU)
 
 
 def launch_options(config: KernelConfig, device: torch.device) -> dict:
     """Triton launch keywords (the interpreter takes none)."""
     if device.type == "cpu":
         return {}
-    return {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    opts = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if config.max_registers:
+        opts["maxnreg"] = config.max_registers
+    return opts
 
 
 def for_device(kernel: Any, device: torch.device) -> Any:

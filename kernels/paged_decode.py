@@ -7,12 +7,8 @@ tiles of BLOCK_N tokens are independent of the page size (each token looks its p
 With one split the program writes the output; otherwise each split writes its normalised
 partial output and log-sum-exp, and `_merge_kernel` combines them.
 
-FP8 caches are dequantised in-kernel: the per-token K scales multiply the score columns and the
-V scales the probabilities (or the widened V tile); accumulation stays fp32. The dots run in q's
-dtype or, with the fp16 maths (DecodeMath), in fp16: e4m3 and e5m2 widen to fp16 exactly with one
-packed convert per two values, where widening to bf16 costs a slow convert per value and made FP8
-decode no faster than bf16. fp16 has a narrow range, so q is divided by its largest |value| (folded
-back into the K scales) and the V scales by the tile's largest (multiplied back after the dot).
+FP8 caches are dequantised in-kernel: K/V tiles are converted to q's dtype, the per-token
+scales multiply the score columns (K) and the probabilities (V); accumulation stays fp32.
 """
 from __future__ import annotations
 
@@ -23,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import LOG2E, DecodeMath, KernelConfig, KernelKind, check_paged_args, default_config, for_device, launch_options
+from .launch import LOG2E, KernelConfig, KernelKind, check_paged_args, default_config, for_device, launch_options
 
 
 @triton.jit
@@ -35,8 +31,7 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
             stride_ptb, stride_ob, stride_oh, stride_od, num_splits,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
             BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-            SPLIT: tl.constexpr, IS_FP8: tl.constexpr, K_FIRST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-            F16_MATH: tl.constexpr):
+            SPLIT: tl.constexpr, IS_FP8: tl.constexpr, K_FIRST: tl.constexpr, DOT_PRECISION: tl.constexpr):
     kvh = tl.program_id(0)  # heads of one row are launch neighbours: they share FP8 scale sectors in L2
     b = tl.program_id(1)
     split = tl.program_id(2)
@@ -53,11 +48,6 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
     d_mask = offs_d < HEAD_DIM
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=h_mask[:, None] & d_mask[None, :], other=0.0)  # q: [BLOCK_H, BLOCK_D]
-    if F16_MATH != 0:  # 1: V scales on P, 2: V scales on the V tile (DecodeMath.F16_SCALE_P / _V)
-        q = q.to(tl.float32)
-        q_max = tl.maximum(tl.max(tl.max(tl.abs(q), axis=1), axis=0), 1e-30)
-        q = (q / q_max).to(tl.float16)  # |q| <= 1: no fp16 overflow
-        qk_scale = qk_scale * q_max
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -88,19 +78,10 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        if IS_FP8:
+            p = p * v_s[None, :]
         acc = acc * alpha[:, None]
-        if F16_MATH == 0:
-            if IS_FP8:
-                p = p * v_s[None, :]
-            acc += tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
-        else:  # V scales relative to the tile's largest (<= 1), so no fp16 overflow or early underflow
-            v_max = tl.maximum(tl.max(v_s, axis=0), 1e-30)
-            v_rel = v_s / v_max  # [BLOCK_N]
-            if F16_MATH == 1:
-                pv = tl.dot((p * v_rel[None, :]).to(tl.float16), v.to(tl.float16))
-            else:
-                pv = tl.dot(p.to(tl.float16), v.to(tl.float16) * v_rel.to(tl.float16)[:, None])
-            acc += pv * v_max
+        acc += tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
         m_i = m_new
 
     out_mask = h_mask[:, None] & d_mask[None, :]
@@ -175,10 +156,9 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
             *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(), num_splits)
     common = dict(GROUP=group, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1], BLOCK_D=block_d, BLOCK_N=config.block_n,
                   SPLIT=num_splits > 1, IS_FP8=fp8, **launch_options(config, q.device))
-    f16_math = {DecodeMath.Q_DTYPE: 0, DecodeMath.F16_SCALE_P: 1, DecodeMath.F16_SCALE_V: 2}[config.math] if fp8 else 0
     for_device(_kernel, q.device)[(hkv, B, num_splits)](
         *args, BLOCK_H=max(16, triton.next_power_of_2(group)), K_FIRST=config.k_first,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", F16_MATH=f16_math, **common)
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **common)
     if num_splits > 1:
         for_device(_merge_kernel, q.device)[(B, hq)](
             mid_o, mid_lse, out, *out.stride(), num_splits, HEAD_DIM=d, BLOCK_D=block_d,

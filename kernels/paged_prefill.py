@@ -32,21 +32,22 @@ def _tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, q_pos,
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k = tl.load(kc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)
     qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-    if IS_FP8:
+    if IS_FP8:  # K scales and qk_scale multiply the score columns
         xrow = page * stride_xp + (offs_n % PAGE_SIZE) * stride_xs + scale_head
         qk = qk * (tl.load(ks_ptr + xrow, mask=n_mask, other=0.0) * qk_scale)[None, :]
-    else:
-        qk = qk * qk_scale
+        exp_scale = 1.0
+    else:  # qk_scale joins the exponent: one FFMA per score
+        exp_scale = qk_scale
     if MASKED:
         qk = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1) * exp_scale)
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
+    acc = acc * alpha[:, None]
+    p = tl.exp2(qk * exp_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if IS_FP8:
         p = p * tl.load(vs_ptr + xrow, mask=n_mask, other=0.0)[None, :]
     v = tl.load(vc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)
-    acc = acc * alpha[:, None]
     acc += tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
