@@ -1,0 +1,25 @@
+"""Launch options and default tiles chosen by kernels/launch.py (no kernel runs)."""
+import torch
+
+from radixkv.kernels.launch import (CPU_TILES, DECODE_FP8_GPU, DECODE_GPU, PREFILL_FP8_GPU, PREFILL_GPU, KernelConfig,
+                                    KernelKind, default_config, launch_options)
+
+
+def test_register_cap_reaches_triton_on_gpu_only():
+    cfg = KernelConfig(128, 64, 8, 3, max_registers=128)
+    assert launch_options(cfg, torch.device("cuda")) == {"num_warps": 8, "num_stages": 3, "maxnreg": 128}
+    assert launch_options(cfg._replace(max_registers=None), torch.device("cuda")) == {"num_warps": 8, "num_stages": 3}
+    assert launch_options(cfg, torch.device("cpu")) == {}  # the interpreter takes no launch options
+
+
+def test_default_tiles_by_dtype():
+    q16 = torch.empty(1, 4, 128, dtype=torch.bfloat16)
+    cache16 = torch.empty(2, 16, 1, 128, dtype=torch.bfloat16)
+    cache8 = torch.empty(2, 16, 1, 128, dtype=torch.float8_e4m3fn)
+    assert default_config(KernelKind.DECODE, q16, cache16) is CPU_TILES
+    gpu_q = type("FakeGpuTensor", (), {"device": torch.device("cuda"), "element_size": lambda self: 2})()
+    assert default_config(KernelKind.DECODE, gpu_q, cache16) is DECODE_GPU
+    assert default_config(KernelKind.DECODE, gpu_q, cache8) is DECODE_FP8_GPU
+    assert default_config(KernelKind.PREFILL, gpu_q, cache16) is PREFILL_GPU
+    assert default_config(KernelKind.PREFILL, gpu_q, cache8) is PREFILL_FP8_GPU
+    assert PREFILL_GPU.max_registers == 128  # two programs per SM (benchmarks/RESULTS.md)
