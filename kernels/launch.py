@@ -36,8 +36,8 @@ DECODE_GPU = KernelConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
 # and of CUDA-core and fp16-dot variants tried later (benchmarks/RESULTS.md).
 DECODE_FP8_GPU = KernelConfig(block_m=16, block_n=64, num_warps=2, num_stages=2)
 # Prefill: 128 x 64 tiles capped at 128 registers fit two programs per SM, so one program's softmax
-# overlaps the other's matrix products (398 TFLOP/s on the extend shape vs 342 for 128 x 128 at 255
-# registers, one program per SM). FP8 pages keep the larger tiles (their widening needs registers).
+# overlaps the other's matrix products (378-401 TFLOP/s on the extend shape vs 342 for 128 x 128 at
+# 255 registers, one program per SM). FP8 pages keep 128 x 128 (not yet measured with the cap).
 PREFILL_GPU = KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, max_registers=128)
 PREFILL_FP8_GPU = KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
 # fp32 q or pages: 4-byte tiles, kept small so the pipeline stages fit in shared memory.
