@@ -26,12 +26,11 @@ import time
 import torch
 
 from kernel_checks import correctness
-from kernel_common import D, FP8, HKV, HQ, Timing, check_rows, make_pool, quantize_pool, time_fn
+from kernel_common import D, EXTEND, FP8, HKV, HQ, Timing, check_rows, make_extend, make_pool, quantize_pool, time_fn
 from kernel_peers import (ceilings, contiguous_kv, flashinfer_decode, flashinfer_prefill, gather_sdpa_decode,
                           load_flashinfer, sdpa_decode, sdpa_extend)
 
 DECODE_SHAPES = [(1, 32768), (16, 4096), (64, 4096), (64, 16384), (256, 1024), (256, 4096)]
-EXTEND = (8, 4096, 512)  # sequences, cached tokens, new tokens
 SMOKE_DECODE = [(2, 64), (3, 40)]
 SMOKE_EXTEND = (2, 32, 16)
 
@@ -102,13 +101,8 @@ def bench_decode(ops, ref, fi, dev, gen, read_tbps, smoke, shapes, workspace) ->
 
 def bench_extend(ops, fi, dev, gen, smoke, shape, workspace) -> list[dict]:
     seqs, cached, new = shape
-    pool = make_pool(seqs, cached + new, dev, gen)
+    pool, q, qs, ql, flops = make_extend(seqs, cached, new, dev, gen)
     q_lens = [new] * seqs
-    q = torch.randn(seqs * new, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
-    qs = torch.arange(0, seqs * new, new, dtype=torch.int32, device=dev)
-    ql = torch.full((seqs,), new, dtype=torch.int32, device=dev)
-    per_head = new * cached + new * (new + 1) / 2
-    flops = 4 * D * per_head * HQ * seqs
     sm = 1 / math.sqrt(D)
     rows = []
 
@@ -220,12 +214,7 @@ def sweeps(ops, dev, gen, read_tbps, smoke, which: Sweeps) -> list[dict]:
     torch.cuda.empty_cache()
     if which is not Sweeps.ALL:
         return rows
-    seqs, cached, new = EXTEND
-    pool = make_pool(seqs, cached + new, dev, gen)
-    q = torch.randn(seqs * new, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
-    qs = torch.arange(0, seqs * new, new, dtype=torch.int32, device=dev)
-    ql = torch.full((seqs,), new, dtype=torch.int32, device=dev)
-    flops = 4 * D * (new * cached + new * (new + 1) / 2) * HQ * seqs
+    pool, q, qs, ql, flops = make_extend(*EXTEND, dev, gen)
     for cfg in (KernelConfig(128, 64, 8, 3, max_registers=128), KernelConfig(128, 64, 8, 2, max_registers=128),
                 KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 8, 3), KernelConfig(64, 128, 4, 3)):
         try:

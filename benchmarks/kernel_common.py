@@ -9,6 +9,7 @@ from typing import Callable, NamedTuple
 import torch
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
+EXTEND = (8, 4096, 512)  # the extend benchmark: sequences, cached tokens, new tokens each
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
@@ -64,6 +65,25 @@ def make_pool(batch: int, ctx: int, dev: torch.device, gen: torch.Generator) -> 
     v = torch.randn(pages, PAGE, HKV, D, device=dev, dtype=torch.bfloat16, generator=gen)
     table = torch.randperm(pages, device=dev, generator=gen).to(torch.int32).view(batch, -1)
     return Pool(k, v, table, torch.full((batch,), ctx, dtype=torch.int32, device=dev))
+
+
+class Extend(NamedTuple):
+    """An extend batch: every sequence has `cached` tokens in the pool plus `new` ones to attend."""
+
+    pool: Pool  # seq_lens = cached + new for every row
+    q: torch.Tensor  # [seqs * new, HQ, D] bf16
+    q_start: torch.Tensor  # int32 [seqs]
+    q_lens: torch.Tensor  # int32 [seqs]
+    flops: float  # causal attention FLOPs of the batch (both matrix products)
+
+
+def make_extend(seqs: int, cached: int, new: int, dev: torch.device, gen: torch.Generator) -> Extend:
+    pool = make_pool(seqs, cached + new, dev, gen)
+    q = torch.randn(seqs * new, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
+    q_start = torch.arange(0, seqs * new, new, dtype=torch.int32, device=dev)
+    q_lens = torch.full((seqs,), new, dtype=torch.int32, device=dev)
+    flops = 4 * D * (new * cached + new * (new + 1) / 2) * HQ * seqs
+    return Extend(pool, q, q_start, q_lens, flops)
 
 
 def quantize_pool(pool: Pool, dtype: torch.dtype, ops) -> tuple[torch.Tensor, ...]:

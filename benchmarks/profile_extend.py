@@ -13,9 +13,7 @@ import sys
 
 import torch
 
-from kernel_common import D, HQ, check_rows, make_pool, time_fn
-
-EXTEND = (8, 4096, 512)  # sequences, cached tokens, new tokens (as bench_kernels.py)
+from kernel_common import D, EXTEND, check_rows, make_extend, time_fn
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,12 +26,8 @@ def main(argv: list[str] | None = None) -> int:
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    seqs, cached, new = EXTEND
-    pool = make_pool(seqs, cached + new, dev, gen)
-    q = torch.randn(seqs * new, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
-    qs = torch.arange(0, seqs * new, new, dtype=torch.int32, device=dev)
-    ql = torch.full((seqs,), new, dtype=torch.int32, device=dev)
-    flops = 4 * D * (new * cached + new * (new + 1) / 2) * HQ * seqs
+    seqs, _, new = EXTEND
+    pool, q, qs, ql, flops = make_extend(*EXTEND, dev, gen)
     for spec in args.configs:
         m, n, w, s, *reg = spec.split(":")
         cfg = KernelConfig(int(m), int(n), int(w), int(s), max_registers=int(reg[0]) if reg else None)
