@@ -1,0 +1,66 @@
+"""Paged decode (default 64 x 16k): time chosen configs, or launch each once for Nsight Compute.
+
+    # each config is kv:block_n:warps:stages:splits[:maxnreg]
+    python benchmarks/profile_decode.py --time bf16 fp8:64:2:2:1 bf16:64:4:3:1:96
+    ncu --clock-control none --kernel-name _kernel --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section LaunchStats python benchmarks/profile_decode.py fp8:64:2:2:1
+
+kv is bf16 or fp8 (e4m3, quantised in-kernel from the bf16 pool); a bare "bf16" or "fp8" is the
+launcher's default config with its own split choice.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from kernel_common import HKV, D, make_pool, quantize_pool, time_fn
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("configs", nargs="+")
+    ap.add_argument("--time", action="store_true", help="time each config (do_bench over graph replays)")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--context", type=int, default=16384)
+    ap.add_argument("--ceiling", action="store_true", help="first measure the streaming-read ceiling")
+    args = ap.parse_args(argv)
+    from radixkv import kernels as ops
+    from radixkv.attention import choose_num_splits
+    from radixkv.kernels.launch import KernelConfig
+
+    dev = torch.device("cuda")
+    if args.ceiling:
+        from kernel_peers import ceilings
+
+        print(f"read ceiling {ceilings(dev, False)[1]:.3f} TB/s")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    pool = make_pool(args.batch, args.context, dev, gen)
+    q = torch.randn(args.batch, 4 * HKV, D, device=dev, dtype=torch.bfloat16, generator=gen)
+    kq, vq, ks, vs = quantize_pool(pool, torch.float8_e4m3fn, ops)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    caches = {"bf16": (pool.k, pool.v, None, None), "fp8": (kq, vq, ks, vs)}
+    for spec in args.configs:
+        kv, *tiles = spec.split(":")
+        kc, vc, k_s, v_s = caches[kv]
+        if tiles:
+            n, w, s, splits, *reg = map(int, tiles)
+            cfg = KernelConfig(16, n, w, s, max_registers=reg[0] if reg else None)
+        else:
+            cfg, splits = None, choose_num_splits(args.batch, HKV, args.context, sms)
+        fn = (lambda kc=kc, vc=vc, k_s=k_s, v_s=v_s, cfg=cfg, splits=splits: ops.paged_decode(
+            q, kc, vc, pool.page_table, pool.seq_lens, k_scale=k_s, v_scale=v_s, num_splits=splits, config=cfg))
+        if args.time:
+            t = time_fn(fn, False).us
+            row_bytes = kc.element_size() * D + (4 if k_s is not None else 0)  # one token, one head, K or V
+            tbps = row_bytes * 2 * args.batch * args.context * HKV / t / 1e6
+            print(f"{spec:20s} {t:8.1f} us {tbps:6.3f} TB/s", flush=True)
+        else:
+            fn()
+    torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
