@@ -3,15 +3,23 @@
 gather-then-SDPA, FlashInfer's paged wrappers)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from kernel_common import D, HKV, HQ, PAGE, Pool, time_fn
+from kernel_common import D, HKV, HQ, PAGE, Pool, time_fn, time_rotated
 
 
-def ceilings(dev: torch.device, smoke: bool) -> tuple[float, float]:
-    """(copy_tbps counting read + write, read_tbps of a streaming-read Triton kernel)."""
+class Ceilings(NamedTuple):
+    copy_tbps: float  # device-to-device copy, read + write bytes, L2 flushed before each copy
+    read_tbps: float  # streaming-read kernel over 4 GiB, L2 flushed (time_fn)
+    read_rotated_tbps: float  # the same kernel over two 2 GiB halves in turn, no flush (time_rotated)
+
+
+def ceilings(dev: torch.device, smoke: bool) -> Ceilings:
+    """Bandwidth ceilings measured in this run, by both timing methods of kernel_common."""
     if smoke:
-        return 1.0, 1.0
+        return Ceilings(1.0, 1.0, 1.0)
     import triton
     import triton.language as tl
 
@@ -33,17 +41,24 @@ def ceilings(dev: torch.device, smoke: bool) -> tuple[float, float]:
     copy_us = do_bench(lambda: y.copy_(x), warmup=25, rep=150, return_mode="median") * 1e3
     copy_tbps = 2 * x.numel() * 2 / copy_us / 1e6
     print(f"  torch copy_: {copy_tbps:.3f} TB/s (read + write)")
-    best = 0.0
-    for block, iters, warps in ((4096, 16, 8), (8192, 8, 8), (2048, 32, 4), (16384, 4, 16)):
-        partial = torch.empty(triton.cdiv(n, block * iters), device=dev, dtype=torch.float32)
-        grid = (partial.numel(),)
-        us = time_fn(lambda: _read_kernel[grid](x, partial, n, BLOCK=block, ITERS=iters, num_warps=warps), False).us
-        tbps = x.numel() * 2 / us / 1e6
-        print(f"  read kernel BLOCK={block} ITERS={iters} warps={warps}: {tbps:.3f} TB/s")
-        best = max(best, tbps)
-    del x, y
+    del y
+    partial = torch.empty(triton.cdiv(n, 2048 * 16), device=dev, dtype=torch.float32)
+
+    def read(x, block, iters, warps):
+        return lambda: _read_kernel[(triton.cdiv(x.numel(), block * iters),)](
+            x, partial, x.numel(), BLOCK=block, ITERS=iters, num_warps=warps)
+
+    best, best_cfg = 0.0, None
+    for cfg in ((4096, 16, 8), (8192, 8, 8), (2048, 32, 4), (16384, 4, 16)):
+        tbps = x.numel() * 2 / time_fn(read(x, *cfg), False).us / 1e6
+        print(f"  read kernel BLOCK={cfg[0]} ITERS={cfg[1]} warps={cfg[2]}: {tbps:.3f} TB/s")
+        best, best_cfg = max((best, best_cfg), (tbps, cfg))
+    half = x.numel() // 2
+    rotated = half * 2 / time_rotated([read(x[:half], *best_cfg), read(x[half:], *best_cfg)]).us / 1e6
+    print(f"  read kernel {best_cfg}, two 2 GiB halves in turn, no flush: {rotated:.3f} TB/s")
+    del x, partial
     torch.cuda.empty_cache()
-    return copy_tbps, best
+    return Ceilings(copy_tbps, best, rotated)
 
 
 def load_flashinfer(enabled: bool):

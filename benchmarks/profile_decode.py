@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from kernel_common import HKV, D, make_pool, quantize_pool, time_fn
+from kernel_common import HKV, D, make_pool, quantize_pool, time_fn, time_rotated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--context", type=int, default=16384)
     ap.add_argument("--ceiling", action="store_true", help="first measure the streaming-read ceiling")
+    ap.add_argument("--rotate", action="store_true", help="also time over two pools in turn, no L2 flush")
     args = ap.parse_args(argv)
     from radixkv import kernels as ops
     from radixkv.attention import choose_num_splits
@@ -34,13 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.ceiling:
         from kernel_peers import ceilings
 
-        print(f"read ceiling {ceilings(dev, False)[1]:.3f} TB/s")
+        ceil = ceilings(dev, False)
+        print(f"read ceiling {ceil.read_tbps:.3f} TB/s (L2 flushed), {ceil.read_rotated_tbps:.3f} TB/s (rotated)")
     gen = torch.Generator(device=dev).manual_seed(0)
     pool = make_pool(args.batch, args.context, dev, gen)
     q = torch.randn(args.batch, 4 * HKV, D, device=dev, dtype=torch.bfloat16, generator=gen)
     kq, vq, ks, vs = quantize_pool(pool, torch.float8_e4m3fn, ops)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     caches = {"bf16": (pool.k, pool.v, None, None), "fp8": (kq, vq, ks, vs)}
+    pool2 = make_pool(args.batch, args.context, dev, gen) if args.rotate else None
     for spec in args.configs:
         kv, *tiles = spec.split(":")
         kc, vc, k_s, v_s = caches[kv]
@@ -55,7 +58,13 @@ def main(argv: list[str] | None = None) -> int:
             t = time_fn(fn, False).us
             row_bytes = kc.element_size() * D + (4 if k_s is not None else 0)  # one token, one head, K or V
             tbps = row_bytes * 2 * args.batch * args.context * HKV / t / 1e6
-            print(f"{spec:20s} {t:8.1f} us {tbps:6.3f} TB/s", flush=True)
+            line = f"{spec:20s} {t:8.1f} us {tbps:6.3f} TB/s"
+            if pool2 is not None and kv == "bf16":
+                other = (lambda cfg=cfg, splits=splits: ops.paged_decode(
+                    q, pool2.k, pool2.v, pool2.page_table, pool2.seq_lens, num_splits=splits, config=cfg))
+                tr = time_rotated([fn, other]).us
+                line += f" | rotated {tr:8.1f} us {tbps * t / tr:6.3f} TB/s"
+            print(line, flush=True)
         else:
             fn()
     torch.cuda.synchronize()
