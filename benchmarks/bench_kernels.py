@@ -221,6 +221,7 @@ def sweeps(ops, dev, gen, read_tbps, smoke, which: Sweeps) -> list[dict]:
     torch.cuda.empty_cache()
     if which is not Sweeps.ALL:
         return rows
+    new = EXTEND[2]
     pool, q, qs, ql, flops = make_extend(*EXTEND, dev, gen)
     for cfg in (KernelConfig(128, 64, 8, 3, max_registers=128), KernelConfig(128, 64, 8, 2, max_registers=128),
                 KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 8, 3), KernelConfig(64, 128, 4, 3)):
