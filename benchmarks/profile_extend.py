@@ -1,9 +1,13 @@
-"""bf16 extend (8 x (4096 cached + 512 new), causal) on the GPU: time chosen prefill tile configs.
+"""Extend (8 x (4096 cached + 512 new), causal) on the GPU: time chosen prefill tile configs.
 
-    python benchmarks/profile_extend.py 128:128:8:3 128:64:8:3:128   # block_m:block_n:warps:stages[:maxnreg]
+    python benchmarks/profile_extend.py 128:128:8:3 128:64:8:3:128 default   # block_m:block_n:warps:stages[:maxnreg]
+    python benchmarks/profile_extend.py --kv fp8 --new 64 default 256:64:8:3
 
-Each config is checked against fp64 attention on two rows, then timed (do_bench median over CUDA-graph
-replays, L2 flushed). For Nsight Compute, add --once to launch each config once, untimed.
+"default" is the launcher's own choice. --kv fp8 runs over e4m3 pages (quantised in-kernel).
+
+Each config is checked against fp64 attention over the true (bf16) values on two rows, then timed
+(do_bench median over CUDA-graph replays, L2 flushed). For Nsight Compute, add --once to launch each
+config once, untimed.
 """
 from __future__ import annotations
 
@@ -13,26 +17,32 @@ import sys
 
 import torch
 
-from kernel_common import D, EXTEND, check_rows, make_extend, time_fn
+from kernel_common import D, EXTEND, FP8, check_rows, make_extend, quantize_pool, time_fn
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("configs", nargs="+")
     ap.add_argument("--once", action="store_true")
+    ap.add_argument("--kv", choices=("bf16", "fp8"), default="bf16")
+    ap.add_argument("--new", type=int, default=EXTEND[2], help="new tokens per sequence")
     args = ap.parse_args(argv)
     from radixkv import kernels as ops
     from radixkv.kernels.launch import KernelConfig
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    seqs, _, new = EXTEND
-    pool, q, qs, ql, flops = make_extend(*EXTEND, dev, gen)
+    seqs, cached, new = EXTEND[0], EXTEND[1], args.new
+    pool, q, qs, ql, flops = make_extend(seqs, cached, new, dev, gen)
+    kc, vc, ks, vs = (pool.k, pool.v, None, None) if args.kv == "bf16" else quantize_pool(pool, FP8["fp8_e4m3"], ops)
     for spec in args.configs:
-        m, n, w, s, *reg = spec.split(":")
-        cfg = KernelConfig(int(m), int(n), int(w), int(s), max_registers=int(reg[0]) if reg else None)
-        fn = lambda cfg=cfg: ops.paged_prefill(q, pool.k, pool.v, pool.page_table, pool.seq_lens, qs, ql,
-                                               max_q_len=new, config=cfg)
+        if spec == "default":
+            cfg = None
+        else:
+            m, n, w, s, *reg = spec.split(":")
+            cfg = KernelConfig(int(m), int(n), int(w), int(s), max_registers=int(reg[0]) if reg else None)
+        fn = lambda cfg=cfg: ops.paged_prefill(q, kc, vc, pool.page_table, pool.seq_lens, qs, ql, k_scale=ks,
+                                               v_scale=vs, max_q_len=new, config=cfg)
         if args.once:
             fn()
             continue

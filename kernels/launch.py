@@ -35,11 +35,14 @@ DECODE_GPU = KernelConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
 # FP8: 2 warps x 64-token tiles was the best of 10 configs at 64 x 16k (1001 us vs 1142 for 4 x 128),
 # and of CUDA-core and fp16-dot variants tried later (benchmarks/RESULTS.md).
 DECODE_FP8_GPU = KernelConfig(block_m=16, block_n=64, num_warps=2, num_stages=2)
-# Prefill: 128 x 64 tiles capped at 128 registers fit two programs per SM, so one program's softmax
-# overlaps the other's matrix products (378-401 TFLOP/s on the extend shape vs 342 for 128 x 128 at
-# 255 registers, one program per SM). FP8 pages keep 128 x 128 (not yet measured with the cap).
-PREFILL_GPU = KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, max_registers=128)
-PREFILL_FP8_GPU = KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
+# Prefill tiles by the longest row of new tokens (first whose bound holds; benchmarks/profile_extend.py,
+# 8 x 4k cached, TFLOP/s). 512 new: 256 x 64 390-392 (fp8 159); 128 x 64 capped at 128 registers (two
+# programs per SM) 378-401 (fp8 126: spills); 128 x 128 at 255 registers 339-342 (fp8 143). 64 new:
+# 64 x 64 / 4 warps 278, 128 x 64 capped 197, 256 x 64 101 (rows past the new tokens are padding).
+PREFILL_GPU_BY_LEN = ((64, KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)),
+                      (128, KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, max_registers=128)),
+                      (None, KernelConfig(block_m=256, block_n=64, num_warps=8, num_stages=3)))
+PREFILL_FP8_GPU_BY_LEN = (PREFILL_GPU_BY_LEN[0], PREFILL_GPU_BY_LEN[2])
 # fp32 q or pages: 4-byte tiles, kept small so the pipeline stages fit in shared memory.
 DECODE_FP32_GPU = KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=2)
 PREFILL_FP32_GPU = KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
@@ -51,14 +54,18 @@ class KernelKind(enum.Enum):
     PREFILL = "prefill"
 
 
-def default_config(kind: KernelKind, q: Tensor, k_cache: Tensor) -> KernelConfig:
-    """Tiles for this launch: small ones in the interpreter, dtype-dependent ones on the GPU."""
+def default_config(kind: KernelKind, q: Tensor, k_cache: Tensor, max_q_len: int | None = None) -> KernelConfig:
+    """Tiles for this launch: small ones in the interpreter, dtype-dependent ones on the GPU;
+    prefill also by its longest row of new tokens (max_q_len)."""
     if q.device.type == "cpu":
         return CPU_TILES
     wide = q.element_size() == 4 or k_cache.element_size() == 4
     if kind is KernelKind.DECODE:
         return DECODE_FP32_GPU if wide else (DECODE_FP8_GPU if is_fp8(k_cache.dtype) else DECODE_GPU)
-    return PREFILL_FP32_GPU if wide else (PREFILL_FP8_GPU if is_fp8(k_cache.dtype) else PREFILL_GPU)
+    if wide:
+        return PREFILL_FP32_GPU
+    by_len = PREFILL_FP8_GPU_BY_LEN if is_fp8(k_cache.dtype) else PREFILL_GPU_BY_LEN
+    return next(cfg for bound, cfg in by_len if bound is None or (max_q_len is not None and max_q_len <= bound))
 
 
 def launch_options(config: KernelConfig, device: torch.device) -> dict:

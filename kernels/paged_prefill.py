@@ -135,7 +135,7 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
         return out
     if max_q_len is None:
         max_q_len = int(q_lens.max().item())
-    config = config or default_config(KernelKind.PREFILL, q, k_cache)
+    config = config or default_config(KernelKind.PREFILL, q, k_cache, max_q_len)
     xs = k_scale.stride() if fp8 else (0, 0, 0)
     grid = (hq, B, triton.cdiv(max(1, max_q_len), config.block_m))
     for_device(_kernel, q.device)[grid](

@@ -1,8 +1,8 @@
 """Launch options and default tiles chosen by kernels/launch.py (no kernel runs)."""
 import torch
 
-from radixkv.kernels.launch import (CPU_TILES, DECODE_FP8_GPU, DECODE_GPU, PREFILL_FP8_GPU, PREFILL_GPU, KernelConfig,
-                                    KernelKind, default_config, launch_options)
+from radixkv.kernels.launch import (CPU_TILES, DECODE_FP8_GPU, DECODE_GPU, PREFILL_GPU_BY_LEN, KernelConfig, KernelKind,
+                                    default_config, launch_options)
 
 
 def test_register_cap_reaches_triton_on_gpu_only():
@@ -20,6 +20,8 @@ def test_default_tiles_by_dtype():
     gpu_q = type("FakeGpuTensor", (), {"device": torch.device("cuda"), "element_size": lambda self: 2})()
     assert default_config(KernelKind.DECODE, gpu_q, cache16) is DECODE_GPU
     assert default_config(KernelKind.DECODE, gpu_q, cache8) is DECODE_FP8_GPU
-    assert default_config(KernelKind.PREFILL, gpu_q, cache16) is PREFILL_GPU
-    assert default_config(KernelKind.PREFILL, gpu_q, cache8) is PREFILL_FP8_GPU
-    assert PREFILL_GPU.max_registers == 128  # two programs per SM (benchmarks/RESULTS.md)
+    tiles = {n: default_config(KernelKind.PREFILL, gpu_q, cache16, max_q_len=n)[:2] for n in (None, 1, 64, 65, 128, 512)}
+    assert tiles == {None: (256, 64), 1: (64, 64), 64: (64, 64), 65: (128, 64), 128: (128, 64), 512: (256, 64)}
+    assert default_config(KernelKind.PREFILL, gpu_q, cache16, max_q_len=100).max_registers == 128
+    assert default_config(KernelKind.PREFILL, gpu_q, cache8, max_q_len=100)[:2] == (256, 64)  # fp8: no capped tier
+    assert PREFILL_GPU_BY_LEN[-1][0] is None  # every length has a config
