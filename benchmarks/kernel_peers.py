@@ -42,14 +42,15 @@ def ceilings(dev: torch.device, smoke: bool) -> Ceilings:
     copy_tbps = 2 * x.numel() * 2 / copy_us / 1e6
     print(f"  torch copy_: {copy_tbps:.3f} TB/s (read + write)")
     del y
-    partial = torch.empty(triton.cdiv(n, 2048 * 16), device=dev, dtype=torch.float32)
+    configs = ((4096, 16, 8), (8192, 8, 8), (2048, 32, 4), (16384, 4, 16))  # BLOCK, ITERS, warps
+    partial = torch.empty(triton.cdiv(n, min(b * i for b, i, _ in configs)), device=dev, dtype=torch.float32)
 
     def read(x, block, iters, warps):
         return lambda: _read_kernel[(triton.cdiv(x.numel(), block * iters),)](
             x, partial, x.numel(), BLOCK=block, ITERS=iters, num_warps=warps)
 
     best, best_cfg = 0.0, None
-    for cfg in ((4096, 16, 8), (8192, 8, 8), (2048, 32, 4), (16384, 4, 16)):
+    for cfg in configs:
         tbps = x.numel() * 2 / time_fn(read(x, *cfg), False).us / 1e6
         print(f"  read kernel BLOCK={cfg[0]} ITERS={cfg[1]} warps={cfg[2]}: {tbps:.3f} TB/s")
         best, best_cfg = max((best, best_cfg), (tbps, cfg))
