@@ -54,4 +54,12 @@ def correctness(ops, ref, dev: torch.device, gen: torch.Generator, smoke: bool) 
                 ops.paged_decode(qd, kq, vq, table, seq, k_scale=ks, v_scale=vs, num_splits=splits, out=out)
                 e = rel_err(out, want)
                 results.append({"check": f"decode page{page_size} {kv_name} splits{splits}", "ok": e < 1e-2, "rel_err": e})
+            if kv_name.startswith("fp8") and page_size == 16:  # FP8 decode kernel at GQA groups 1 and 16, fp16 q
+                for hq, qdt in ((HKV, torch.bfloat16), (16 * HKV, torch.float16)):
+                    qg = torch.randn(n_rows, hq, D, device=dev, generator=gen).to(qdt)
+                    want = ref.paged_decode_ref(qg.float(), kq, vq, table, seq, k_scale=ks, v_scale=vs).double()
+                    out = torch.full_like(qg, float("nan"))
+                    ops.paged_decode(qg, kq, vq, table, seq, k_scale=ks, v_scale=vs, num_splits=3, out=out)
+                    e = rel_err(out, want)
+                    results.append({"check": f"decode page16 {kv_name} group{hq // HKV} {qdt}", "ok": e < 1e-2, "rel_err": e})
     return results

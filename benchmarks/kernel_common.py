@@ -129,10 +129,12 @@ def make_extend(seqs: int, cached: int, new: int, dev: torch.device, gen: torch.
 
 
 def quantize_pool(pool: Pool, dtype: torch.dtype, ops) -> tuple[torch.Tensor, ...]:
-    """FP8 copy of a pool written by the store_kv kernel (in-kernel quantisation), chunked."""
+    """FP8 copy of a pool written by the store_kv kernel (in-kernel quantisation), chunked; scales
+    head-major like KVStore's."""
+    from radixkv.kv_store import head_major_scales
+
     kq, vq = torch.empty_like(pool.k, dtype=dtype), torch.empty_like(pool.v, dtype=dtype)
-    ks = torch.empty(pool.k.shape[:3], dtype=torch.float32, device=pool.k.device)
-    vs = torch.empty_like(ks)
+    ks, vs = head_major_scales(pool.k.shape, pool.k.device), head_major_scales(pool.k.shape, pool.k.device)
     rows = pool.k.shape[0] * PAGE
     step = 1 << 18
     for lo in range(0, rows, step):

@@ -6,7 +6,8 @@
         --section WarpStateStats --section LaunchStats python benchmarks/profile_decode.py fp8:64:2:2:1
 
 kv is bf16 or fp8 (e4m3, quantised in-kernel from the bf16 pool); a bare "bf16" or "fp8" is the
-launcher's default config with its own split choice.
+launcher's default (for fp8, the Gluon kernel where supported) with its own split choice, and
+"fp8@S" the default with S splits. rel_err is vs fp64 over the cache's own values (rows 0 and B-1).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import sys
 
 import torch
 
-from kernel_common import HKV, D, make_pool, quantize_pool, time_fn, time_rotated
+from kernel_common import HKV, D, check_rows, make_pool, quantize_pool, time_fn, time_rotated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from radixkv import kernels as ops
     from radixkv.attention import choose_num_splits
-    from radixkv.kernels.launch import KernelConfig
+    from radixkv.kernels.launch import KernelConfig, fp8_decode_kernel_supported
 
     dev = torch.device("cuda")
     if args.ceiling:
@@ -45,20 +46,26 @@ def main(argv: list[str] | None = None) -> int:
     caches = {"bf16": (pool.k, pool.v, None, None), "fp8": (kq, vq, ks, vs)}
     pool2 = make_pool(args.batch, args.context, dev, gen) if args.rotate else None
     for spec in args.configs:
-        kv, *tiles = spec.split(":")
+        kv, _, forced_splits = spec.partition("@")
+        kv, *tiles = kv.split(":")
         kc, vc, k_s, v_s = caches[kv]
-        if tiles:
+        if forced_splits:
+            cfg, splits = None, int(forced_splits)
+        elif tiles:
             n, w, s, splits, *reg = map(int, tiles)
             cfg = KernelConfig(16, n, w, s, max_registers=reg[0] if reg else None)
         else:
-            cfg, splits = None, choose_num_splits(args.batch, HKV, args.context, sms)
+            cfg, splits = None, choose_num_splits(args.batch, HKV, args.context, sms,
+                                                  one_warp=kv == "fp8" and fp8_decode_kernel_supported(dev, D, 4))
         fn = (lambda kc=kc, vc=vc, k_s=k_s, v_s=v_s, cfg=cfg, splits=splits: ops.paged_decode(
             q, kc, vc, pool.page_table, pool.seq_lens, k_scale=k_s, v_scale=v_s, num_splits=splits, config=cfg))
         if args.time:
             t = time_fn(fn, False).us
             row_bytes = kc.element_size() * D + (4 if k_s is not None else 0)  # one token, one head, K or V
             tbps = row_bytes * 2 * args.batch * args.context * HKV / t / 1e6
-            line = f"{spec:20s} {t:8.1f} us {tbps:6.3f} TB/s"
+            err = check_rows(fn(), q, pool, [0, args.batch - 1], [1] * args.batch, D ** -0.5,
+                             fp8=caches[kv] if kv == "fp8" else None)
+            line = f"{spec:20s} {t:8.1f} us {tbps:6.3f} TB/s rel_err {err:.1e}"
             if pool2 is not None and kv == "bf16":
                 other = (lambda cfg=cfg, splits=splits: ops.paged_decode(
                     q, pool2.k, pool2.v, pool2.page_table, pool2.seq_lens, num_splits=splits, config=cfg))

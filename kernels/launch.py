@@ -49,6 +49,20 @@ PREFILL_FP32_GPU = KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=
 CPU_TILES = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
 
 
+def fp8_decode_kernel_supported(device: torch.device, head_dim: int, group: int) -> bool:
+    """Whether FP8 decode on `device` runs paged_decode_fp8's one-warp Gluon kernel (else the Triton one):
+    a CUDA GPU with FP8 converts (sm_89+), head_dim 64/128/256, a GQA group of at most 16."""
+    if device.type != "cuda" or head_dim not in (64, 128, 256) or not 1 <= group <= 16:
+        return False
+    if torch.cuda.get_device_capability(device) < (8, 9):
+        return False
+    try:
+        from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class KernelKind(enum.Enum):
     DECODE = "decode"
     PREFILL = "prefill"

@@ -9,6 +9,8 @@ partial output and log-sum-exp, and `_merge_kernel` combines them.
 
 FP8 caches are dequantised in-kernel: K/V tiles are converted to q's dtype, the per-token
 scales multiply the score columns (K) and the probabilities (V); accumulation stays fp32.
+On GPUs where launch.fp8_decode_kernel_supported holds, FP8 launches without an explicit config
+go to paged_decode_fp8's Gluon kernel instead (same outputs, half bf16's time; see its doc).
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import LOG2E, KernelConfig, KernelKind, check_paged_args, default_config, for_device, launch_options
+from .launch import (LOG2E, KernelConfig, KernelKind, check_paged_args, default_config, for_device,
+                     fp8_decode_kernel_supported, launch_options)
 
 
 @triton.jit
@@ -143,6 +146,8 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
         raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
     if B == 0:
         return out
+    gluon_fp8 = (fp8 and config is None and q.dtype != torch.float32 and q.stride(2) == 1 and out.stride(2) == 1
+                  and k_cache.stride(3) == 1 and fp8_decode_kernel_supported(q.device, d, group))
     config = config or default_config(KernelKind.DECODE, q, k_cache)
     block_d = max(16, triton.next_power_of_2(d))
     if num_splits > 1:
@@ -150,6 +155,28 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
         mid_lse = torch.empty(B, hq, num_splits, dtype=torch.float32, device=q.device)
     else:
         mid_o = mid_lse = out  # placeholders, never touched with one split
+    if gluon_fp8:
+        from .paged_decode_fp8 import launch
+
+        launch(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale * LOG2E, num_splits, out,
+               mid_o, mid_lse)
+    else:
+        _launch_triton(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale, num_splits, out,
+                       mid_o, mid_lse, config, fp8)
+    if num_splits > 1:
+        for_device(_merge_kernel, q.device)[(B, hq)](
+            mid_o, mid_lse, out, *out.stride(), num_splits, HEAD_DIM=d, BLOCK_D=block_d,
+            BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+    return out
+
+
+def _launch_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None,
+                   page_table: Tensor, seq_lens: Tensor, sm_scale: float, num_splits: int, out: Tensor,
+                   mid_o: Tensor, mid_lse: Tensor, config: KernelConfig, fp8: bool) -> None:
+    B, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    group = hq // hkv
+    block_d = max(16, triton.next_power_of_2(d))
     xs = k_scale.stride() if fp8 else (0, 0, 0)
     args = (q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table, seq_lens,
             out, mid_o, mid_lse, sm_scale * LOG2E,
@@ -159,8 +186,3 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
     for_device(_kernel, q.device)[(hkv, B, num_splits)](
         *args, BLOCK_H=max(16, triton.next_power_of_2(group)), K_FIRST=config.k_first,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **common)
-    if num_splits > 1:
-        for_device(_merge_kernel, q.device)[(B, hq)](
-            mid_o, mid_lse, out, *out.stride(), num_splits, HEAD_DIM=d, BLOCK_D=block_d,
-            BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
-    return out

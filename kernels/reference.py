@@ -64,7 +64,7 @@ def store_kv_ref(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
         else:
             qv, s = quantize_fp8(src, cache.dtype)  # [T, Hkv, D], [T, Hkv]
             rows[flat] = qv
-            scale.view(num_pages * page_size, hkv)[flat] = s
+            scale[flat // page_size, flat % page_size] = s  # scales may be head-major (not viewable)
 
 
 def _gather_row(cache: Tensor, scale: Tensor | None, pages: Tensor, n: int, ctype: torch.dtype) -> Tensor:

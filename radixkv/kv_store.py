@@ -7,6 +7,8 @@ of shape [num_pages, page_size, Hkv] (a stored row means `fp8 * scale`). Chosen 
 needs no calibration and a page is written once and then read by every request sharing it
 through the prefix tree, so its scales never go stale. Cost: 4 bytes per D-element row,
 3% of an FP8 page at D = 128. Non-FP8 stores have no scale tensors (empty lists).
+The scales are stored head-major (strides [Hkv * page_size, 1, page_size]): a head's scales for a
+page are one contiguous run, which the FP8 decode kernel reads in whole 32-byte sectors.
 """
 from __future__ import annotations
 
@@ -59,6 +61,12 @@ _TORCH = {
 SCALE_DTYPE = torch.float32
 
 
+def head_major_scales(cache_shape: tuple[int, ...], device: torch.device) -> Tensor:
+    """Ones of shape [P, S, Hkv] (cache_shape[:3]) laid out as [P, Hkv, S] in memory."""
+    num_pages, page_size, hkv = cache_shape[:3]
+    return torch.ones(num_pages, hkv, page_size, dtype=SCALE_DTYPE, device=device).transpose(1, 2)
+
+
 class KVStore:
     """Per-layer K/V pages (+ FP8 scales) on one device.
 
@@ -86,9 +94,8 @@ class KVStore:
         self.k_scale: list[Tensor] = []
         self.v_scale: list[Tensor] = []
         if self.kv_dtype.is_fp8:
-            sshape = shape[:3]
-            self.k_scale = [torch.ones(sshape, dtype=SCALE_DTYPE, device=self.device) for _ in range(num_layers)]
-            self.v_scale = [torch.ones(sshape, dtype=SCALE_DTYPE, device=self.device) for _ in range(num_layers)]
+            self.k_scale = [head_major_scales(shape, self.device) for _ in range(num_layers)]
+            self.v_scale = [head_major_scales(shape, self.device) for _ in range(num_layers)]
 
     def scales(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
         """(k_scale, v_scale) of a layer, or (None, None) for a non-FP8 store."""
