@@ -41,6 +41,7 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
     """Every decode kernel timed two ways: L2 flushed before each call (time_fn) and round-robin over
     two pools of the same shape without a flush (time_rotated; the issue's method). Rows carry both."""
     from radixkv.attention import choose_num_splits
+    from radixkv.kernels.launch import fp8_decode_kernel_supported
 
     rows = []
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
@@ -50,11 +51,12 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
         pool = pools[0]
         q = torch.randn(batch, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
         splits = choose_num_splits(batch, HKV, ctx, sms)
+        fp8_splits = choose_num_splits(batch, HKV, ctx, sms, one_warp=fp8_decode_kernel_supported(dev, D, HQ // HKV))
         check = [0, batch - 1] if batch > 1 else [0]
         sm = 1 / math.sqrt(D)
         bf16_bytes = 2 * batch * ctx * HKV * D * 2
 
-        def row(kernel, kv_dtype, make, nbytes, fp8=None):
+        def row(kernel, kv_dtype, make, nbytes, fp8=None, num_splits=splits):
             """make(i) -> a call of the kernel on pools[i]; checked on pools[0], then timed."""
             fn = make(0)
             out = fn()
@@ -67,7 +69,7 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
                  "tbps": round(tbps, 3), "frac_read": round(tbps / ceil.read_tbps, 3), "rel_err": err,
                  "rel_err_kernel": err_kernel, "timing": t.method, "us_rotated": round(tr.us, 2),
                  "frac_read_rotated": round(tbps_r / ceil.read_rotated_tbps, 3),
-                 "num_splits": splits if kernel == "radixkv" else None}
+                 "num_splits": num_splits if kernel == "radixkv" else None}
             print(f"  decode {kernel:12s} {kv_dtype:9s} {batch:4d} x {ctx:6d}: {t.us:9.1f} us "
                   f"({r['frac_read']:.2f} of read) | rotated {tr.us:9.1f} us ({r['frac_read_rotated']:.2f}) "
                   f"rel_err {err:.2e} kernel-only {err_kernel}")
@@ -96,9 +98,9 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
                 kq, vq, ks, vs = fp8[i]
                 p = pools[i]
                 return lambda: ops.paged_decode(q, kq, vq, p.page_table, p.seq_lens, k_scale=ks, v_scale=vs,
-                                                num_splits=splits)
+                                                num_splits=fp8_splits)
 
-            row("radixkv", name, run_fp8, 2 * batch * ctx * HKV * (D + 4), fp8=fp8[0])
+            row("radixkv", name, run_fp8, 2 * batch * ctx * HKV * (D + 4), fp8=fp8[0], num_splits=fp8_splits)
             del fp8
         del pools, pool
         if dev.type == "cuda":

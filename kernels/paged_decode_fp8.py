@@ -1,39 +1,43 @@
-"""paged_decode_fp8: FP8 decode in Gluon, with K/V bytes loaded straight into tensor-core operands.
+"""paged_decode_fp8: FP8 decode in Gluon, K/V bytes loaded straight into tensor-core operands.
 
 The Triton kernel (paged_decode) stages FP8 tiles in shared memory and rebuilds the 16-bit
-tensor-core operands with byte loads and register moves: ~3.5k warp instructions per 64-token
-tile, twice bf16's, so it is issue-bound at bf16's speed. Here, with layouts chosen by hand:
+tensor-core operands from byte loads and register moves: 3.5k warp instructions per 64-token
+tile, twice bf16's, so FP8 decode ran no faster than bf16. Here the layouts are chosen by hand:
 
-- One warp per (KV head, sequence, split) program: every reduction stays inside the warp, and
-  the GPU is filled with splits (choose_num_splits(..., fp8_kernel=True)).
-- Each lane loads 16 contiguous bytes of a K or V row (LDG.128) and widens them to fp16 with the
-  packed e4m3/e5m2 -> f16x2 instruction (exact). The registers are then *relabelled* (reshape +
-  permute of the head-dim bits) so they already sit where mma.m16n8k16 wants its operands: no
-  shared memory, no shuffles. q (K's contraction) and the output columns (V's) are relabelled
-  the same way; the score columns are tokens in memory order, so P feeds P.V in registers.
-- Scales: q is normalised by its max |q| (fp16 keeps full precision in [2^-14, 1]); K's per-token
-  scale and qk_scale multiply the score columns; V's per-token scale, divided by the tile's
-  largest, multiplies P (so P stays in [0, 1]) and the tile maximum joins the accumulator's
-  rescale factor. Accumulation is fp32; the error is that of the FP8 storage alone.
+- One warp per (KV head, sequence, split) program: every reduction stays in the warp, and the GPU
+  is filled with splits (attention.choose_num_splits(..., one_warp=True)).
+- Transposed products, S^T = K.q^T [BLOCK_N, HEADS] and O^T = V^T.P^T [D, HEADS]: tokens and
+  head-dim fill the 16 mma rows and the GQA group (padded to HEADS = 8 or 16) the columns, so no
+  register holds a padding row of the accumulator.
+- Each lane loads 16 contiguous bytes of a K or V row as int32 words (a loop-carried FP8 tensor
+  would take a register per byte) and widens them with the packed e4m3/e5m2 -> f16x2 convert
+  (exact). The registers are then *relabelled* (reshape + permute of the head-dim index bits) so
+  they already sit where mma.m16n8k16 wants them: no shared memory, no shuffles. q is relabelled
+  like K (the contraction index), and the rows of O^T are put back in memory order at the store.
+- Software pipeline in registers: tile t+1's K/V words and scales are loaded while tile t is
+  computed, and page ids a tile earlier still, so no load waits on another. Token indices past
+  the split are clamped to its last token (finite data, P = 0) instead of masked.
+- Scales: q is normalised by its max |q| (fp16 keeps full precision in [2^-14, 1]); K's
+  per-token scale and qk_scale multiply the score rows; V's per-token scale, over the tile's
+  largest, multiplies P (which stays in [0, 1]) and the tile maximum joins the accumulator's
+  rescale. Accumulation is fp32: the error is the FP8 storage's alone.
 
-Requires a GPU with FP8 converts (sm_89+), head_dim 64/128/256, a GQA group <= 16 and unit
-strides along head_dim (`supported` says whether a launch qualifies). Same outputs as
-paged_decode: the final output with one split, else mid_o/mid_lse for its merge kernel.
+Runs where launch.fp8_decode_kernel_supported holds (sm_89+, head_dim 64/128/256, GQA group <= 16)
+and the caches view as int32 words; paged_decode checks and dispatches. Outputs as paged_decode's
+kernel: the result with one split, else mid_o/mid_lse for its merge kernel.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-ROWS = 16  # mma rows: the GQA group padded
 BLOCK_N = 32  # tokens per tile
-STAGES = 4  # tiles in the shared-memory ring
-_NUM_WARPS = 1
+# Register cap at head_dim <= 128 and a group <= 8 (larger tiles get 255). ptxas's own choice, 168,
+# spills; at 64 x 16k, 200 (10 warps per SM) took 549 us, 176 (11) 564, 232 (8) 607.
+MAX_REGISTERS = 200
 
 
 @gluon.constexpr_function
@@ -100,39 +104,9 @@ def _v_word_bases(block_n, head_dim):
 
 
 @gluon.constexpr_function
-def _k_copy_bases(block_n, head_dim):
-    """K tile as copied to shared memory, in words [BLOCK_N, D / 4]: 8 lanes (at D >= 128) over one
-    row's 16-byte chunks, so each copy instruction fetches whole 128-byte lines."""
-    chunk_bits = _log2(head_dim // 16)
-    lane_chunks = min(3, chunk_bits)
-    lanes = [[0, 4 << i] for i in range(lane_chunks)] + [[1 << i, 0] for i in range(5 - lane_chunks)]
-    regs = [[0, 1], [0, 2]] + [[0, 4 << i] for i in range(lane_chunks, chunk_bits)]
-    regs += [[1 << i, 0] for i in range(5 - lane_chunks, _log2(block_n))]
-    return regs, lanes
-
-
-@gluon.constexpr_function
-def _k_smem_layout(block_n, head_dim):
-    """Row-major K tile in words, 16-byte chunk index XOR 4 on odd rows: both the copy layout and
-    _k_word_bases' reads touch all 32 banks per 8-lane phase."""
-    chunk_bits = _log2(head_dim // 16)
-    offs = [[0, 1], [0, 2]] + [[0, 4 << i] for i in range(chunk_bits)]
-    offs += [[1, 16] if chunk_bits >= 3 else [1, 0]] + [[1 << i, 0] for i in range(1, _log2(block_n))]
-    return gl.SharedLinearLayout(offset_bases=offs)
-
-
-@gluon.constexpr_function
 def _distributed(bases, shape):
     return gl.DistributedLinearLayout(reg_bases=bases[0], lane_bases=bases[1], warp_bases=[], block_bases=[],
                                       shape=shape)
-
-
-@gluon.constexpr_function
-def _lane_private(bases, vector_regs):
-    """Shared layout of a tile in which each lane's vector (its first vector_regs registers) and the
-    lanes' vectors are consecutive: a warp's 16-byte accesses cover whole 128-byte rows."""
-    regs, lanes = bases
-    return gl.SharedLinearLayout(offset_bases=regs[:vector_regs] + lanes + regs[vector_regs:])
 
 
 @gluon.jit
@@ -165,35 +139,35 @@ def _relabel(x, perm: gl.constexpr, N: gl.constexpr, D: gl.constexpr):
 
 
 @gluon.jit
-def _issue_tile(sk, sv, sks, svs, kc_ptr, vc_ptr, ks_ptr, vs_ptr, kpage, vpage, xpage, start, hi, k_ar, v_ar, x_ar,
-                kd, vd, stride_cp, stride_cs, stride_xp, stride_xs, kv_off, scale_off, PAGE_SIZE: gl.constexpr,
+def _tile_loads(kc_ptr, vc_ptr, ks_ptr, vs_ptr, kpage, vpage, k_tok, v_tok, kd, vd, stride_cp, stride_cs,
+                stride_xp, stride_xs, kv_off, scale_off, PAGE_SIZE: gl.constexpr, ROWS_L: gl.constexpr,
                 OFF_TY: gl.constexpr):
-    """Start copying the tile at `start` (K/V rows as int32 words [BLOCK_N, D / 4], zero past hi, and
-    their scales [BLOCK_N]) into one pipeline stage (sk, sv, sks, svs) and commit the copy group.
-    kpage/vpage/xpage: the tile's page ids in the K-copy, V and scale (one token per lane) layouts,
-    whose token offsets are k_ar/v_ar/x_ar."""
-    kn = start + k_ar
-    async_copy.async_copy_global_to_shared(
-        sk, kc_ptr + (kpage.to(OFF_TY) * stride_cp + (kn % PAGE_SIZE) * stride_cs + kv_off)[:, None] + kd[None, :],
-        mask=(kn < hi)[:, None])
-    vn = start + v_ar
-    async_copy.async_copy_global_to_shared(
-        sv, vc_ptr + (vpage.to(OFF_TY) * stride_cp + (vn % PAGE_SIZE) * stride_cs + kv_off)[:, None] + vd[None, :],
-        mask=(vn < hi)[:, None])
-    xn = start + x_ar
-    xrow = xpage * stride_xp + (xn % PAGE_SIZE) * stride_xs + scale_off
-    async_copy.async_copy_global_to_shared(sks, ks_ptr + xrow, mask=xn < hi)
-    async_copy.async_copy_global_to_shared(svs, vs_ptr + xrow, mask=xn < hi)
-    async_copy.commit_group()
+    """One tile's K and V rows as int32 words [BLOCK_N, D / 4] (in K's and V's load layouts) and
+    its scales [BLOCK_N] (score-row layout). k_tok/v_tok: clamped token indices, kpage/vpage their
+    page ids, in the two layouts."""
+    kw = gl.load(kc_ptr + (kpage.to(OFF_TY) * stride_cp + (k_tok % PAGE_SIZE) * stride_cs + kv_off)[:, None]
+                 + kd[None, :])
+    vw = gl.load(vc_ptr + (vpage.to(OFF_TY) * stride_cp + (v_tok % PAGE_SIZE) * stride_cs + kv_off)[:, None]
+                 + vd[None, :])
+    # K's token layout is the score rows' (lanes 2-4, then registers): the conversions are free.
+    x_tok = gl.convert_layout(k_tok, ROWS_L, assert_trivial=True)
+    xrow = gl.convert_layout(kpage, ROWS_L, assert_trivial=True) * stride_xp + (x_tok % PAGE_SIZE) * stride_xs
+    k_s = gl.load(ks_ptr + xrow + scale_off)
+    v_s = gl.load(vs_ptr + xrow + scale_off)
+    return kw, vw, k_s, v_s
 
 
 @gluon.jit
-def _page_ids(pt_row, start, hi, k_ar, v_ar, x_ar, PAGE_SIZE: gl.constexpr):
-    """Page ids of the tile at `start` in the K-copy, V and scale layouts (0 past hi)."""
-    kpage = gl.load(pt_row + (start + k_ar) // PAGE_SIZE, mask=start + k_ar < hi, other=0)
-    vpage = gl.load(pt_row + (start + v_ar) // PAGE_SIZE, mask=start + v_ar < hi, other=0)
-    xpage = gl.load(pt_row + (start + x_ar) // PAGE_SIZE, mask=start + x_ar < hi, other=0)
-    return kpage, vpage, xpage
+def _clamped(start, ar, last):
+    """Token indices start + ar, clamped to [0, last]."""
+    return gl.maximum(gl.minimum(start + ar, last), 0)
+
+
+@gluon.jit
+def _page_ids(pt_row, k_tok, v_tok, seq_len, PAGE_SIZE: gl.constexpr):
+    kpage = gl.load(pt_row + k_tok // PAGE_SIZE, mask=k_tok < seq_len, other=0)
+    vpage = gl.load(pt_row + v_tok // PAGE_SIZE, mask=v_tok < seq_len, other=0)
+    return kpage, vpage
 
 
 @gluon.jit
@@ -202,10 +176,7 @@ def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, 
                        stride_qb, stride_qh, stride_cp, stride_cs, stride_ch, stride_xp, stride_xs, stride_xh,
                        stride_ptb, stride_ob, stride_oh, num_splits,
                        GROUP: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
-                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, OFF_64: gl.constexpr,
-                       E5M2: gl.constexpr):
-    """Scores transposed, S^T = K.q^T [BLOCK_N, HEADS], and O^T = V^T.P^T [D, HEADS]: tokens and
-    head-dim fill the mma rows, the GQA group (padded to HEADS = 8 or 16) its columns."""
+                       BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, OFF_64: gl.constexpr, E5M2: gl.constexpr):
     DBITS: gl.constexpr = _log2(HEAD_DIM)
     LOG_VEC: gl.constexpr = _v_log_vec(HEAD_DIM)
     K_PERM: gl.constexpr = _relabel_perm(_k_bits(DBITS))
@@ -215,11 +186,9 @@ def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, 
     OP_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
     ROWS_L: gl.constexpr = gl.SliceLayout(1, MMA)  # tokens of S^T, head-dim of O^T
     COLS_L: gl.constexpr = gl.SliceLayout(0, MMA)  # heads
-    LK: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [1, 1], [1, 0])  # K rows (and q) as bytes
+    LK: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [1, 1], [1, 0])  # q (and K) rows as bytes
     LKW: gl.constexpr = _distributed(_k_word_bases(BLOCK_N, HEAD_DIM), [BLOCK_N, HEAD_DIM // 4])  # LK in words
     LVW: gl.constexpr = _distributed(_v_word_bases(BLOCK_N, HEAD_DIM), [BLOCK_N, HEAD_DIM // 4])
-    LKC: gl.constexpr = _distributed(_k_copy_bases(BLOCK_N, HEAD_DIM), [BLOCK_N, HEAD_DIM // 4])
-    LANE: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])  # scales: one token per lane
     OFF_TY: gl.constexpr = gl.int64 if OFF_64 else gl.int32
 
     kvh = gl.program_id(0)
@@ -249,44 +218,32 @@ def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, 
     pt_row = pt_ptr + b * stride_ptb
     kv_off = kvh * stride_ch
     scale_off = kvh * stride_xh
-    kd = gl.arange(0, HEAD_DIM // 4, layout=gl.SliceLayout(0, LKC))
+    kd = gl.arange(0, HEAD_DIM // 4, layout=gl.SliceLayout(0, LKW))
     vd = gl.arange(0, HEAD_DIM // 4, layout=gl.SliceLayout(0, LVW))
-    k_ar = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LKC))
+    k_ar = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LKW))
     v_ar = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LVW))
-    x_ar = gl.arange(0, BLOCK_N, layout=LANE)
+    rows = gl.arange(0, BLOCK_N, layout=ROWS_L)
+    last = hi - 1
 
-    # Pipeline: STAGES - 1 tiles are in flight (cp.async into shared memory) while one is computed;
-    # page ids are read one tile ahead of their copies, so no load waits on another.
-    sk = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, HEAD_DIM // 4], _k_smem_layout(BLOCK_N, HEAD_DIM))
-    sv = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, HEAD_DIM // 4],
-                                   _lane_private(_v_word_bases(BLOCK_N, HEAD_DIM), LOG_VEC - 2))
-    ROW_MAJOR: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    sks = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], ROW_MAJOR)
-    svs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], ROW_MAJOR)
-    kpage, vpage, xpage = _page_ids(pt_row, lo, hi, k_ar, v_ar, x_ar, PAGE_SIZE)
-    for i in gl.static_range(STAGES - 1):
-        _issue_tile(sk.index(i), sv.index(i), sks.index(i), svs.index(i), kc_ptr, vc_ptr, ks_ptr, vs_ptr, kpage,
-                    vpage, xpage, lo + i * BLOCK_N, hi, k_ar, v_ar, x_ar, kd, vd, stride_cp, stride_cs, stride_xp,
-                    stride_xs, kv_off, scale_off, PAGE_SIZE, OFF_TY)
-        kpage, vpage, xpage = _page_ids(pt_row, lo + (i + 1) * BLOCK_N, hi, k_ar, v_ar, x_ar, PAGE_SIZE)
+    kpage, vpage = _page_ids(pt_row, _clamped(lo, k_ar, last), _clamped(lo, v_ar, last), seq_len, PAGE_SIZE)
+    kw, vw, k_s, v_s = _tile_loads(kc_ptr, vc_ptr, ks_ptr, vs_ptr, kpage, vpage, _clamped(lo, k_ar, last),
+                                   _clamped(lo, v_ar, last), kd, vd, stride_cp, stride_cs, stride_xp, stride_xs,
+                                   kv_off, scale_off, PAGE_SIZE, ROWS_L, OFF_TY)
+    kpage, vpage = _page_ids(pt_row, _clamped(lo + BLOCK_N, k_ar, last), _clamped(lo + BLOCK_N, v_ar, last), seq_len,
+                             PAGE_SIZE)
     for t in range(0, gl.cdiv(hi - lo, BLOCK_N)):
         start = lo + t * BLOCK_N
-        ahead = start + (STAGES - 1) * BLOCK_N
-        st = (t + STAGES - 1) % STAGES
-        _issue_tile(sk.index(st), sv.index(st), sks.index(st), svs.index(st), kc_ptr, vc_ptr, ks_ptr, vs_ptr,
-                    kpage, vpage, xpage, ahead, hi, k_ar, v_ar, x_ar, kd, vd, stride_cp, stride_cs, stride_xp,
-                    stride_xs, kv_off, scale_off, PAGE_SIZE, OFF_TY)
-        kpage, vpage, xpage = _page_ids(pt_row, ahead + BLOCK_N, hi, k_ar, v_ar, x_ar, PAGE_SIZE)
-        async_copy.wait_group(STAGES - 1)
-        gl.thread_barrier()
-        st = t % STAGES
-        k_a = gl.convert_layout(_relabel(_to_f16(sk.index(st).load(LKW), E5M2), K_PERM, BLOCK_N, HEAD_DIM), OP_A,
+        nxt = start + BLOCK_N
+        nkw, nvw, nk_s, nv_s = _tile_loads(kc_ptr, vc_ptr, ks_ptr, vs_ptr, kpage, vpage, _clamped(nxt, k_ar, last),
+                                           _clamped(nxt, v_ar, last), kd, vd, stride_cp, stride_cs, stride_xp,
+                                           stride_xs, kv_off, scale_off, PAGE_SIZE, ROWS_L, OFF_TY)
+        after = nxt + BLOCK_N
+        kpage, vpage = _page_ids(pt_row, _clamped(after, k_ar, last), _clamped(after, v_ar, last), seq_len, PAGE_SIZE)
+
+        k_a = gl.convert_layout(_relabel(_to_f16(kw, E5M2), K_PERM, BLOCK_N, HEAD_DIM), OP_A,
                                 assert_trivial=True)  # [BLOCK_N, D]
         s = mma_v2(k_a, q_t, gl.zeros([BLOCK_N, HEADS], gl.float32, MMA))  # S^T [BLOCK_N, HEADS]
-        k_s = sks.index(st).load(ROWS_L)
-        v_s = svs.index(st).load(ROWS_L)
-        s = gl.where((start + gl.arange(0, BLOCK_N, layout=ROWS_L) < hi)[:, None], s * (k_s * score_scale)[:, None],
-                     float("-inf"))
+        s = gl.where((start + rows < hi)[:, None], s * (k_s * score_scale)[:, None], float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[None, :])
@@ -296,10 +253,11 @@ def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, 
         p = p * (v_s * (1.0 / v_unit))[:, None]
         acc = acc * (alpha * (acc_unit / v_unit))[None, :]
         acc_unit = v_unit
-        v_a = gl.convert_layout(gl.permute(_relabel(_to_f16(sv.index(st).load(LVW), E5M2), V_PERM, BLOCK_N, HEAD_DIM),
-                                           [1, 0]), OP_A)  # V^T [D, BLOCK_N]
+        v_a = gl.convert_layout(gl.permute(_relabel(_to_f16(vw, E5M2), V_PERM, BLOCK_N, HEAD_DIM), [1, 0]),
+                                OP_A)  # V^T [D, BLOCK_N]
         acc = mma_v2(v_a, gl.convert_layout(p.to(gl.float16), OP_B), acc)
         m_i = m_new
+        kw, vw, k_s, v_s = nkw, nvw, nk_s, nv_s
 
     # Row n of O^T holds head-dim index _v_bits-relabelled: back to memory order.
     on = gl.arange(0, HEAD_DIM, layout=ROWS_L)
@@ -324,7 +282,8 @@ def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, 
 
 def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor, page_table: Tensor,
            seq_lens: Tensor, qk_scale: float, num_splits: int, out: Tensor, mid_o: Tensor, mid_lse: Tensor) -> None:
-    """Arguments as checked by paged_decode (which also runs the merge when num_splits > 1)."""
+    """Arguments as checked by paged_decode (which also runs the merge when num_splits > 1);
+    qk_scale includes log2(e)."""
     B, hq, d = q.shape
     hkv = k_cache.shape[2]
     group = hq // hkv
@@ -334,5 +293,5 @@ def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale
         q.stride(0), q.stride(1), kw.stride(0), kw.stride(1), kw.stride(2),
         k_scale.stride(0), k_scale.stride(1), k_scale.stride(2), page_table.stride(0), out.stride(0), out.stride(1),
         num_splits, GROUP=group, HEADS=8 if group <= 8 else 16, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
-        BLOCK_N=BLOCK_N, STAGES=STAGES, SPLIT=num_splits > 1, OFF_64=kw.numel() >= 2**31,
-        E5M2=k_cache.dtype == torch.float8_e5m2, num_warps=1)
+        BLOCK_N=BLOCK_N, SPLIT=num_splits > 1, OFF_64=kw.numel() >= 2**31, E5M2=k_cache.dtype == torch.float8_e5m2,
+        num_warps=1, maxnreg=MAX_REGISTERS if d <= 128 and group <= 8 else 255)

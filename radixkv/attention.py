@@ -53,10 +53,11 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
     with at least `min_tokens_per_split` tokens. On the H200 this picks 66 splits for 1 x 32k and
     4 for 16 x 4k, the best of bench_kernels.py's sweep (5 was 20% slower there).
     one_warp: the programs are paged_decode_fp8's single warps (FP8 where
-    launch.fp8_decode_kernel_supported): full from 16 per multiprocessor, aim at 32.
+    launch.fp8_decode_kernel_supported): full from 8 per multiprocessor, aim at 16 (4 splits at
+    64 x 16k: 538 us there, 545 with 8, 560 with 16).
     """
     programs = max(1, batch_size * num_kv_heads)
-    full, target = (16, 32) if one_warp else (2, 4)
+    full, target = (8, 16) if one_warp else (2, 4)
     if programs >= full * num_sms:
         return 1
     want = max(1, target * num_sms // programs)
