@@ -10,7 +10,7 @@ partial output and log-sum-exp, and `_merge_kernel` combines them.
 FP8 caches are dequantised in-kernel: K/V tiles are converted to q's dtype, the per-token
 scales multiply the score columns (K) and the probabilities (V); accumulation stays fp32.
 On GPUs where launch.fp8_decode_kernel_supported holds, FP8 launches without an explicit config
-go to paged_decode_fp8's Gluon kernel instead (same outputs, half bf16's time; see its doc).
+go to paged_decode_fp8's Gluon kernel instead (same outputs, 1.4-1.7x faster than bf16 on an H200).
 """
 from __future__ import annotations
 
@@ -21,8 +21,16 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import (LOG2E, KernelConfig, KernelKind, check_paged_args, default_config, for_device,
-                     fp8_decode_kernel_supported, launch_options)
+from .launch import (
+    LOG2E,
+    KernelConfig,
+    KernelKind,
+    check_paged_args,
+    default_config,
+    for_device,
+    fp8_decode_kernel_supported,
+    launch_options,
+)
 
 
 @triton.jit
@@ -146,8 +154,11 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
         raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
     if B == 0:
         return out
+    # The Gluon kernel reads the caches as int32 words: unit head-dim stride, word-aligned rows.
+    words = k_cache.stride(3) == 1 and all(st % 4 == 0 for st in k_cache.stride()[:3]) and \
+        k_cache.storage_offset() % 4 == 0 and v_cache.storage_offset() % 4 == 0
     gluon_fp8 = (fp8 and config is None and q.dtype != torch.float32 and q.stride(2) == 1 and out.stride(2) == 1
-                  and k_cache.stride(3) == 1 and fp8_decode_kernel_supported(q.device, d, group))
+                 and words and fp8_decode_kernel_supported(q.device, d, group))
     config = config or default_config(KernelKind.DECODE, q, k_cache)
     block_d = max(16, triton.next_power_of_2(d))
     if num_splits > 1:

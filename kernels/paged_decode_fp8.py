@@ -58,7 +58,10 @@ def _high_mask(log_vec, dbits):
 
 @gluon.constexpr_function
 def _k_bits(dbits):
-    """Head-dim bit i of K's operand label comes from physical bit _k_bits[i] (see _load_layouts)."""
+    """Bit i of K's label (the mma contraction index k) is physical head-dim bit _k_bits[i]. Loaded
+    (_k_word_layout), physical bits 0-3 are a lane's 16 bytes, 4-5 its lane bits 0-1, 6+ registers;
+    the mma operand wants k bit 0 in a register (the f16x2 pair), bits 1-2 from lane bits 0-1, 3+
+    in registers."""
     return [0, 4, 5, 1, 2, 3] + list(range(6, dbits))
 
 
@@ -69,7 +72,8 @@ def _v_log_vec(head_dim):
 
 @gluon.constexpr_function
 def _v_bits(dbits, log_vec):
-    """Output-column bit i of V's operand label comes from physical bit _v_bits[i]."""
+    """Bit i of V's head-dim label (the row of V^T and O^T) is physical bit _v_bits[i]: the mma wants
+    row bits 0-2 from lane bits 2-4, which hold physical bits log_vec.. (_v_word_layout)."""
     return [log_vec, log_vec + 1, log_vec + 2] + list(range(log_vec)) + list(range(log_vec + 3, dbits))
 
 
@@ -82,31 +86,31 @@ def _relabel_perm(src_bits):
 
 
 @gluon.constexpr_function
-def _k_word_bases(block_n, head_dim):
-    """K tile as loaded, in int32 words [BLOCK_N, D / 4]: 16 contiguous bytes per lane (registers
-    1, 2), lanes 0-1 over head-dim chunks, lanes 2-4 over tokens; (reg, lane) bases."""
-    regs = [[0, 1], [0, 2]] + [[0, 1 << i] for i in range(4, _log2(head_dim // 4))]
-    regs += [[1 << i, 0] for i in range(3, _log2(block_n))]
-    return regs, [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]]
+def _word_layout(regs, lanes, block_n, head_dim):
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=[], block_bases=[],
+                                      shape=[block_n, head_dim // 4])
 
 
 @gluon.constexpr_function
-def _v_word_bases(block_n, head_dim):
+def _k_word_layout(block_n, head_dim):
+    """K tile as loaded, in int32 words [BLOCK_N, D / 4]: 16 contiguous bytes per lane (registers
+    1, 2), lanes 0-1 over head-dim chunks, lanes 2-4 over tokens (the mma A operand's rows)."""
+    regs = [[0, 1], [0, 2]] + [[0, 1 << i] for i in range(4, _log2(head_dim // 4))]
+    regs += [[1 << i, 0] for i in range(3, _log2(block_n))]
+    return _word_layout(regs, [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], block_n, head_dim)
+
+
+@gluon.constexpr_function
+def _v_word_layout(block_n, head_dim):
     """V tile as loaded, in int32 words [BLOCK_N, D / 4]: 2^log_vec contiguous bytes per lane
-    (registers), lanes 0-1 over token pairs, lanes 2-4 over head-dim chunks; registers also cover
-    token +1 and the rest; (reg, lane) bases."""
+    (registers), lanes 0-1 over token pairs (the mma A operand's k), lanes 2-4 over head-dim chunks;
+    registers also cover token +1 and the rest."""
     log_words = _v_log_vec(head_dim) - 2
     chunk = 1 << log_words
     regs = [[0, 1 << i] for i in range(log_words)] + [[1, 0]]
     regs += [[1 << i, 0] for i in range(3, _log2(block_n))]
     regs += [[0, 1 << i] for i in range(log_words + 3, _log2(head_dim // 4))]
-    return regs, [[2, 0], [4, 0], [0, chunk], [0, 2 * chunk], [0, 4 * chunk]]
-
-
-@gluon.constexpr_function
-def _distributed(bases, shape):
-    return gl.DistributedLinearLayout(reg_bases=bases[0], lane_bases=bases[1], warp_bases=[], block_bases=[],
-                                      shape=shape)
+    return _word_layout(regs, [[2, 0], [4, 0], [0, chunk], [0, 2 * chunk], [0, 4 * chunk]], block_n, head_dim)
 
 
 @gluon.jit
@@ -187,8 +191,8 @@ def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, 
     ROWS_L: gl.constexpr = gl.SliceLayout(1, MMA)  # tokens of S^T, head-dim of O^T
     COLS_L: gl.constexpr = gl.SliceLayout(0, MMA)  # heads
     LK: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [1, 1], [1, 0])  # q (and K) rows as bytes
-    LKW: gl.constexpr = _distributed(_k_word_bases(BLOCK_N, HEAD_DIM), [BLOCK_N, HEAD_DIM // 4])  # LK in words
-    LVW: gl.constexpr = _distributed(_v_word_bases(BLOCK_N, HEAD_DIM), [BLOCK_N, HEAD_DIM // 4])
+    LKW: gl.constexpr = _k_word_layout(BLOCK_N, HEAD_DIM)  # LK in words
+    LVW: gl.constexpr = _v_word_layout(BLOCK_N, HEAD_DIM)
     OFF_TY: gl.constexpr = gl.int64 if OFF_64 else gl.int32
 
     kvh = gl.program_id(0)
@@ -231,7 +235,7 @@ def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, 
                                    kv_off, scale_off, PAGE_SIZE, ROWS_L, OFF_TY)
     kpage, vpage = _page_ids(pt_row, _clamped(lo + BLOCK_N, k_ar, last), _clamped(lo + BLOCK_N, v_ar, last), seq_len,
                              PAGE_SIZE)
-    for t in range(0, gl.cdiv(hi - lo, BLOCK_N)):
+    for t in range(gl.cdiv(hi - lo, BLOCK_N)):
         start = lo + t * BLOCK_N
         nxt = start + BLOCK_N
         nkw, nvw, nk_s, nv_s = _tile_loads(kc_ptr, vc_ptr, ks_ptr, vs_ptr, kpage, vpage, _clamped(nxt, k_ar, last),

@@ -79,3 +79,16 @@ def test_split_choice():
     assert choose_num_splits(1, 8, 32768, 132) > 8  # one long sequence: split it
     assert choose_num_splits(256, 8, 4096, 132) == 1  # many rows fill the GPU already
     assert choose_num_splits(1, 8, 100, 132) == 1  # too short to split
+    # One-warp FP8 programs need more of them to fill the GPU (bench_kernels.py's shapes).
+    assert choose_num_splits(64, 8, 16384, 132) == 1
+    assert choose_num_splits(64, 8, 16384, 132, one_warp=True) == 4
+    assert choose_num_splits(16, 8, 4096, 132, one_warp=True) == 16
+    assert choose_num_splits(256, 8, 1024, 132, one_warp=True) == 1
+
+
+def test_fp8_decode_kernel_needs_a_cuda_gpu():
+    from radixkv.kernels.launch import fp8_decode_kernel_supported
+
+    assert not fp8_decode_kernel_supported(torch.device("cpu"), 128, 4)
+    assert not fp8_decode_kernel_supported(torch.device("cuda"), 96, 4)  # head_dim must be 64/128/256
+    assert not fp8_decode_kernel_supported(torch.device("cuda"), 128, 32)  # group > 16
