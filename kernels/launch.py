@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import os
 from typing import Any, NamedTuple
 
@@ -54,7 +55,12 @@ def fp8_decode_kernel_supported(device: torch.device, head_dim: int, group: int)
     a CUDA GPU with FP8 converts (sm_89+), head_dim 64/128/256, a GQA group of at most 16."""
     if device.type != "cuda" or head_dim not in (64, 128, 256) or not 1 <= group <= 16:
         return False
-    if torch.cuda.get_device_capability(device) < (8, 9):
+    return _gluon_fp8_gpu(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _gluon_fp8_gpu(index: int) -> bool:
+    if torch.cuda.get_device_capability(index) < (8, 9):
         return False
     try:
         from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: F401
