@@ -52,8 +52,9 @@ CPU_TILES = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
 
 def fp8_decode_kernel_supported(device: torch.device, head_dim: int, group: int) -> bool:
     """Whether FP8 decode on `device` runs paged_decode_fp8's one-warp Gluon kernel (else the Triton one):
-    a CUDA GPU with FP8 converts (sm_89+), head_dim 64/128/256, a GQA group of at most 16."""
-    if device.type != "cuda" or head_dim not in (64, 128, 256) or not 1 <= group <= 16:
+    a CUDA GPU with FP8 converts (sm_89+), head_dim 64 or 128 (at 256 the register pipeline spills),
+    a GQA group of at most 16."""
+    if device.type != "cuda" or head_dim not in (64, 128) or not 1 <= group <= 16:
         return False
     return _gluon_fp8_gpu(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -156,7 +156,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
         return out
     # The Gluon kernel reads the caches as int32 words: unit head-dim stride, word-aligned rows.
     words = k_cache.stride(3) == 1 and all(st % 4 == 0 for st in k_cache.stride()[:3]) and \
-        k_cache.storage_offset() % 4 == 0 and v_cache.storage_offset() % 4 == 0
+        k_cache.data_ptr() % 4 == 0 and v_cache.data_ptr() % 4 == 0
     gluon_fp8 = (fp8 and config is None and q.dtype != torch.float32 and q.stride(2) == 1 and out.stride(2) == 1
                  and words and fp8_decode_kernel_supported(q.device, d, group))
     config = config or default_config(KernelKind.DECODE, q, k_cache)

@@ -20,9 +20,12 @@ tile, twice bf16's, so FP8 decode ran no faster than bf16. Here the layouts are 
 - Scales: q is normalised by its max |q| (fp16 keeps full precision in [2^-14, 1]); K's
   per-token scale and qk_scale multiply the score rows; V's per-token scale, over the tile's
   largest, multiplies P (which stays in [0, 1]) and the tile maximum joins the accumulator's
-  rescale. Accumulation is fp32: the error is the FP8 storage's alone.
+  rescale. Accumulation is fp32: the error is the FP8 storage's alone. Limits of the 16-bit
+  operands: a token whose V scale is below ~2^-24 of its tile's largest (with P near 1) or a head
+  whose |q| is below ~2^-14 of its group's largest loses precision to fp16 subnormals; real K/V
+  scales within 32 tokens and q norms within a group are far closer than that.
 
-Runs where launch.fp8_decode_kernel_supported holds (sm_89+, head_dim 64/128/256, GQA group <= 16)
+Runs where launch.fp8_decode_kernel_supported holds (sm_89+, head_dim 64/128, GQA group <= 16)
 and the caches view as int32 words; paged_decode checks and dispatches. Outputs as paged_decode's
 kernel: the result with one split, else mid_o/mid_lse for its merge kernel.
 """
@@ -134,11 +137,9 @@ def _relabel(x, perm: gl.constexpr, N: gl.constexpr, D: gl.constexpr):
     x = gl.reshape(x, _bit_shape(N, _log2(D)))
     if D == 64:
         x = gl.permute(x, [perm[0], perm[1], perm[2], perm[3], perm[4], perm[5], perm[6]])
-    elif D == 128:
-        x = gl.permute(x, [perm[0], perm[1], perm[2], perm[3], perm[4], perm[5], perm[6], perm[7]])
     else:
-        gl.static_assert(D == 256, "head_dim must be 64, 128 or 256")
-        x = gl.permute(x, [perm[0], perm[1], perm[2], perm[3], perm[4], perm[5], perm[6], perm[7], perm[8]])
+        gl.static_assert(D == 128, "head_dim must be 64 or 128")
+        x = gl.permute(x, [perm[0], perm[1], perm[2], perm[3], perm[4], perm[5], perm[6], perm[7]])
     return gl.reshape(x, [N, D])
 
 
@@ -155,7 +156,8 @@ def _tile_loads(kc_ptr, vc_ptr, ks_ptr, vs_ptr, kpage, vpage, k_tok, v_tok, kd, 
                  + vd[None, :])
     # K's token layout is the score rows' (lanes 2-4, then registers): the conversions are free.
     x_tok = gl.convert_layout(k_tok, ROWS_L, assert_trivial=True)
-    xrow = gl.convert_layout(kpage, ROWS_L, assert_trivial=True) * stride_xp + (x_tok % PAGE_SIZE) * stride_xs
+    xrow = (gl.convert_layout(kpage, ROWS_L, assert_trivial=True).to(OFF_TY) * stride_xp
+            + (x_tok % PAGE_SIZE) * stride_xs)
     k_s = gl.load(ks_ptr + xrow + scale_off)
     v_s = gl.load(vs_ptr + xrow + scale_off)
     return kw, vw, k_s, v_s
@@ -253,7 +255,7 @@ def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, 
         p = gl.exp2(s - m_new[None, :])
         l_i = l_i * alpha + gl.sum(p, axis=0)
         v_max = gl.max(v_s, axis=0)
-        v_unit = gl.where(v_max > 0, v_max, 1.0)
+        v_unit = gl.where(v_max > 1e-30, v_max, 1.0)  # a subnormal unit would make acc_unit / v_unit inf
         p = p * (v_s * (1.0 / v_unit))[:, None]
         acc = acc * (alpha * (acc_unit / v_unit))[None, :]
         acc_unit = v_unit
@@ -292,10 +294,12 @@ def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale
     hkv = k_cache.shape[2]
     group = hq // hkv
     kw, vw = k_cache.view(torch.int32), v_cache.view(torch.int32)  # [P, S, Hkv, D / 4] words
+    # 64-bit offsets when the largest word (or scale) offset a view can reach passes int32.
+    reach = max(sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in (kw, k_scale))
     _fp8_decode_kernel[(hkv, B, num_splits)](
         q, kw, vw, k_scale, v_scale, page_table, seq_lens, out, mid_o, mid_lse, qk_scale,
         q.stride(0), q.stride(1), kw.stride(0), kw.stride(1), kw.stride(2),
         k_scale.stride(0), k_scale.stride(1), k_scale.stride(2), page_table.stride(0), out.stride(0), out.stride(1),
         num_splits, GROUP=group, HEADS=8 if group <= 8 else 16, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
-        BLOCK_N=BLOCK_N, SPLIT=num_splits > 1, OFF_64=kw.numel() >= 2**31, E5M2=k_cache.dtype == torch.float8_e5m2,
+        BLOCK_N=BLOCK_N, SPLIT=num_splits > 1, OFF_64=reach >= 2**31, E5M2=k_cache.dtype == torch.float8_e5m2,
         num_warps=1, maxnreg=MAX_REGISTERS if d <= 128 and group <= 8 else 255)
