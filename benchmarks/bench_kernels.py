@@ -41,7 +41,7 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
     """Every decode kernel timed two ways: L2 flushed before each call (time_fn) and round-robin over
     two pools of the same shape without a flush (time_rotated; the issue's method). Rows carry both."""
     from radixkv.attention import choose_num_splits
-    from radixkv.kernels.launch import fp8_decode_kernel_supported
+    from radixkv.kernels.launch import fp8_decode_warps_per_sm
 
     rows = []
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
@@ -51,7 +51,7 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
         pool = pools[0]
         q = torch.randn(batch, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
         splits = choose_num_splits(batch, HKV, ctx, sms)
-        fp8_splits = choose_num_splits(batch, HKV, ctx, sms, one_warp=fp8_decode_kernel_supported(dev, D, HQ // HKV))
+        fp8_splits = choose_num_splits(batch, HKV, ctx, sms, warps_per_sm=fp8_decode_warps_per_sm(dev, D, HQ // HKV))
         check = [0, batch - 1] if batch > 1 else [0]
         sm = 1 / math.sqrt(D)
         bf16_bytes = 2 * batch * ctx * HKV * D * 2

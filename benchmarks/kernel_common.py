@@ -129,11 +129,11 @@ def make_extend(seqs: int, cached: int, new: int, dev: torch.device, gen: torch.
 
 
 def quantize_pool(pool: Pool, dtype: torch.dtype, ops) -> tuple[torch.Tensor, ...]:
-    """FP8 copy of a pool written by the store_kv kernel (in-kernel quantisation), chunked; scales
-    head-major like KVStore's."""
-    from radixkv.kv_store import head_major_scales
+    """FP8 copy of a pool written by the store_kv kernel (in-kernel quantisation), chunked; pages and
+    scales head-major like KVStore's."""
+    from radixkv.kv_store import head_major_pages, head_major_scales
 
-    kq, vq = torch.empty_like(pool.k, dtype=dtype), torch.empty_like(pool.v, dtype=dtype)
+    kq, vq = (head_major_pages(pool.k.shape, dtype, pool.k.device) for _ in range(2))
     ks, vs = head_major_scales(pool.k.shape, pool.k.device), head_major_scales(pool.k.shape, pool.k.device)
     rows = pool.k.shape[0] * PAGE
     step = 1 << 18

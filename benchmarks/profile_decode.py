@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from radixkv import kernels as ops
     from radixkv.attention import choose_num_splits
-    from radixkv.kernels.launch import KernelConfig, fp8_decode_kernel_supported
+    from radixkv.kernels.launch import KernelConfig, fp8_decode_warps_per_sm
 
     dev = torch.device("cuda")
     if args.ceiling:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = KernelConfig(16, n, w, s, max_registers=reg[0] if reg else None)
         else:
             cfg, splits = None, choose_num_splits(args.batch, HKV, args.context, sms,
-                                                  one_warp=kv == "fp8" and fp8_decode_kernel_supported(dev, D, 4))
+                                                  warps_per_sm=fp8_decode_warps_per_sm(dev, D, 4) if kv == "fp8" else 0)
         fn = (lambda kc=kc, vc=vc, k_s=k_s, v_s=v_s, cfg=cfg, splits=splits: ops.paged_decode(
             q, kc, vc, pool.page_table, pool.seq_lens, k_scale=k_s, v_scale=v_s, num_splits=splits, config=cfg))
         if args.time:

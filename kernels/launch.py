@@ -59,6 +59,16 @@ def fp8_decode_kernel_supported(device: torch.device, head_dim: int, group: int)
     return _gluon_fp8_gpu(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def fp8_decode_warps_per_sm(device: torch.device, head_dim: int, group: int) -> int:
+    """One-warp programs of paged_decode_fp8 resident per SM where FP8 decode runs it, else 0
+    (for attention.choose_num_splits)."""
+    if not fp8_decode_kernel_supported(device, head_dim, group):
+        return 0
+    from .paged_decode_fp8 import resident_warps_per_sm
+
+    return resident_warps_per_sm(head_dim, group)
+
+
 @functools.cache
 def _gluon_fp8_gpu(index: int) -> bool:
     if torch.cuda.get_device_capability(index) < (8, 9):
@@ -153,10 +163,10 @@ def check_paged_args(fn: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, page_
     fp8 = is_fp8(k_cache.dtype)
     if fp8:
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if s is None or s.shape != k_cache.shape[:3] or s.dtype != torch.float32:
-                raise ValueError(f"{fn}: FP8 cache needs {name} float32 {tuple(k_cache.shape[:3])}")
-        if k_scale.stride() != v_scale.stride():
-            raise ValueError(f"{fn}: k_scale and v_scale must share strides")
+            if s is None or s.shape != k_cache.shape[:3] or s.dtype not in (torch.float32, torch.float16):
+                raise ValueError(f"{fn}: FP8 cache needs {name} float32 or float16 {tuple(k_cache.shape[:3])}")
+        if k_scale.stride() != v_scale.stride() or k_scale.dtype != v_scale.dtype:
+            raise ValueError(f"{fn}: k_scale and v_scale must share dtype and strides")
     elif k_scale is not None or v_scale is not None:
         raise ValueError(f"{fn}: scales given for a non-FP8 cache ({k_cache.dtype})")
     if len({t.device for t in (q, k_cache, v_cache, page_table, seq_lens)}) != 1:

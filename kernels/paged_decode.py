@@ -79,8 +79,8 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mi
             qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
         if IS_FP8:
             xrow = page * stride_xp + (offs_n % PAGE_SIZE) * stride_xs + kvh * stride_xh
-            k_s = tl.load(ks_ptr + xrow, mask=n_mask, other=0.0)
-            v_s = tl.load(vs_ptr + xrow, mask=n_mask, other=0.0)
+            k_s = tl.load(ks_ptr + xrow, mask=n_mask, other=0.0).to(tl.float32)
+            v_s = tl.load(vs_ptr + xrow, mask=n_mask, other=0.0).to(tl.float32)
             qk = qk * (k_s * qk_scale)[None, :]
         else:
             qk = qk * qk_scale

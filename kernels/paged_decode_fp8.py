@@ -38,9 +38,22 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 BLOCK_N = 32  # tokens per tile
-# Register cap at head_dim <= 128 and a group <= 8 (larger tiles get 255). ptxas's own choice, 168,
-# spills; at 64 x 16k, 200 (10 warps per SM) took 549 us, 176 (11) 564, 232 (8) 607.
-MAX_REGISTERS = 200
+
+
+def max_registers(head_dim: int, group: int, off64: bool = False) -> int:
+    """Register cap (maxnreg) of a program. Each of an SM's four sub-partitions holds 16K registers:
+    168 a thread fits three one-warp programs there (12 per SM), 200 or 255 two. 168 does not spill
+    with 32-bit offsets and a group <= 8 (or head_dim 64); 64-bit offsets need 200, 16 heads of
+    128 dims 255. At 64 x 16k, 168 (3 or 6 splits) took 538 us where 200 (4 splits) took 549."""
+    if group > 8 and head_dim > 64:
+        return 255
+    return 200 if off64 else 168
+
+
+def resident_warps_per_sm(head_dim: int, group: int) -> int:
+    """One-warp programs an SM holds at once (by registers; the kernel uses no shared memory)."""
+    regs = -(-max_registers(head_dim, group) // 8) * 8
+    return 4 * (16384 // (32 * regs))
 
 
 @gluon.constexpr_function
@@ -144,23 +157,15 @@ def _relabel(x, perm: gl.constexpr, N: gl.constexpr, D: gl.constexpr):
 
 
 @gluon.jit
-def _tile_loads(kc_ptr, vc_ptr, ks_ptr, vs_ptr, kpage, vpage, k_tok, v_tok, kd, vd, stride_cp, stride_cs,
-                stride_xp, stride_xs, kv_off, scale_off, PAGE_SIZE: gl.constexpr, ROWS_L: gl.constexpr,
-                OFF_TY: gl.constexpr):
-    """One tile's K and V rows as int32 words [BLOCK_N, D / 4] (in K's and V's load layouts) and
-    its scales [BLOCK_N] (score-row layout). k_tok/v_tok: clamped token indices, kpage/vpage their
-    page ids, in the two layouts."""
-    kw = gl.load(kc_ptr + (kpage.to(OFF_TY) * stride_cp + (k_tok % PAGE_SIZE) * stride_cs + kv_off)[:, None]
-                 + kd[None, :])
-    vw = gl.load(vc_ptr + (vpage.to(OFF_TY) * stride_cp + (v_tok % PAGE_SIZE) * stride_cs + kv_off)[:, None]
-                 + vd[None, :])
-    # K's token layout is the score rows' (lanes 2-4, then registers): the conversions are free.
-    x_tok = gl.convert_layout(k_tok, ROWS_L, assert_trivial=True)
+def _rows(c_ptr, s_ptr, page, tok, d, kpage, k_tok, stride_cp, stride_cs, stride_xp, stride_xs, kv_off, scale_off,
+          PAGE_SIZE: gl.constexpr, ROWS_L: gl.constexpr, OFF_TY: gl.constexpr):
+    """One tile's K or V rows as int32 words [BLOCK_N, D / 4] (page, tok, d: in that cache's load
+    layout) and their scales [BLOCK_N] in the score-row layout (read through K's token layout,
+    kpage/k_tok, which is the score rows' own: the conversions are free)."""
+    w = gl.load(c_ptr + (page.to(OFF_TY) * stride_cp + (tok % PAGE_SIZE) * stride_cs + kv_off)[:, None] + d[None, :])
     xrow = (gl.convert_layout(kpage, ROWS_L, assert_trivial=True).to(OFF_TY) * stride_xp
-            + (x_tok % PAGE_SIZE) * stride_xs)
-    k_s = gl.load(ks_ptr + xrow + scale_off)
-    v_s = gl.load(vs_ptr + xrow + scale_off)
-    return kw, vw, k_s, v_s
+            + (gl.convert_layout(k_tok, ROWS_L, assert_trivial=True) % PAGE_SIZE) * stride_xs)
+    return w, gl.load(s_ptr + xrow + scale_off).to(gl.float32)
 
 
 @gluon.jit
@@ -231,24 +236,29 @@ def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, 
     rows = gl.arange(0, BLOCK_N, layout=ROWS_L)
     last = hi - 1
 
-    kpage, vpage = _page_ids(pt_row, _clamped(lo, k_ar, last), _clamped(lo, v_ar, last), seq_len, PAGE_SIZE)
-    kw, vw, k_s, v_s = _tile_loads(kc_ptr, vc_ptr, ks_ptr, vs_ptr, kpage, vpage, _clamped(lo, k_ar, last),
-                                   _clamped(lo, v_ar, last), kd, vd, stride_cp, stride_cs, stride_xp, stride_xs,
-                                   kv_off, scale_off, PAGE_SIZE, ROWS_L, OFF_TY)
+    k_tok, v_tok = _clamped(lo, k_ar, last), _clamped(lo, v_ar, last)
+    kpage, vpage = _page_ids(pt_row, k_tok, v_tok, seq_len, PAGE_SIZE)
+    kw, k_s = _rows(kc_ptr, ks_ptr, kpage, k_tok, kd, kpage, k_tok, stride_cp, stride_cs, stride_xp, stride_xs,
+                    kv_off, scale_off, PAGE_SIZE, ROWS_L, OFF_TY)
+    vw, v_s = _rows(vc_ptr, vs_ptr, vpage, v_tok, vd, kpage, k_tok, stride_cp, stride_cs, stride_xp, stride_xs,
+                    kv_off, scale_off, PAGE_SIZE, ROWS_L, OFF_TY)
     kpage, vpage = _page_ids(pt_row, _clamped(lo + BLOCK_N, k_ar, last), _clamped(lo + BLOCK_N, v_ar, last), seq_len,
                              PAGE_SIZE)
     for t in range(gl.cdiv(hi - lo, BLOCK_N)):
         start = lo + t * BLOCK_N
         nxt = start + BLOCK_N
-        nkw, nvw, nk_s, nv_s = _tile_loads(kc_ptr, vc_ptr, ks_ptr, vs_ptr, kpage, vpage, _clamped(nxt, k_ar, last),
-                                           _clamped(nxt, v_ar, last), kd, vd, stride_cp, stride_cs, stride_xp,
-                                           stride_xs, kv_off, scale_off, PAGE_SIZE, ROWS_L, OFF_TY)
-        after = nxt + BLOCK_N
-        kpage, vpage = _page_ids(pt_row, _clamped(after, k_ar, last), _clamped(after, v_ar, last), seq_len, PAGE_SIZE)
-
+        k_tok, v_tok = _clamped(nxt, k_ar, last), _clamped(nxt, v_ar, last)
+        # K of tile t+1 is loaded now, its V once K of tile t is consumed: fewer live registers
+        # (168, three warps per SM sub-partition, against 200 when both load here).
+        nkw, nk_s = _rows(kc_ptr, ks_ptr, kpage, k_tok, kd, kpage, k_tok, stride_cp, stride_cs, stride_xp,
+                          stride_xs, kv_off, scale_off, PAGE_SIZE, ROWS_L, OFF_TY)
         k_a = gl.convert_layout(_relabel(_to_f16(kw, E5M2), K_PERM, BLOCK_N, HEAD_DIM), OP_A,
                                 assert_trivial=True)  # [BLOCK_N, D]
         s = mma_v2(k_a, q_t, gl.zeros([BLOCK_N, HEADS], gl.float32, MMA))  # S^T [BLOCK_N, HEADS]
+        nvw, nv_s = _rows(vc_ptr, vs_ptr, vpage, v_tok, vd, kpage, k_tok, stride_cp, stride_cs, stride_xp,
+                          stride_xs, kv_off, scale_off, PAGE_SIZE, ROWS_L, OFF_TY)
+        after = nxt + BLOCK_N
+        kpage, vpage = _page_ids(pt_row, _clamped(after, k_ar, last), _clamped(after, v_ar, last), seq_len, PAGE_SIZE)
         s = gl.where((start + rows < hi)[:, None], s * (k_s * score_scale)[:, None], float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         alpha = gl.exp2(m_i - m_new)
@@ -296,10 +306,11 @@ def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale
     kw, vw = k_cache.view(torch.int32), v_cache.view(torch.int32)  # [P, S, Hkv, D / 4] words
     # 64-bit offsets when the largest word (or scale) offset a view can reach passes int32.
     reach = max(sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in (kw, k_scale))
+    off64 = reach >= 2**31
     _fp8_decode_kernel[(hkv, B, num_splits)](
         q, kw, vw, k_scale, v_scale, page_table, seq_lens, out, mid_o, mid_lse, qk_scale,
         q.stride(0), q.stride(1), kw.stride(0), kw.stride(1), kw.stride(2),
         k_scale.stride(0), k_scale.stride(1), k_scale.stride(2), page_table.stride(0), out.stride(0), out.stride(1),
         num_splits, GROUP=group, HEADS=8 if group <= 8 else 16, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
-        BLOCK_N=BLOCK_N, SPLIT=num_splits > 1, OFF_64=reach >= 2**31, E5M2=k_cache.dtype == torch.float8_e5m2,
-        num_warps=1, maxnreg=MAX_REGISTERS if d <= 128 and group <= 8 else 255)
+        BLOCK_N=BLOCK_N, SPLIT=num_splits > 1, OFF_64=off64, E5M2=k_cache.dtype == torch.float8_e5m2,
+        num_warps=1, maxnreg=max_registers(d, group, off64))

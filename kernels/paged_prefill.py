@@ -34,7 +34,7 @@ def _tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, q_pos,
     qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
     if IS_FP8:  # K scales and qk_scale multiply the score columns
         xrow = page * stride_xp + (offs_n % PAGE_SIZE) * stride_xs + scale_head
-        qk = qk * (tl.load(ks_ptr + xrow, mask=n_mask, other=0.0) * qk_scale)[None, :]
+        qk = qk * (tl.load(ks_ptr + xrow, mask=n_mask, other=0.0).to(tl.float32) * qk_scale)[None, :]
         exp_scale = 1.0
     else:  # qk_scale joins the exponent: one FFMA per score
         exp_scale = qk_scale
@@ -46,7 +46,7 @@ def _tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, q_pos,
     p = tl.exp2(qk * exp_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if IS_FP8:
-        p = p * tl.load(vs_ptr + xrow, mask=n_mask, other=0.0)[None, :]
+        p = p * tl.load(vs_ptr + xrow, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     v = tl.load(vc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)
     acc += tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
     return acc, m_new, l_i

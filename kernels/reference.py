@@ -55,16 +55,16 @@ def store_kv_ref(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
     """Write new rows into their slots. k, v: [T, Hkv, D]; slots: int64 [T] = page * page_size + offset."""
     _check_scales(k_cache, k_scale, "k_cache")
     _check_scales(v_cache, v_scale, "v_cache")
-    num_pages, page_size, hkv, d = k_cache.shape
+    page_size = k_cache.shape[1]
     flat = slots.long()
+    page, offset = flat // page_size, flat % page_size  # caches and scales may be head-major (not viewable)
     for src, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
-        rows = cache.view(num_pages * page_size, hkv, d)  # [P*S, Hkv, D]
         if scale is None:
-            rows[flat] = src.to(cache.dtype)
+            cache[page, offset] = src.to(cache.dtype)
         else:
             qv, s = quantize_fp8(src, cache.dtype)  # [T, Hkv, D], [T, Hkv]
-            rows[flat] = qv
-            scale[flat // page_size, flat % page_size] = s  # scales may be head-major (not viewable)
+            cache[page, offset] = qv
+            scale[page, offset] = s
 
 
 def _gather_row(cache: Tensor, scale: Tensor | None, pages: Tensor, n: int, ctype: torch.dtype) -> Tensor:

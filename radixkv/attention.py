@@ -45,24 +45,29 @@ class AttentionPlan(NamedTuple):
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int = 132,
-                      min_tokens_per_split: int = 256, max_splits: int = 128, one_warp: bool = False) -> int:
+                      min_tokens_per_split: int = 256, max_splits: int = 128, warps_per_sm: int = 0) -> int:
     """Flash-decoding split count for the decode kernel (one program per KV head, row and split).
 
-    With at least two programs per multiprocessor the rows already fill the GPU: no split (the
-    merge would cost a launch). Below that, aim at about four programs per multiprocessor, each
-    with at least `min_tokens_per_split` tokens. On the H200 this picks 66 splits for 1 x 32k and
-    4 for 16 x 4k, the best of bench_kernels.py's sweep (5 was 20% slower there).
-    one_warp: the programs are paged_decode_fp8's single warps (FP8 where
-    launch.fp8_decode_kernel_supported): full from 8 per multiprocessor, aim at 16 (4 splits at
-    64 x 16k: 538 us there, 545 with 8, 560 with 16).
+    Triton kernel (warps_per_sm 0): with at least two programs per multiprocessor the rows already
+    fill the GPU: no split (the merge would cost a launch). Below that, aim at about four programs
+    per multiprocessor, each with at least `min_tokens_per_split` tokens. On the H200 this picks 66
+    splits for 1 x 32k and 4 for 16 x 4k, the best of bench_kernels.py's sweep.
+    warps_per_sm > 0: the programs are paged_decode_fp8's single warps, that many resident per
+    multiprocessor (launch.fp8_decode_warps_per_sm). Their programs all take about as long, so
+    the count is chosen by waves: the fewest splits whose ceil(programs / resident) / splits (the
+    time in unsplit programs) is within 5% of the best. A last wave a quarter full costs nearly
+    a whole one (64 x 16k at 12 per SM: 3 or 6 splits 538 us, 4 splits 687).
     """
     programs = max(1, batch_size * num_kv_heads)
-    full, target = (8, 16) if one_warp else (2, 4)
-    if programs >= full * num_sms:
+    cap = int(max(1, min(max_splits, max_seq_len // min_tokens_per_split)))
+    if warps_per_sm > 0:
+        slots = warps_per_sm * num_sms
+        cost = [-(-programs * s // slots) / s for s in range(1, cap + 1)]
+        best = min(cost)
+        return next(s for s, c in enumerate(cost, 1) if c <= best * 1.05)
+    if programs >= 2 * num_sms:
         return 1
-    want = max(1, target * num_sms // programs)
-    by_len = max(1, max_seq_len // min_tokens_per_split)
-    return int(max(1, min(want, by_len, max_splits)))
+    return int(max(1, min(4 * num_sms // programs, cap)))
 
 
 def _resolve(backend: Backend, device: torch.device) -> Backend:
@@ -88,16 +93,16 @@ class PagedAttention:
         self.backend = _resolve(backend, kv.device)
         self._plan: AttentionPlan | None = None
         self._num_sms = 132
-        self._one_warp_fp8 = False  # FP8 decode runs paged_decode_fp8's one-warp programs
+        self._fp8_warps_per_sm = 0  # FP8 decode runs paged_decode_fp8's one-warp programs, this many per SM
         if self.backend is Backend.TRITON:
             from radixkv import kernels  # imports Triton only when it is used
-            from radixkv.kernels.launch import fp8_decode_kernel_supported
+            from radixkv.kernels.launch import fp8_decode_warps_per_sm
 
             self._ops = kernels
             if kv.device.type == "cuda":
                 self._num_sms = torch.cuda.get_device_properties(kv.device).multi_processor_count
-                self._one_warp_fp8 = kv.kv_dtype.is_fp8 and fp8_decode_kernel_supported(
-                    kv.device, head_dim, num_q_heads // kv.num_kv_heads)
+                if kv.kv_dtype.is_fp8:
+                    self._fp8_warps_per_sm = fp8_decode_warps_per_sm(kv.device, head_dim, num_q_heads // kv.num_kv_heads)
         else:
             self._ops = None
 
@@ -122,7 +127,7 @@ class PagedAttention:
         dev = self.kv.device
         max_seq = max(batch.seq_lens)
         decode = batch.is_decode_only
-        splits = choose_num_splits(B, self.kv.num_kv_heads, max_seq, self._num_sms, one_warp=self._one_warp_fp8) if decode else 1
+        splits = choose_num_splits(B, self.kv.num_kv_heads, max_seq, self._num_sms, warps_per_sm=self._fp8_warps_per_sm) if decode else 1
         self._plan = AttentionPlan(
             path=Path.DECODE if decode else Path.PREFILL,
             page_table=torch.tensor(table, dtype=torch.int32, device=dev),

@@ -7,8 +7,10 @@ of shape [num_pages, page_size, Hkv] (a stored row means `fp8 * scale`). Chosen 
 needs no calibration and a page is written once and then read by every request sharing it
 through the prefix tree, so its scales never go stale. Cost: 4 bytes per D-element row,
 3% of an FP8 page at D = 128. Non-FP8 stores have no scale tensors (empty lists).
-The scales are stored head-major (strides [Hkv * page_size, 1, page_size]): a head's scales for a
-page are one contiguous run, which the FP8 decode kernel reads in whole 32-byte sectors.
+FP8 pages and scales are stored head-major (memory order [num_pages, Hkv, page_size, ...], shapes
+as above, strides permuted): a head's rows of a page are one contiguous run (2 KB at page 16,
+D 128), which the FP8 decode kernel reads 3% faster than rows of 128 bytes 1 KB apart, and its
+scales one 64-byte run. Non-FP8 pages are contiguous.
 """
 from __future__ import annotations
 
@@ -67,6 +69,12 @@ def head_major_scales(cache_shape: tuple[int, ...], device: torch.device) -> Ten
     return torch.ones(num_pages, hkv, page_size, dtype=SCALE_DTYPE, device=device).transpose(1, 2)
 
 
+def head_major_pages(cache_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Zeros of shape [P, S, Hkv, D] laid out as [P, Hkv, S, D] in memory."""
+    num_pages, page_size, hkv, d = cache_shape
+    return torch.zeros(num_pages, hkv, page_size, d, dtype=dtype, device=device).transpose(1, 2)
+
+
 class KVStore:
     """Per-layer K/V pages (+ FP8 scales) on one device.
 
@@ -89,8 +97,9 @@ class KVStore:
         self.compute_dtype = compute_dtype
         shape = (num_pages, page_size, num_kv_heads, head_dim)
         dt = self.kv_dtype.torch_dtype
-        self.k_cache: list[Tensor] = [torch.zeros(shape, dtype=dt, device=self.device) for _ in range(num_layers)]
-        self.v_cache: list[Tensor] = [torch.zeros(shape, dtype=dt, device=self.device) for _ in range(num_layers)]
+        pages = head_major_pages if self.kv_dtype.is_fp8 else (lambda sh, d, dev: torch.zeros(sh, dtype=d, device=dev))
+        self.k_cache: list[Tensor] = [pages(shape, dt, self.device) for _ in range(num_layers)]
+        self.v_cache: list[Tensor] = [pages(shape, dt, self.device) for _ in range(num_layers)]
         self.k_scale: list[Tensor] = []
         self.v_scale: list[Tensor] = []
         if self.kv_dtype.is_fp8:

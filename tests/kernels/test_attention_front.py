@@ -81,9 +81,13 @@ def test_split_choice():
     assert choose_num_splits(1, 8, 100, 132) == 1  # too short to split
     # One-warp FP8 programs need more of them to fill the GPU (bench_kernels.py's shapes).
     assert choose_num_splits(64, 8, 16384, 132) == 1
-    assert choose_num_splits(64, 8, 16384, 132, one_warp=True) == 4
-    assert choose_num_splits(16, 8, 4096, 132, one_warp=True) == 16
-    assert choose_num_splits(256, 8, 1024, 132, one_warp=True) == 1
+    # one-warp FP8 programs, 12 resident per SM: whole waves (512 programs x 3 = 1536 <= 1584)
+    assert choose_num_splits(64, 8, 16384, 132, warps_per_sm=12) == 3
+    assert choose_num_splits(16, 8, 4096, 132, warps_per_sm=12) == 12
+    assert choose_num_splits(256, 8, 4096, 132, warps_per_sm=12) == 3  # 1 split: 1.29 waves
+    assert choose_num_splits(256, 8, 4096, 132, warps_per_sm=8) == 1  # 2048 programs = 1.94 waves
+    assert choose_num_splits(1, 8, 32768, 132, warps_per_sm=12) >= 100
+    assert choose_num_splits(1, 8, 100, 132, warps_per_sm=12) == 1
 
 
 def test_fp8_decode_kernel_needs_a_cuda_gpu():

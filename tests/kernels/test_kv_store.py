@@ -32,15 +32,16 @@ def test_bad_input_raises():
         KVStore(1, 1, 0, 1, 8, "fp32", "cpu")
 
 
-def test_reference_store_writes_head_major_scales():
-    """store_kv_ref fills KVStore's (non-contiguous) scale tensors like contiguous ones."""
+def test_reference_store_writes_head_major_pages_and_scales():
+    """store_kv_ref fills KVStore's (non-contiguous, head-major) FP8 pages and scales like contiguous ones."""
     from radixkv.kernels.reference import store_kv_ref
 
     kv = KVStore(1, 3, 4, 2, 8, "fp8_e4m3", "cpu")
     k, v = torch.randn(5, 2, 8), torch.randn(5, 2, 8)
     slots = torch.tensor([0, 5, 6, 11, 3])
     store_kv_ref(k, v, kv.k_cache[0], kv.v_cache[0], slots, k_scale=kv.k_scale[0], v_scale=kv.v_scale[0])
-    caches = [torch.zeros_like(kv.k_cache[0]) for _ in range(2)]
+    assert kv.k_cache[0].stride() == (4 * 2 * 8, 8, 4 * 8, 1) and kv.k_scale[0].stride() == (8, 1, 4)
+    caches = [torch.zeros(kv.k_cache[0].shape, dtype=kv.k_cache[0].dtype) for _ in range(2)]
     scales = [torch.ones(3, 4, 2) for _ in range(2)]
     store_kv_ref(k, v, caches[0], caches[1], slots, k_scale=scales[0], v_scale=scales[1])
     assert torch.equal(kv.k_scale[0], scales[0]) and torch.equal(kv.v_scale[0], scales[1])
