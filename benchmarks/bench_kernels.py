@@ -100,7 +100,8 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
                 return lambda: ops.paged_decode(q, kq, vq, p.page_table, p.seq_lens, k_scale=ks, v_scale=vs,
                                                 num_splits=fp8_splits)
 
-            row("radixkv", name, run_fp8, 2 * batch * ctx * HKV * (D + 4), fp8=fp8[0], num_splits=fp8_splits)
+            row("radixkv", name, run_fp8, 2 * batch * ctx * HKV * (D + fp8[0][2].element_size()), fp8=fp8[0],
+                num_splits=fp8_splits)
             del fp8
         del pools, pool
         if dev.type == "cuda":
@@ -199,7 +200,7 @@ def sweeps(ops, dev, gen, read_tbps, smoke, which: Sweeps) -> list[dict]:
                         (KernelConfig(16, 256, 4, 1), fp8_only), (KernelConfig(16, 32, 2, 2), fp8_only),
                         (KernelConfig(16, 128, 2, 1), fp8_only), (KernelConfig(16, 128, 2, 2, True), fp8_only)):
         for name, args, nb in (("bf16", (pool.k, pool.v, None, None), nbytes),
-                               ("fp8_e4m3", (kq, vq, ks, vs), nbytes * (D + 4) // (2 * D))):
+                               ("fp8_e4m3", (kq, vq, ks, vs), nbytes * (D + ks.element_size()) // (2 * D))):
             if name not in dtypes:
                 continue
             def run():

@@ -3,7 +3,7 @@
 Same signatures and semantics as the Triton entry points (store_kv.py, paged_decode.py,
 paged_prefill.py). Math runs in float32 (float64 when q is float64), output in q's dtype.
 
-FP8 caches use per-token-per-head scales: k_scale, v_scale are float32 tensors
+FP8 caches use per-token-per-head scales: k_scale, v_scale are float32 or float16 tensors
 [num_pages, page_size, Hkv] beside the pages, and a stored row means `fp8 * scale`.
 Such scales need no calibration and are written once with their page, so a page shared
 by many requests through the prefix tree stays valid for all of them.
@@ -27,15 +27,22 @@ def fp8_max(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max)
 
 
-def quantize_fp8(x: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+def scale_min(scale_dtype: torch.dtype) -> float:
+    """Smallest scale stored: 1e-12 in float32; in float16 its smallest normal, 2^-14 (a subnormal
+    scale, rounded to nearest, could fall far enough below amax / fp8_max to clip the row)."""
+    return 2.0**-14 if scale_dtype == torch.float16 else 1e-12
+
+
+def quantize_fp8(x: Tensor, dtype: torch.dtype, scale_dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
     """Per-row (last dim) absmax quantisation. x: [..., D] -> (fp8 [..., D], scale fp32 [...]).
 
-    Values are clamped to the dtype's range before the cast (torch's e4m3fn cast does not
-    saturate: 465 would become NaN).
+    The scale amax / fp8_max is rounded to scale_dtype (float32 or float16) and the row divided
+    by the rounded value, so storing the scale in scale_dtype is exact. Values are clamped to the
+    dtype's range before the cast (torch's e4m3fn cast does not saturate: 465 would become NaN).
     """
     x32 = x.float()
     amax = x32.abs().amax(dim=-1)
-    scale = (amax / fp8_max(dtype)).clamp(min=1e-12)
+    scale = (amax / fp8_max(dtype)).clamp(min=scale_min(scale_dtype)).to(scale_dtype).float()
     q = (x32 / scale.unsqueeze(-1)).clamp(-fp8_max(dtype), fp8_max(dtype)).to(dtype)
     return q, scale
 
@@ -62,9 +69,9 @@ def store_kv_ref(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
         if scale is None:
             cache[page, offset] = src.to(cache.dtype)
         else:
-            qv, s = quantize_fp8(src, cache.dtype)  # [T, Hkv, D], [T, Hkv]
+            qv, s = quantize_fp8(src, cache.dtype, scale.dtype)  # [T, Hkv, D], [T, Hkv]
             cache[page, offset] = qv
-            scale[page, offset] = s
+            scale[page, offset] = s.to(scale.dtype)  # exact: s is representable
 
 
 def _gather_row(cache: Tensor, scale: Tensor | None, pages: Tensor, n: int, ctype: torch.dtype) -> Tensor:

@@ -12,7 +12,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .launch import for_device
-from .reference import fp8_max, is_fp8
+from .reference import fp8_max, is_fp8, scale_min
 
 
 @triton.jit
@@ -20,7 +20,7 @@ def _store_one(src_ptr, t, stride_st, stride_sh, stride_sd,
                cache_ptr, page, off, stride_cp, stride_cs, stride_ch, stride_cd,
                scale_ptr, stride_xp, stride_xs, stride_xh,
                NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-               IS_FP8: tl.constexpr, FP8_MAX: tl.constexpr):
+               IS_FP8: tl.constexpr, FP8_MAX: tl.constexpr, SCALE_MIN: tl.constexpr):
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_h[:, None] < NUM_HEADS) & (offs_d[None, :] < HEAD_DIM)
@@ -31,7 +31,8 @@ def _store_one(src_ptr, t, stride_st, stride_sh, stride_sd,
         x = x.to(tl.float32)
         # div_rn: correctly rounded like torch's division, so GPU stores match the reference bit for bit
         amax = tl.max(tl.abs(x), axis=1)  # [BLOCK_H]
-        scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32)), 1e-12)
+        scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32)), SCALE_MIN)
+        scale = scale.to(scale_ptr.dtype.element_ty).to(tl.float32)  # quantise by the scale as stored
         qx = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
         qx = tl.minimum(tl.maximum(qx, -FP8_MAX), FP8_MAX)
         tl.store(dst, qx.to(cache_ptr.dtype.element_ty), mask=mask)
@@ -47,24 +48,25 @@ def _kernel(k_ptr, v_ptr, slots_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
             stride_cp, stride_cs, stride_ch, stride_cd,
             stride_xp, stride_xs, stride_xh,
             PAGE_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-            BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IS_FP8: tl.constexpr, FP8_MAX: tl.constexpr):
+            BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IS_FP8: tl.constexpr, FP8_MAX: tl.constexpr, SCALE_MIN: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     page = slot // PAGE_SIZE
     off = slot % PAGE_SIZE
     _store_one(k_ptr, t, stride_kt, stride_kh, stride_kd, kc_ptr, page, off,
                stride_cp, stride_cs, stride_ch, stride_cd, ks_ptr, stride_xp, stride_xs, stride_xh,
-               NUM_HEADS, HEAD_DIM, BLOCK_H, BLOCK_D, IS_FP8, FP8_MAX)
+               NUM_HEADS, HEAD_DIM, BLOCK_H, BLOCK_D, IS_FP8, FP8_MAX, SCALE_MIN)
     _store_one(v_ptr, t, stride_vt, stride_vh, stride_vd, vc_ptr, page, off,
                stride_cp, stride_cs, stride_ch, stride_cd, vs_ptr, stride_xp, stride_xs, stride_xh,
-               NUM_HEADS, HEAD_DIM, BLOCK_H, BLOCK_D, IS_FP8, FP8_MAX)
+               NUM_HEADS, HEAD_DIM, BLOCK_H, BLOCK_D, IS_FP8, FP8_MAX, SCALE_MIN)
 
 
 def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
              k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> None:
     """Write k, v [T, Hkv, D] into k_cache, v_cache [P, S, Hkv, D] at slots int64 [T] (= page * S + offset).
 
-    FP8 caches need k_scale, v_scale float32 [P, S, Hkv]; each written row's scale is stored there.
+    FP8 caches need k_scale, v_scale float32 or float16 [P, S, Hkv]; each written row's scale is
+    stored there, rounded to that dtype, and the row is quantised by the stored value.
     """
     T, hkv, d = k.shape
     if v.shape != k.shape:
@@ -79,10 +81,10 @@ def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tens
     if fp8:
         want = tuple(k_cache.shape[:3])
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if s is None or tuple(s.shape) != want or s.dtype != torch.float32:
-                raise ValueError(f"store_kv: FP8 cache needs {name} float32 {want}")
-        if k_scale.stride() != v_scale.stride():
-            raise ValueError("store_kv: k_scale and v_scale must share strides")
+            if s is None or tuple(s.shape) != want or s.dtype not in (torch.float32, torch.float16):
+                raise ValueError(f"store_kv: FP8 cache needs {name} float32 or float16 {want}")
+        if k_scale.stride() != v_scale.stride() or k_scale.dtype != v_scale.dtype:
+            raise ValueError("store_kv: k_scale and v_scale must share dtype and strides")
     elif k_scale is not None or v_scale is not None:
         raise ValueError(f"store_kv: scales given for a non-FP8 cache ({k_cache.dtype})")
     devices = {t.device for t in (k, v, k_cache, v_cache, slots)}
@@ -100,4 +102,5 @@ def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tens
         PAGE_SIZE=k_cache.shape[1], NUM_HEADS=hkv, HEAD_DIM=d,
         BLOCK_H=triton.next_power_of_2(hkv), BLOCK_D=triton.next_power_of_2(d),
         IS_FP8=fp8, FP8_MAX=fp8_max(k_cache.dtype) if fp8 else 1.0,
+        SCALE_MIN=scale_min(k_scale.dtype) if fp8 else 1.0,
     )

@@ -27,9 +27,9 @@ cfg = json.loads(sys.argv[1])
 types = {a: "i32" for a in fn.arg_names}
 types.update(q_ptr="*" + cfg.pop("q"), kc_ptr="*i32", vc_ptr="*i32", ks_ptr="*fp32", vs_ptr="*fp32",
              pt_ptr="*i32", lens_ptr="*i32", out_ptr="*bf16", mid_o_ptr="*fp32", mid_lse_ptr="*fp32",
-             qk_scale="fp32")
+             count_ptr="*i32", qk_scale="fp32")
 maxnreg = cfg.pop("maxnreg")
-consts = dict(BLOCK_N=m.BLOCK_N, **cfg)
+consts = dict(BLOCK_N=m.BLOCK_N, BLOCK_S=4, MERGE=cfg["SPLIT"], **cfg)
 types.update({c: "constexpr" for c in consts})
 k = triton.compile(GluonASTSource(fn, types, consts, {}), target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": 1, "maxnreg": maxnreg})
@@ -56,11 +56,16 @@ def _compile(**cfg) -> dict:
 def test_default_config_compiles_without_spills():
     from radixkv.kernels import paged_decode_fp8
 
+    cap = paged_decode_fp8.max_registers(128, 4)
     res = _compile(q="bf16", GROUP=4, HEADS=8, HEAD_DIM=128, PAGE_SIZE=16, SPLIT=True, OFF_64=False, E5M2=False,
-                   maxnreg=paged_decode_fp8.MAX_REGISTERS)
-    # Triton 3.6's ptxas (the H200 runs): no stack; Triton 3.9's: 8 bytes. More means real spills.
-    assert res["stack"] <= 16, res
-    assert res["regs"] <= paged_decode_fp8.MAX_REGISTERS
+                   maxnreg=cap)
+    # Triton 3.6's ptxas (the one the H200 runs) fits the cap with no stack; Triton 3.9's (a newer
+    # CUDA) spills 80 bytes there. More than that means the kernel's register use has grown.
+    import triton
+
+    assert res["stack"] <= (0 if triton.__version__.startswith("3.6") else 96), res
+    assert res["regs"] <= cap
+    assert paged_decode_fp8.resident_warps_per_sm(128, 4) == 12
 
 
 @pytest.mark.parametrize("cfg", [

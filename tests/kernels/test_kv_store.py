@@ -8,7 +8,7 @@ def test_shapes_and_scales():
     kv = KVStore(2, 5, 4, 3, 16, "fp8_e4m3", "cpu")
     assert len(kv.k_cache) == len(kv.v_cache) == 2
     assert kv.k_cache[1].shape == (5, 4, 3, 16) and kv.k_cache[1].dtype == torch.float8_e4m3fn
-    assert kv.k_scale[0].shape == (5, 4, 3) and kv.k_scale[0].dtype == torch.float32
+    assert kv.k_scale[0].shape == (5, 4, 3) and kv.k_scale[0].dtype == torch.float16
     assert kv.k_scale[0].stride() == (12, 1, 4)  # head-major: a head's page of scales is contiguous
     plain = KVStore(1, 5, 4, 3, 16, "bf16", "cpu")
     assert plain.scales(0) == (None, None) and plain.k_cache[0].dtype == torch.bfloat16
@@ -17,7 +17,7 @@ def test_shapes_and_scales():
 def test_bytes_per_page_counts_scales():
     # 2 (K,V) * layers 3 * page 16 * heads 8 * D 128 * 2 bytes
     assert KVStore.bytes_per_page(16, 3, 8, 128, "bf16") == 2 * 3 * 16 * 8 * 128 * 2
-    assert KVStore.bytes_per_page(16, 3, 8, 128, "fp8_e5m2") == 2 * 3 * 16 * 8 * (128 + 4)
+    assert KVStore.bytes_per_page(16, 3, 8, 128, "fp8_e5m2") == 2 * 3 * 16 * 8 * (128 + 2)  # float16 scales
     per = KVStore.bytes_per_page(16, 3, 8, 128, "fp16")
     assert KVStore.pages_for_budget(10 * per + per - 1, 16, 3, 8, 128, "fp16") == 10
     kv = KVStore(3, 7, 16, 8, 128, KVDtype.FP8_E4M3, "cpu")
@@ -42,7 +42,7 @@ def test_reference_store_writes_head_major_pages_and_scales():
     store_kv_ref(k, v, kv.k_cache[0], kv.v_cache[0], slots, k_scale=kv.k_scale[0], v_scale=kv.v_scale[0])
     assert kv.k_cache[0].stride() == (4 * 2 * 8, 8, 4 * 8, 1) and kv.k_scale[0].stride() == (8, 1, 4)
     caches = [torch.zeros(kv.k_cache[0].shape, dtype=kv.k_cache[0].dtype) for _ in range(2)]
-    scales = [torch.ones(3, 4, 2) for _ in range(2)]
+    scales = [torch.ones(3, 4, 2, dtype=kv.k_scale[0].dtype) for _ in range(2)]
     store_kv_ref(k, v, caches[0], caches[1], slots, k_scale=scales[0], v_scale=scales[1])
     assert torch.equal(kv.k_scale[0], scales[0]) and torch.equal(kv.v_scale[0], scales[1])
     assert torch.equal(kv.k_cache[0].float(), caches[0].float())

@@ -61,6 +61,23 @@ def test_quantize_fp8_saturates_and_round_trips(dtype):
     assert (back[1] == 0).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_quantize_fp8_with_float16_scales(dtype):
+    """Rows are quantised by the float16 value of their scale: storing it loses nothing, rows never
+    clip beyond fp8_max, and tiny rows get the smallest normal float16 scale."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 32, generator=gen) * torch.logspace(-6, 3, 64).unsqueeze(-1)  # amax 1e-6 .. 1e3
+    q, s = quantize_fp8(x, dtype, torch.float16)
+    assert torch.equal(s.half().float(), s) and (s >= 2.0**-14).all()
+    q32, s32 = quantize_fp8(x, dtype)
+    back, back32 = q.float() * s.unsqueeze(-1), q32.float() * s32.unsqueeze(-1)
+    big = x.abs().amax(-1) > 1.0  # rows above the float16 scale floor: same error as float32 scales
+    err = ((back - x).norm(dim=-1) / x.norm(dim=-1))[big]
+    err32 = ((back32 - x).norm(dim=-1) / x.norm(dim=-1))[big]
+    assert err.max() <= 1.1 * err32.max() and err.max() < (0.04 if dtype == torch.float8_e4m3fn else 0.08)
+    assert (q.float().abs() <= float(torch.finfo(dtype).max)).all()
+
+
 def test_scale_errors_are_clear():
     k_cache = torch.zeros(2, 2, 1, 8, dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="scale"):

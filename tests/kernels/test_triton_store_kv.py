@@ -26,11 +26,13 @@ def test_store_matches_reference_exactly(dtype):
     assert torch.equal(kc.nan_to_num(), kr.nan_to_num()) and torch.equal(vc.nan_to_num(), vr.nan_to_num())
 
 
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_store_fp8_quantises_per_token_head(dtype):
+def test_store_fp8_quantises_per_token_head(dtype, scale_dtype):
     k, v, slots, (kc, vc, kr, vr) = _setup(dtype, seed=1)
     k[0, 1] *= 1000  # far above the FP8 range before scaling
-    scales = [torch.full(kc.shape[:3], float("nan")) for _ in range(4)]
+    v[1, 2] *= 1e-4  # below the float16 scale floor
+    scales = [torch.full(kc.shape[:3], float("nan"), dtype=scale_dtype) for _ in range(4)]
     store_kv(k, v, kc, vc, slots, k_scale=scales[0], v_scale=scales[1])
     store_kv_ref(k, v, kr, vr, slots, k_scale=scales[2], v_scale=scales[3])
     flat = slots.long()
