@@ -169,13 +169,12 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
     if gluon_fp8:
         from .paged_decode_fp8 import launch
 
-        merged = launch(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale * LOG2E, num_splits,
-                        out, mid_o, mid_lse)
+        launch(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale * LOG2E, num_splits, out,
+               mid_o, mid_lse)
     else:
         _launch_triton(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale, num_splits, out,
                        mid_o, mid_lse, config, fp8)
-        merged = num_splits == 1
-    if not merged:
+    if num_splits > 1:
         for_device(_merge_kernel, q.device)[(B, hq)](
             mid_o, mid_lse, out, *out.stride(), num_splits, HEAD_DIM=d, BLOCK_D=block_d,
             BLOCK_S=max(2, triton.next_power_of_2(num_splits)))

@@ -5,7 +5,8 @@ tensor-core operands from byte loads and register moves: 3.5k warp instructions 
 tile, twice bf16's, so FP8 decode ran no faster than bf16. Here the layouts are chosen by hand:
 
 - One warp per (KV head, sequence, split) program: every reduction stays in the warp, and the GPU
-  is filled with splits (attention.choose_num_splits(..., one_warp=True)).
+  is filled with splits in whole waves of resident programs (attention.choose_num_splits with
+  launch.fp8_decode_warps_per_sm: 12 per SM at 168 registers).
 - Transposed products, S^T = K.q^T [BLOCK_N, HEADS] and O^T = V^T.P^T [D, HEADS]: tokens and
   head-dim fill the 16 mma rows and the GQA group (padded to HEADS = 8 or 16) the columns, so no
   register holds a padding row of the accumulator.
@@ -14,8 +15,9 @@ tile, twice bf16's, so FP8 decode ran no faster than bf16. Here the layouts are 
   (exact). The registers are then *relabelled* (reshape + permute of the head-dim index bits) so
   they already sit where mma.m16n8k16 wants them: no shared memory, no shuffles. q is relabelled
   like K (the contraction index), and the rows of O^T are put back in memory order at the store.
-- Software pipeline in registers: tile t+1's K/V words and scales are loaded while tile t is
-  computed, and page ids a tile earlier still, so no load waits on another. Token indices past
+- Software pipeline in registers: tile t+1's K words and scales are loaded while tile t is
+  computed, its V once tile t's K is consumed, and page ids a tile earlier still, so no load
+  waits on another. Token indices past
   the split are clamped to its last token (finite data, P = 0) instead of masked.
 - Scales: q is normalised by its max |q| (fp16 keeps full precision in [2^-14, 1]); K's
   per-token scale and qk_scale multiply the score rows; V's per-token scale, over the tile's
@@ -168,9 +170,6 @@ def _rows(c_ptr, s_ptr, page, tok, d, kpage, k_tok, stride_cp, stride_cs, stride
     return w, gl.load(s_ptr + xrow + scale_off).to(gl.float32)
 
 
-_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # Triton 3.9 / 3.6 name
-
-
 @gluon.jit
 def _clamped(start, ar, last):
     """Token indices start + ar, clamped to [0, last]."""
@@ -186,12 +185,11 @@ def _page_ids(pt_row, k_tok, v_tok, seq_len, PAGE_SIZE: gl.constexpr):
 
 @gluon.jit
 def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
-                       count_ptr, qk_scale,
+                       qk_scale,
                        stride_qb, stride_qh, stride_cp, stride_cs, stride_ch, stride_xp, stride_xs, stride_xh,
                        stride_ptb, stride_ob, stride_oh, num_splits,
                        GROUP: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
-                       BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, OFF_64: gl.constexpr, E5M2: gl.constexpr,
-                       MERGE: gl.constexpr, BLOCK_S: gl.constexpr):
+                       BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, OFF_64: gl.constexpr, E5M2: gl.constexpr):
     DBITS: gl.constexpr = _log2(HEAD_DIM)
     LOG_VEC: gl.constexpr = _v_log_vec(HEAD_DIM)
     K_PERM: gl.constexpr = _relabel_perm(_k_bits(DBITS))
@@ -298,60 +296,12 @@ def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, 
         gl.store(mid_o_ptr + base[None, :].to(gl.int64) * HEAD_DIM + od[:, None], o, mask=h_mask[None, :])
         lse = gl.where(l_i > 0, m_i + gl.log2(l_safe), float("-inf"))
         gl.store(mid_lse_ptr + base, lse, mask=h_mask)
-    if MERGE:
-        # The last split of (row, KV head) to finish merges them all: no second kernel. The barrier
-        # orders every lane's stores before lane 0's release; its acquire before the reads below.
-        _barrier()
-        ticket = gl.atomic_add(count_ptr + b * gl.num_programs(0) + kvh, 1, sem="acq_rel", scope="gpu")
-        _barrier()
-        if ticket == num_splits - 1:
-            gl.store(count_ptr + b * gl.num_programs(0) + kvh, 0)  # ready for the next launch
-            _merge(mid_o_ptr, mid_lse_ptr, out_ptr, (b * hq + kvh * GROUP) * num_splits, num_splits,
-                   b * stride_ob + kvh * GROUP * stride_oh, stride_oh, GROUP, HEAD_DIM, BLOCK_S)
-
-
-@gluon.jit
-def _merge(mid_o_ptr, mid_lse_ptr, out_ptr, first, num_splits, out_off, stride_oh, GROUP: gl.constexpr,
-           HEAD_DIM: gl.constexpr, BLOCK_S: gl.constexpr):
-    """out[head] = the splits' partial outputs weighted by their softmax mass, for the GROUP heads
-    whose partials start at row `first` of mid_o/mid_lse. Reads go to L2 (.cg): other SMs wrote them."""
-    L: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, 1], [1, 0])
-    offs_s = gl.arange(0, BLOCK_S, layout=gl.SliceLayout(1, L))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, L))
-    s_mask = offs_s < num_splits
-    for h in gl.static_range(GROUP):
-        row = first + h * num_splits + offs_s
-        lse = gl.load(mid_lse_ptr + row, mask=s_mask, other=float("-inf"), cache_modifier=".cg")  # [BLOCK_S]
-        w = gl.exp2(lse - gl.max(lse, axis=0))
-        o = gl.load(mid_o_ptr + row.to(gl.int64)[:, None] * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None],
-                    other=0.0, cache_modifier=".cg")  # [BLOCK_S, D]
-        merged = gl.sum(o * w[:, None], axis=0) / gl.sum(w, axis=0)
-        gl.store(out_ptr + out_off + h * stride_oh + offs_d, merged.to(out_ptr.dtype.element_ty))
-
-
-# Up to this many splits the kernel merges them itself (the last one to finish, one warp); more
-# (1 x 32k: 122) go to paged_decode's merge kernel, whose programs share that work.
-MERGE_IN_KERNEL_MAX_SPLITS = 16
-_COUNTERS: dict[tuple[torch.device, int], Tensor] = {}
-
-
-def _split_counters(device: torch.device, n: int) -> Tensor:
-    """int32 zeros [>= n] per (device, stream): finished splits per (row, KV head). Every launch
-    leaves them at zero (the merging program resets its counter), so CUDA-graph replays and the
-    next layer reuse them; launches on one stream run in order, so they never share a counter."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = _COUNTERS[key] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-    return buf
 
 
 def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor, page_table: Tensor,
-           seq_lens: Tensor, qk_scale: float, num_splits: int, out: Tensor, mid_o: Tensor, mid_lse: Tensor) -> bool:
-    """Arguments as checked by paged_decode; qk_scale includes log2(e). Returns whether `out` is
-    written: with one split, or up to MERGE_IN_KERNEL_MAX_SPLITS (merged in the kernel), else the
-    caller merges mid_o/mid_lse."""
-    merge = 1 < num_splits <= MERGE_IN_KERNEL_MAX_SPLITS
+           seq_lens: Tensor, qk_scale: float, num_splits: int, out: Tensor, mid_o: Tensor, mid_lse: Tensor) -> None:
+    """Arguments as checked by paged_decode (which also runs the merge when num_splits > 1);
+    qk_scale includes log2(e)."""
     B, hq, d = q.shape
     hkv = k_cache.shape[2]
     group = hq // hkv
@@ -360,10 +310,9 @@ def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale
     reach = max(sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in (kw, k_scale))
     off64 = reach >= 2**31
     _fp8_decode_kernel[(hkv, B, num_splits)](
-        q, kw, vw, k_scale, v_scale, page_table, seq_lens, out, mid_o, mid_lse,
-        _split_counters(q.device, B * hkv) if merge else seq_lens, qk_scale,
+        q, kw, vw, k_scale, v_scale, page_table, seq_lens, out, mid_o, mid_lse, qk_scale,
         q.stride(0), q.stride(1), kw.stride(0), kw.stride(1), kw.stride(2),
         k_scale.stride(0), k_scale.stride(1), k_scale.stride(2), page_table.stride(0), out.stride(0), out.stride(1),
         num_splits, GROUP=group, HEADS=8 if group <= 8 else 16, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
         BLOCK_N=BLOCK_N, SPLIT=num_splits > 1, OFF_64=off64, E5M2=k_cache.dtype == torch.float8_e5m2,
-        MERGE=merge, BLOCK_S=max(2, 1 << (num_splits - 1).bit_length()), num_warps=1, maxnreg=max_registers(d, group, off64))
+        num_warps=1, maxnreg=max_registers(d, group, off64))

@@ -27,9 +27,9 @@ cfg = json.loads(sys.argv[1])
 types = {a: "i32" for a in fn.arg_names}
 types.update(q_ptr="*" + cfg.pop("q"), kc_ptr="*i32", vc_ptr="*i32", ks_ptr="*fp32", vs_ptr="*fp32",
              pt_ptr="*i32", lens_ptr="*i32", out_ptr="*bf16", mid_o_ptr="*fp32", mid_lse_ptr="*fp32",
-             count_ptr="*i32", qk_scale="fp32")
+             qk_scale="fp32")
 maxnreg = cfg.pop("maxnreg")
-consts = dict(BLOCK_N=m.BLOCK_N, BLOCK_S=4, MERGE=cfg["SPLIT"], **cfg)
+consts = dict(BLOCK_N=m.BLOCK_N, **cfg)
 types.update({c: "constexpr" for c in consts})
 k = triton.compile(GluonASTSource(fn, types, consts, {}), target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": 1, "maxnreg": maxnreg})
