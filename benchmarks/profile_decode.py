@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             q, kc, vc, pool.page_table, pool.seq_lens, k_scale=k_s, v_scale=v_s, num_splits=splits, config=cfg))
         if args.time:
             t = time_fn(fn, False).us
-            row_bytes = kc.element_size() * D + (k_s.element_size() if k_s is not None else 0)  # a token's K or V row, one head
+            # bytes of one token's K (or V) row of one head, with its scale
+            row_bytes = kc.element_size() * D + (k_s.element_size() if k_s is not None else 0)
             tbps = row_bytes * 2 * args.batch * args.context * HKV / t / 1e6
             err = check_rows(fn(), q, pool, [0, args.batch - 1], [1] * args.batch, D ** -0.5,
                              fp8=caches[kv] if kv == "fp8" else None)

@@ -59,6 +59,12 @@ def fp8_decode_kernel_supported(device: torch.device, head_dim: int, group: int)
     return _gluon_fp8_gpu(device.index if device.index is not None else torch.cuda.current_device())
 
 
+# An unsplit FP8 decode launch of at least this many programs per SM runs paged_decode_fp8 at 200
+# registers (8 resident per SM, about two whole waves): 256 x 1k and 256 x 4k took 164 and 524-535 us
+# so, against 180 and 552 us at 168 registers with the 3 splits 12 resident programs need.
+FP8_WIDE_PROGRAMS_PER_SM = 15
+
+
 def fp8_decode_warps_per_sm(device: torch.device, head_dim: int, group: int) -> int:
     """One-warp programs of paged_decode_fp8 resident per SM where FP8 decode runs it, else 0
     (for attention.choose_num_splits)."""

@@ -33,23 +33,28 @@ kernel: the result with one split, else mid_o/mid_lse for its merge kernel.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from .launch import FP8_WIDE_PROGRAMS_PER_SM
+
 BLOCK_N = 32  # tokens per tile
 
 
-def max_registers(head_dim: int, group: int, off64: bool = False) -> int:
+def max_registers(head_dim: int, group: int, off64: bool = False, wide: bool = False) -> int:
     """Register cap (maxnreg) of a program. Each of an SM's four sub-partitions holds 16K registers:
     168 a thread fits three one-warp programs there (12 per SM), 200 or 255 two. 168 does not spill
     with 32-bit offsets and a group <= 8 (or head_dim 64); 64-bit offsets need 200, 16 heads of
-    128 dims 255. At 64 x 16k, 168 (3 or 6 splits) took 538 us where 200 (4 splits) took 549."""
+    128 dims 255. At 64 x 16k, 168 (3 splits) took 529-534 us where the kernel before it, at 200
+    (4 splits), took 543-549. wide: a launch that fills the GPU unsplit (launch.FP8_WIDE_PROGRAMS_PER_SM)."""
     if group > 8 and head_dim > 64:
         return 255
-    return 200 if off64 else 168
+    return 200 if off64 or wide else 168
 
 
 def resident_warps_per_sm(head_dim: int, group: int) -> int:
@@ -298,6 +303,11 @@ def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, 
         gl.store(mid_lse_ptr + base, lse, mask=h_mask)
 
 
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor, page_table: Tensor,
            seq_lens: Tensor, qk_scale: float, num_splits: int, out: Tensor, mid_o: Tensor, mid_lse: Tensor) -> None:
     """Arguments as checked by paged_decode (which also runs the merge when num_splits > 1);
@@ -309,10 +319,11 @@ def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale
     # 64-bit offsets when the largest word (or scale) offset a view can reach passes int32.
     reach = max(sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in (kw, k_scale))
     off64 = reach >= 2**31
+    wide = num_splits == 1 and B * hkv >= FP8_WIDE_PROGRAMS_PER_SM * _num_sms(q.device)
     _fp8_decode_kernel[(hkv, B, num_splits)](
         q, kw, vw, k_scale, v_scale, page_table, seq_lens, out, mid_o, mid_lse, qk_scale,
         q.stride(0), q.stride(1), kw.stride(0), kw.stride(1), kw.stride(2),
         k_scale.stride(0), k_scale.stride(1), k_scale.stride(2), page_table.stride(0), out.stride(0), out.stride(1),
         num_splits, GROUP=group, HEADS=8 if group <= 8 else 16, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
         BLOCK_N=BLOCK_N, SPLIT=num_splits > 1, OFF_64=off64, E5M2=k_cache.dtype == torch.float8_e5m2,
-        num_warps=1, maxnreg=max_registers(d, group, off64))
+        num_warps=1, maxnreg=max_registers(d, group, off64, wide))

@@ -48,7 +48,8 @@ def _kernel(k_ptr, v_ptr, slots_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
             stride_cp, stride_cs, stride_ch, stride_cd,
             stride_xp, stride_xs, stride_xh,
             PAGE_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-            BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IS_FP8: tl.constexpr, FP8_MAX: tl.constexpr, SCALE_MIN: tl.constexpr):
+            BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IS_FP8: tl.constexpr, FP8_MAX: tl.constexpr,
+            SCALE_MIN: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     page = slot // PAGE_SIZE

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from radixkv.batch import Batch
 from radixkv.kernels import reference
+from radixkv.kernels.launch import FP8_WIDE_PROGRAMS_PER_SM
 from radixkv.kv_store import KVStore
 
 
@@ -56,11 +57,14 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
     multiprocessor (launch.fp8_decode_warps_per_sm). Their programs all take about as long, so
     the count is chosen by waves: the fewest splits whose ceil(programs / resident) / splits (the
     time in unsplit programs) is within 5% of the best. A last wave a quarter full costs nearly
-    a whole one (64 x 16k at 12 per SM: 3 or 6 splits 538 us, 4 splits 687).
+    a whole one (64 x 16k at 12 per SM: 3 or 6 splits 538 us, 4 splits 687). From
+    launch.FP8_WIDE_PROGRAMS_PER_SM programs per SM: no split (paged_decode_fp8 then runs 8 per SM).
     """
     programs = max(1, batch_size * num_kv_heads)
     cap = int(max(1, min(max_splits, max_seq_len // min_tokens_per_split)))
     if warps_per_sm > 0:
+        if programs >= FP8_WIDE_PROGRAMS_PER_SM * num_sms:
+            return 1  # paged_decode_fp8 runs such launches at 8 programs per SM: about two whole waves
         slots = warps_per_sm * num_sms
         cost = [-(-programs * s // slots) / s for s in range(1, cap + 1)]
         best = min(cost)
@@ -102,7 +106,8 @@ class PagedAttention:
             if kv.device.type == "cuda":
                 self._num_sms = torch.cuda.get_device_properties(kv.device).multi_processor_count
                 if kv.kv_dtype.is_fp8:
-                    self._fp8_warps_per_sm = fp8_decode_warps_per_sm(kv.device, head_dim, num_q_heads // kv.num_kv_heads)
+                    group = num_q_heads // kv.num_kv_heads
+                    self._fp8_warps_per_sm = fp8_decode_warps_per_sm(kv.device, head_dim, group)
         else:
             self._ops = None
 
@@ -127,7 +132,8 @@ class PagedAttention:
         dev = self.kv.device
         max_seq = max(batch.seq_lens)
         decode = batch.is_decode_only
-        splits = choose_num_splits(B, self.kv.num_kv_heads, max_seq, self._num_sms, warps_per_sm=self._fp8_warps_per_sm) if decode else 1
+        splits = (choose_num_splits(B, self.kv.num_kv_heads, max_seq, self._num_sms, warps_per_sm=self._fp8_warps_per_sm)
+                  if decode else 1)
         self._plan = AttentionPlan(
             path=Path.DECODE if decode else Path.PREFILL,
             page_table=torch.tensor(table, dtype=torch.int32, device=dev),

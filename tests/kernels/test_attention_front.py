@@ -84,8 +84,8 @@ def test_split_choice():
     # one-warp FP8 programs, 12 resident per SM: whole waves (512 programs x 3 = 1536 <= 1584)
     assert choose_num_splits(64, 8, 16384, 132, warps_per_sm=12) == 3
     assert choose_num_splits(16, 8, 4096, 132, warps_per_sm=12) == 12
-    assert choose_num_splits(256, 8, 4096, 132, warps_per_sm=12) == 3  # 1 split: 1.29 waves
-    assert choose_num_splits(256, 8, 4096, 132, warps_per_sm=8) == 1  # 2048 programs = 1.94 waves
+    assert choose_num_splits(128, 8, 4096, 132, warps_per_sm=12) == 3  # 1 split: 0.65 of a wave
+    assert choose_num_splits(256, 8, 4096, 132, warps_per_sm=12) == 1  # >= 15 per SM: run 8 per SM unsplit
     assert choose_num_splits(1, 8, 32768, 132, warps_per_sm=12) >= 100
     assert choose_num_splits(1, 8, 100, 132, warps_per_sm=12) == 1
 
