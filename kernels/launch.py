@@ -60,8 +60,8 @@ def fp8_decode_kernel_supported(device: torch.device, head_dim: int, group: int)
 
 
 # An unsplit FP8 decode launch of at least this many programs per SM runs paged_decode_fp8 at 200
-# registers (8 resident per SM, about two whole waves): 256 x 1k and 256 x 4k took 164 and 524-535 us
-# so, against 180 and 552 us at 168 registers with the 3 splits 12 resident programs need.
+# registers (8 resident per SM, about two whole waves): 256 x 1k and 256 x 4k took 146 and 515 us
+# so, against 179 and 547 us at 168 registers with the 3 splits that 12 resident programs need.
 FP8_WIDE_PROGRAMS_PER_SM = 15
 
 

@@ -17,8 +17,8 @@ tile, twice bf16's, so FP8 decode ran no faster than bf16. Here the layouts are 
   like K (the contraction index), and the rows of O^T are put back in memory order at the store.
 - Software pipeline in registers: tile t+1's K words and scales are loaded while tile t is
   computed, its V once tile t's K is consumed, and page ids a tile earlier still, so no load
-  waits on another. Token indices past
-  the split are clamped to its last token (finite data, P = 0) instead of masked.
+  waits on another. Token indices past the split are clamped to its last token (finite data,
+  P = 0) instead of masked.
 - Scales: q is normalised by its max |q| (fp16 keeps full precision in [2^-14, 1]); K's
   per-token scale and qk_scale multiply the score rows; V's per-token scale, over the tile's
   largest, multiplies P (which stays in [0, 1]) and the tile maximum joins the accumulator's
@@ -50,8 +50,9 @@ def max_registers(head_dim: int, group: int, off64: bool = False, wide: bool = F
     """Register cap (maxnreg) of a program. Each of an SM's four sub-partitions holds 16K registers:
     168 a thread fits three one-warp programs there (12 per SM), 200 or 255 two. 168 does not spill
     with 32-bit offsets and a group <= 8 (or head_dim 64); 64-bit offsets need 200, 16 heads of
-    128 dims 255. At 64 x 16k, 168 (3 splits) took 529-534 us where the kernel before it, at 200
-    (4 splits), took 543-549. wide: a launch that fills the GPU unsplit (launch.FP8_WIDE_PROGRAMS_PER_SM)."""
+    128 dims 255. At 64 x 16k, 168 (3 splits) took 524-534 us where the kernel before it, at 200
+    (4 splits), took 543-549. wide: an unsplit launch that fills the GPU by itself
+    (launch.FP8_WIDE_PROGRAMS_PER_SM), which runs best at 8 per SM."""
     if group > 8 and head_dim > 64:
         return 255
     return 200 if off64 or wide else 168

@@ -132,8 +132,8 @@ class PagedAttention:
         dev = self.kv.device
         max_seq = max(batch.seq_lens)
         decode = batch.is_decode_only
-        splits = (choose_num_splits(B, self.kv.num_kv_heads, max_seq, self._num_sms, warps_per_sm=self._fp8_warps_per_sm)
-                  if decode else 1)
+        splits = (choose_num_splits(B, self.kv.num_kv_heads, max_seq, self._num_sms,
+                                    warps_per_sm=self._fp8_warps_per_sm) if decode else 1)
         self._plan = AttentionPlan(
             path=Path.DECODE if decode else Path.PREFILL,
             page_table=torch.tensor(table, dtype=torch.int32, device=dev),

@@ -8,8 +8,9 @@ needs no calibration and a page is written once and then read by every request s
 through the prefix tree, so its scales never go stale. The row is quantised by the scale as
 stored (amax / fp8_max rounded to float16), so the 16-bit scale costs no accuracy; rows whose
 amax is below 2^-14 * fp8_max (0.027 for e4m3, 3.5 for e5m2) get float16's smallest normal
-scale, 2^-14, and keep full relative precision for values above 2^-20 (e4m3) / 2^-28 (e5m2). Cost: 2 bytes per D-element row, 1.6% of an FP8 page at D = 128
-(float32 scales took 4 and made 64 x 16k FP8 decode 1% slower).
+scale, 2^-14, and keep full relative precision for values above 2^-20 (e4m3) / 2^-28 (e5m2).
+Cost: 2 bytes per D-element row, 1.6% of an FP8 page at D = 128 (float32 scales took 4 and
+made 64 x 16k FP8 decode 1% slower).
 Non-FP8 stores have no scale tensors (empty lists).
 FP8 pages and scales are stored head-major (memory order [num_pages, Hkv, page_size, ...], shapes
 as above, strides permuted): a head's rows of a page are one contiguous run (2 KB at page 16,
@@ -101,9 +102,12 @@ class KVStore:
         self.compute_dtype = compute_dtype
         shape = (num_pages, page_size, num_kv_heads, head_dim)
         dt = self.kv_dtype.torch_dtype
-        pages = head_major_pages if self.kv_dtype.is_fp8 else (lambda sh, d, dev: torch.zeros(sh, dtype=d, device=dev))
-        self.k_cache: list[Tensor] = [pages(shape, dt, self.device) for _ in range(num_layers)]
-        self.v_cache: list[Tensor] = [pages(shape, dt, self.device) for _ in range(num_layers)]
+        if self.kv_dtype.is_fp8:
+            caches = [head_major_pages(shape, dt, self.device) for _ in range(2 * num_layers)]
+        else:
+            caches = [torch.zeros(shape, dtype=dt, device=self.device) for _ in range(2 * num_layers)]
+        self.k_cache: list[Tensor] = caches[:num_layers]
+        self.v_cache: list[Tensor] = caches[num_layers:]
         self.k_scale: list[Tensor] = []
         self.v_scale: list[Tensor] = []
         if self.kv_dtype.is_fp8:
