@@ -27,10 +27,14 @@ def fp8_max(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max)
 
 
-def scale_min(scale_dtype: torch.dtype) -> float:
-    """Smallest scale stored: 1e-12 in float32; in float16 its smallest normal, 2^-14 (a subnormal
-    scale, rounded to nearest, could fall far enough below amax / fp8_max to clip the row)."""
-    return 2.0**-14 if scale_dtype == torch.float16 else 1e-12
+def scale_range(scale_dtype: torch.dtype) -> tuple[float, float]:
+    """Smallest and largest scale stored. float32: 1e-12 and its max. float16: its smallest normal,
+    2^-14 (a subnormal scale, rounded to nearest, could fall far enough below amax / fp8_max to
+    clip the row), and its max, 65504 (rows beyond 65504 * fp8_max saturate instead of becoming
+    zeros times an infinite scale)."""
+    if scale_dtype == torch.float16:
+        return 2.0**-14, 65504.0
+    return 1e-12, float(torch.finfo(torch.float32).max)
 
 
 def quantize_fp8(x: Tensor, dtype: torch.dtype, scale_dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
@@ -42,7 +46,8 @@ def quantize_fp8(x: Tensor, dtype: torch.dtype, scale_dtype: torch.dtype = torch
     """
     x32 = x.float()
     amax = x32.abs().amax(dim=-1)
-    scale = (amax / fp8_max(dtype)).clamp(min=scale_min(scale_dtype)).to(scale_dtype).float()
+    lo, hi = scale_range(scale_dtype)
+    scale = (amax / fp8_max(dtype)).clamp(lo, hi).to(scale_dtype).float()
     q = (x32 / scale.unsqueeze(-1)).clamp(-fp8_max(dtype), fp8_max(dtype)).to(dtype)
     return q, scale
 

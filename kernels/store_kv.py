@@ -12,7 +12,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .launch import for_device
-from .reference import fp8_max, is_fp8, scale_min
+from .reference import fp8_max, is_fp8, scale_range
 
 
 @triton.jit
@@ -20,7 +20,8 @@ def _store_one(src_ptr, t, stride_st, stride_sh, stride_sd,
                cache_ptr, page, off, stride_cp, stride_cs, stride_ch, stride_cd,
                scale_ptr, stride_xp, stride_xs, stride_xh,
                NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-               IS_FP8: tl.constexpr, FP8_MAX: tl.constexpr, SCALE_MIN: tl.constexpr):
+               IS_FP8: tl.constexpr, FP8_MAX: tl.constexpr, SCALE_MIN: tl.constexpr,
+               SCALE_MAX: tl.constexpr):
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_h[:, None] < NUM_HEADS) & (offs_d[None, :] < HEAD_DIM)
@@ -31,7 +32,8 @@ def _store_one(src_ptr, t, stride_st, stride_sh, stride_sd,
         x = x.to(tl.float32)
         # div_rn: correctly rounded like torch's division, so GPU stores match the reference bit for bit
         amax = tl.max(tl.abs(x), axis=1)  # [BLOCK_H]
-        scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32)), SCALE_MIN)
+        scale = tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32))
+        scale = tl.minimum(tl.maximum(scale, SCALE_MIN), SCALE_MAX)
         scale = scale.to(scale_ptr.dtype.element_ty).to(tl.float32)  # quantise by the scale as stored
         qx = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
         qx = tl.minimum(tl.maximum(qx, -FP8_MAX), FP8_MAX)
@@ -49,17 +51,17 @@ def _kernel(k_ptr, v_ptr, slots_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
             stride_xp, stride_xs, stride_xh,
             PAGE_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
             BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IS_FP8: tl.constexpr, FP8_MAX: tl.constexpr,
-            SCALE_MIN: tl.constexpr):
+            SCALE_MIN: tl.constexpr, SCALE_MAX: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     page = slot // PAGE_SIZE
     off = slot % PAGE_SIZE
     _store_one(k_ptr, t, stride_kt, stride_kh, stride_kd, kc_ptr, page, off,
                stride_cp, stride_cs, stride_ch, stride_cd, ks_ptr, stride_xp, stride_xs, stride_xh,
-               NUM_HEADS, HEAD_DIM, BLOCK_H, BLOCK_D, IS_FP8, FP8_MAX, SCALE_MIN)
+               NUM_HEADS, HEAD_DIM, BLOCK_H, BLOCK_D, IS_FP8, FP8_MAX, SCALE_MIN, SCALE_MAX)
     _store_one(v_ptr, t, stride_vt, stride_vh, stride_vd, vc_ptr, page, off,
                stride_cp, stride_cs, stride_ch, stride_cd, vs_ptr, stride_xp, stride_xs, stride_xh,
-               NUM_HEADS, HEAD_DIM, BLOCK_H, BLOCK_D, IS_FP8, FP8_MAX, SCALE_MIN)
+               NUM_HEADS, HEAD_DIM, BLOCK_H, BLOCK_D, IS_FP8, FP8_MAX, SCALE_MIN, SCALE_MAX)
 
 
 def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
@@ -96,6 +98,7 @@ def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tens
     ks = k_scale if fp8 else k_cache  # placeholders: never read when not FP8
     vs = v_scale if fp8 else v_cache
     xstride = k_scale.stride() if fp8 else (0, 0, 0)
+    scale_lo, scale_hi = scale_range(k_scale.dtype) if fp8 else (1.0, 1.0)
     kernel = for_device(_kernel, k.device)
     kernel[(T,)](
         k, v, slots, k_cache, v_cache, ks, vs,
@@ -103,5 +106,5 @@ def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tens
         PAGE_SIZE=k_cache.shape[1], NUM_HEADS=hkv, HEAD_DIM=d,
         BLOCK_H=triton.next_power_of_2(hkv), BLOCK_D=triton.next_power_of_2(d),
         IS_FP8=fp8, FP8_MAX=fp8_max(k_cache.dtype) if fp8 else 1.0,
-        SCALE_MIN=scale_min(k_scale.dtype) if fp8 else 1.0,
+        SCALE_MIN=scale_lo, SCALE_MAX=scale_hi,
     )

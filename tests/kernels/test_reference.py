@@ -76,6 +76,9 @@ def test_quantize_fp8_with_float16_scales(dtype):
     err32 = ((back32 - x).norm(dim=-1) / x.norm(dim=-1))[big]
     assert err.max() <= 1.1 * err32.max() and err.max() < (0.04 if dtype == torch.float8_e4m3fn else 0.08)
     assert (q.float().abs() <= float(torch.finfo(dtype).max)).all()
+    huge = torch.full((1, 8), 1e9)  # beyond 65504 * fp8_max: saturates, never inf * 0
+    q, s = quantize_fp8(huge, dtype, torch.float16)
+    assert torch.isfinite(s).all() and (q.float() * s.unsqueeze(-1)).isfinite().all()
 
 
 def test_scale_errors_are_clear():

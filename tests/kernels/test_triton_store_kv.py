@@ -32,6 +32,7 @@ def test_store_fp8_quantises_per_token_head(dtype, scale_dtype):
     k, v, slots, (kc, vc, kr, vr) = _setup(dtype, seed=1)
     k[0, 1] *= 1000  # far above the FP8 range before scaling
     v[1, 2] *= 1e-4  # below the float16 scale floor
+    v[2, 0] *= 1e8  # above the float16 scale ceiling (65504 * fp8_max): saturates
     scales = [torch.full(kc.shape[:3], float("nan"), dtype=scale_dtype) for _ in range(4)]
     store_kv(k, v, kc, vc, slots, k_scale=scales[0], v_scale=scales[1])
     store_kv_ref(k, v, kr, vr, slots, k_scale=scales[2], v_scale=scales[3])
