@@ -192,7 +192,7 @@ class RaggedKV(NamedTuple):
 
     k: torch.Tensor  # [P, page_size, HKV, D] in the cache dtype
     v: torch.Tensor
-    k_scale: torch.Tensor | None  # fp32 [P, page_size, HKV] for FP8 caches, else None
+    k_scale: torch.Tensor | None  # float16 [P, page_size, HKV] for FP8 caches (KVStore's), else None
     v_scale: torch.Tensor | None
     page_table: torch.Tensor  # int32 [rows, max pages of a row]
     seq_lens: torch.Tensor  # int32 [rows]
@@ -201,13 +201,18 @@ class RaggedKV(NamedTuple):
 def ragged_kv(ref, lens: list[int], page_size: int, cache_dtype: torch.dtype, spare_pages: int,
               dev: torch.device, gen: torch.Generator) -> RaggedKV:
     """Random K/V for rows of `lens` tokens (plus `spare_pages` unused pages), quantised with
-    reference.py's quantize_fp8 when `cache_dtype` is an FP8 type. Draws K, V, then the page order."""
+    reference.py's quantize_fp8 when `cache_dtype` is an FP8 type, laid out as KVStore lays FP8
+    out (head-major pages, float16 scales). Draws K, V, then the page order."""
     need = [-(-n // page_size) for n in lens]
     P = sum(need) + spare_pages
     kt = torch.randn(P, page_size, HKV, D, device=dev, generator=gen)
     vt = torch.randn(P, page_size, HKV, D, device=dev, generator=gen)
     if cache_dtype in FP8.values():
-        (kq, ks), (vq, vs) = ref.quantize_fp8(kt, cache_dtype), ref.quantize_fp8(vt, cache_dtype)
+        from radixkv.kv_store import SCALE_DTYPE, head_major_pages, head_major_scales
+
+        (kq, ks), (vq, vs) = (ref.quantize_fp8(x, cache_dtype, SCALE_DTYPE) for x in (kt, vt))
+        kq, vq = (head_major_pages(x.shape, cache_dtype, dev).copy_(x) for x in (kq, vq))
+        ks, vs = (head_major_scales(x.shape, dev).copy_(x) for x in (ks, vs))
     else:
         kq, vq, ks, vs = kt.to(cache_dtype), vt.to(cache_dtype), None, None
     perm = torch.randperm(P, device=dev, generator=gen).to(torch.int32)

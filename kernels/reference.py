@@ -47,7 +47,8 @@ def quantize_fp8(x: Tensor, dtype: torch.dtype, scale_dtype: torch.dtype = torch
     x32 = x.float()
     amax = x32.abs().amax(dim=-1)
     lo, hi = scale_range(scale_dtype)
-    scale = (amax / fp8_max(dtype)).clamp(lo, hi).to(scale_dtype).float()
+    # a tensor divisor: torch on CUDA divides by a Python scalar through its reciprocal, an ulp off
+    scale = (amax / torch.full_like(amax, fp8_max(dtype))).clamp(lo, hi).to(scale_dtype).float()
     q = (x32 / scale.unsqueeze(-1)).clamp(-fp8_max(dtype), fp8_max(dtype)).to(dtype)
     return q, scale
 

@@ -8,7 +8,8 @@ needs no calibration and a page is written once and then read by every request s
 through the prefix tree, so its scales never go stale. The row is quantised by the scale as
 stored (amax / fp8_max rounded to float16), so the 16-bit scale costs no accuracy; rows whose
 amax is below 2^-14 * fp8_max (0.027 for e4m3, 3.5 for e5m2) get float16's smallest normal
-scale, 2^-14, and keep full relative precision for values above 2^-20 (e4m3) / 2^-28 (e5m2).
+scale, 2^-14, and keep full relative precision for values above 2^-20 (e4m3) / 2^-28 (e5m2);
+scales stop at float16's 65504, so rows beyond 65504 * fp8_max saturate.
 Cost: 2 bytes per D-element row, 1.6% of an FP8 page at D = 128 (float32 scales took 4 and
 made 64 x 16k FP8 decode 1% slower).
 Non-FP8 stores have no scale tensors (empty lists).

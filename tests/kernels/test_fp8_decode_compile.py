@@ -25,7 +25,8 @@ import radixkv.kernels.paged_decode_fp8 as m
 fn = m._fp8_decode_kernel
 cfg = json.loads(sys.argv[1])
 types = {a: "i32" for a in fn.arg_names}
-types.update(q_ptr="*" + cfg.pop("q"), kc_ptr="*i32", vc_ptr="*i32", ks_ptr="*fp32", vs_ptr="*fp32",
+scale = cfg.pop("scale", "fp16")  # KVStore's scales
+types.update(q_ptr="*" + cfg.pop("q"), kc_ptr="*i32", vc_ptr="*i32", ks_ptr="*" + scale, vs_ptr="*" + scale,
              pt_ptr="*i32", lens_ptr="*i32", out_ptr="*bf16", mid_o_ptr="*fp32", mid_lse_ptr="*fp32",
              qk_scale="fp32")
 maxnreg = cfg.pop("maxnreg")
@@ -60,7 +61,7 @@ def test_default_config_compiles_without_spills():
     res = _compile(q="bf16", GROUP=4, HEADS=8, HEAD_DIM=128, PAGE_SIZE=16, SPLIT=True, OFF_64=False, E5M2=False,
                    maxnreg=cap)
     # Triton 3.6's ptxas (the one the H200 runs) fits the cap with no stack; Triton 3.9's (a newer
-    # CUDA) spills 80 bytes there. More than that means the kernel's register use has grown.
+    # CUDA) spills 72-80 bytes there. More than that means the kernel's register use has grown.
     import triton
 
     assert res["stack"] <= (0 if triton.__version__.startswith("3.6") else 96), res
@@ -68,11 +69,20 @@ def test_default_config_compiles_without_spills():
     assert paged_decode_fp8.resident_warps_per_sm(128, 4) == 12
 
 
-@pytest.mark.parametrize("cfg", [
-    {"q": "fp16", "GROUP": 1, "HEADS": 8, "HEAD_DIM": 64, "PAGE_SIZE": 1, "SPLIT": False, "OFF_64": True, "E5M2": True},
-    {"q": "bf16", "GROUP": 16, "HEADS": 16, "HEAD_DIM": 128, "PAGE_SIZE": 32, "SPLIT": True, "OFF_64": False,
-     "E5M2": False},
+@pytest.mark.parametrize(("cfg", "wide", "off64"), [
+    ({"q": "fp16", "GROUP": 1, "HEADS": 8, "HEAD_DIM": 64, "PAGE_SIZE": 1, "SPLIT": False, "E5M2": True}, False, True),
+    ({"q": "bf16", "GROUP": 16, "HEADS": 16, "HEAD_DIM": 128, "PAGE_SIZE": 32, "SPLIT": True, "E5M2": False},
+     False, False),
+    ({"q": "bf16", "GROUP": 16, "HEADS": 16, "HEAD_DIM": 64, "PAGE_SIZE": 16, "SPLIT": True, "E5M2": False},
+     False, False),
+    ({"q": "bf16", "GROUP": 4, "HEADS": 8, "HEAD_DIM": 128, "PAGE_SIZE": 16, "SPLIT": False, "E5M2": False,
+      "scale": "fp32"}, True, False),
 ])
-def test_other_shapes_compile(cfg):
-    """Head dim 64 (other relabelling permutations), group 1 and 16, e5m2, 64-bit offsets."""
-    _compile(**cfg, maxnreg=255)
+def test_other_shapes_compile(cfg, wide, off64):
+    """Head dim 64 (other relabelling permutations), group 1 and 16, e5m2, 64-bit offsets, float32
+    scales, a wide launch: each at the cap the launcher gives it, with at most a small spill."""
+    from radixkv.kernels import paged_decode_fp8
+
+    cap = paged_decode_fp8.max_registers(cfg["HEAD_DIM"], cfg["GROUP"], off64, wide)
+    res = _compile(**cfg, OFF_64=off64, maxnreg=cap)
+    assert res["regs"] <= cap and res["stack"] <= 96, res
