@@ -30,6 +30,7 @@ from .launch import (
     for_device,
     fp8_decode_kernel_supported,
     launch_options,
+    merge_warps,
 )
 
 
@@ -175,9 +176,10 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
         _launch_triton(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale, num_splits, out,
                        mid_o, mid_lse, config, fp8)
     if num_splits > 1:
+        block_s = max(2, triton.next_power_of_2(num_splits))
         for_device(_merge_kernel, q.device)[(B, hq)](
-            mid_o, mid_lse, out, *out.stride(), num_splits, HEAD_DIM=d, BLOCK_D=block_d,
-            BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+            mid_o, mid_lse, out, *out.stride(), num_splits, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=block_s,
+            **({"num_warps": merge_warps(block_s, block_d)} if q.device.type == "cuda" else {}))
     return out
 
 

@@ -41,7 +41,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .launch import FP8_WIDE_PROGRAMS_PER_SM
+from .launch import FP8_WIDE_PROGRAMS_PER_SM, fp8_offsets_64
 
 BLOCK_N = 32  # tokens per tile
 
@@ -58,9 +58,9 @@ def max_registers(head_dim: int, group: int, off64: bool = False, wide: bool = F
     return 200 if off64 or wide else 168
 
 
-def resident_warps_per_sm(head_dim: int, group: int) -> int:
+def resident_warps_per_sm(head_dim: int, group: int, off64: bool = False) -> int:
     """One-warp programs an SM holds at once (by registers; the kernel uses no shared memory)."""
-    regs = -(-max_registers(head_dim, group) // 8) * 8
+    regs = -(-max_registers(head_dim, group, off64) // 8) * 8
     return 4 * (16384 // (32 * regs))
 
 
@@ -317,9 +317,7 @@ def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale
     hkv = k_cache.shape[2]
     group = hq // hkv
     kw, vw = k_cache.view(torch.int32), v_cache.view(torch.int32)  # [P, S, Hkv, D / 4] words
-    # 64-bit offsets when the largest word (or scale) offset a view can reach passes int32.
-    reach = max(sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in (kw, k_scale))
-    off64 = reach >= 2**31
+    off64 = fp8_offsets_64(k_cache, k_scale)
     wide = num_splits == 1 and B * hkv >= FP8_WIDE_PROGRAMS_PER_SM * _num_sms(q.device)
     _fp8_decode_kernel[(hkv, B, num_splits)](
         q, kw, vw, k_scale, v_scale, page_table, seq_lens, out, mid_o, mid_lse, qk_scale,

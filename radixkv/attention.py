@@ -100,14 +100,15 @@ class PagedAttention:
         self._fp8_warps_per_sm = 0  # FP8 decode runs paged_decode_fp8's one-warp programs, this many per SM
         if self.backend is Backend.TRITON:
             from radixkv import kernels  # imports Triton only when it is used
-            from radixkv.kernels.launch import fp8_decode_warps_per_sm
+            from radixkv.kernels.launch import fp8_decode_warps_per_sm, fp8_offsets_64
 
             self._ops = kernels
             if kv.device.type == "cuda":
                 self._num_sms = torch.cuda.get_device_properties(kv.device).multi_processor_count
                 if kv.kv_dtype.is_fp8:
                     group = num_q_heads // kv.num_kv_heads
-                    self._fp8_warps_per_sm = fp8_decode_warps_per_sm(kv.device, head_dim, group)
+                    off64 = fp8_offsets_64(kv.k_cache[0], kv.k_scale[0])  # every layer has the same layout
+                    self._fp8_warps_per_sm = fp8_decode_warps_per_sm(kv.device, head_dim, group, off64)
         else:
             self._ops = None
 

@@ -67,6 +67,7 @@ def test_default_config_compiles_without_spills():
     assert res["stack"] <= (0 if triton.__version__.startswith("3.6") else 96), res
     assert res["regs"] <= cap
     assert paged_decode_fp8.resident_warps_per_sm(128, 4) == 12
+    assert paged_decode_fp8.resident_warps_per_sm(128, 4, off64=True) == 8  # 200 registers
 
 
 @pytest.mark.parametrize(("cfg", "wide", "off64"), [

@@ -25,3 +25,21 @@ def test_default_tiles_by_dtype():
     assert default_config(KernelKind.PREFILL, gpu_q, cache16, max_q_len=100).max_registers == 128
     assert default_config(KernelKind.PREFILL, gpu_q, cache8, max_q_len=100)[:2] == (256, 64)  # fp8: no capped tier
     assert PREFILL_GPU_BY_LEN[-1][0] is None  # every length has a config
+
+
+def test_merge_warps_by_partials():
+    from radixkv.kernels.launch import merge_warps
+
+    # one warp up to 64 partial values a thread (3 or 16 splits of 128 dims), at most 8 warps
+    assert [merge_warps(s, 128) for s in (2, 4, 16, 32, 128)] == [1, 1, 1, 2, 8]
+    assert merge_warps(256, 256) == 8
+
+
+def test_fp8_offsets_64_by_reach_of_kvstore_layout():
+    from radixkv.kernels.launch import fp8_offsets_64
+    from radixkv.kv_store import head_major_pages, head_major_scales
+
+    meta = torch.device("meta")  # layouts only, nothing allocated
+    for pages, want in ((1 << 10, False), (1 << 19, False), ((1 << 19) + 1, True)):  # 2^12 words a page
+        shape = (pages, 16, 8, 128)
+        assert fp8_offsets_64(head_major_pages(shape, torch.float8_e4m3fn, meta), head_major_scales(shape, meta)) is want
