@@ -15,10 +15,14 @@ tile, twice bf16's, so FP8 decode ran no faster than bf16. Here the layouts are 
   (exact). The registers are then *relabelled* (reshape + permute of the head-dim index bits) so
   they already sit where mma.m16n8k16 wants them: no shared memory, no shuffles. q is relabelled
   like K (the contraction index), and the rows of O^T are put back in memory order at the store.
+- Tokens are relabelled too: row r of a 32-token tile (of S^T, and column r of V^T) is token
+  4 (r % 8) + r // 8, so the four rows a lane holds in the mma layouts are four consecutive
+  tokens: one page id and one 8-byte scale load per lane instead of four each (21 loads a tile,
+  not 36; 2-7% faster at every benchmark shape).
 - Software pipeline in registers: tile t+1's K words and scales are loaded while tile t is
   computed, its V once tile t's K is consumed, and page ids a tile earlier still, so no load
-  waits on another. Token indices past the split are clamped to its last token (finite data,
-  P = 0) instead of masked.
+  waits on another. K/V rows past the split read its last token (finite data, P = 0) instead of
+  being masked; their scales are masked.
 - Scales: q is normalised by its max |q| (fp16 keeps full precision in [2^-14, 1]); K's
   per-token scale and qk_scale multiply the score rows; V's per-token scale, over the tile's
   largest, multiplies P (which stays in [0, 1]) and the tile maximum joins the accumulator's
@@ -164,16 +168,23 @@ def _relabel(x, perm: gl.constexpr, N: gl.constexpr, D: gl.constexpr):
     return gl.reshape(x, [N, D])
 
 
+@gluon.constexpr_function
+def _block_layout(row_regs, row_lanes):
+    """A tile's tokens as [8 blocks, 4] (token 4 * block + j), laid out so that _rows_order gives the
+    row layout whose register / lane bits hold the row-index bits listed (-1: broadcast lanes).
+    Row r of a tile holds token 4 * (r % 8) + r // 8: the four rows of a lane (r, r + 8, r + 16,
+    r + 24 in the mma layouts) are four consecutive tokens, so their scales are one 8-byte load and
+    their page one id."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0] if b < 0 else ([1 << b, 0] if b < 3 else [0, 1 << (b - 3)]) for b in row_regs],
+        lane_bases=[[0, 0] if b < 0 else ([1 << b, 0] if b < 3 else [0, 1 << (b - 3)]) for b in row_lanes],
+        warp_bases=[], block_bases=[], shape=[8, 4])
+
+
 @gluon.jit
-def _rows(c_ptr, s_ptr, page, tok, d, kpage, k_tok, stride_cp, stride_cs, stride_xp, stride_xs, kv_off, scale_off,
-          PAGE_SIZE: gl.constexpr, ROWS_L: gl.constexpr, OFF_TY: gl.constexpr):
-    """One tile's K or V rows as int32 words [BLOCK_N, D / 4] (page, tok, d: in that cache's load
-    layout) and their scales [BLOCK_N] in the score-row layout (read through K's token layout,
-    kpage/k_tok, which is the score rows' own: the conversions are free)."""
-    w = gl.load(c_ptr + (page.to(OFF_TY) * stride_cp + (tok % PAGE_SIZE) * stride_cs + kv_off)[:, None] + d[None, :])
-    xrow = (gl.convert_layout(kpage, ROWS_L, assert_trivial=True).to(OFF_TY) * stride_xp
-            + (gl.convert_layout(k_tok, ROWS_L, assert_trivial=True) % PAGE_SIZE) * stride_xs)
-    return w, gl.load(s_ptr + xrow + scale_off).to(gl.float32)
+def _rows_order(x, ROW_L: gl.constexpr):
+    """[8, 4] (token 4 * block + j) -> [32] in row order (row block + 8 j): the same registers."""
+    return gl.convert_layout(gl.reshape(gl.permute(x, [1, 0]), [32]), ROW_L, assert_trivial=True)
 
 
 @gluon.jit
@@ -183,10 +194,49 @@ def _clamped(start, ar, last):
 
 
 @gluon.jit
-def _page_ids(pt_row, k_tok, v_tok, seq_len, PAGE_SIZE: gl.constexpr):
-    kpage = gl.load(pt_row + k_tok // PAGE_SIZE, mask=k_tok < seq_len, other=0)
-    vpage = gl.load(pt_row + v_tok // PAGE_SIZE, mask=v_tok < seq_len, other=0)
-    return kpage, vpage
+def _tile_pages(pt_row, start, last, BL: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """Page ids of the tile at start (tokens clamped to last): one per 4-token block [8] when no
+    block straddles two pages, else one per token [8, 4]."""
+    blk = gl.arange(0, 8, layout=gl.SliceLayout(1, BL))
+    if PAGE_SIZE % 4 == 0:
+        tok = _clamped(start, 4 * blk, last)
+    else:
+        tok = _clamped(start, 4 * blk[:, None] + gl.arange(0, 4, layout=gl.SliceLayout(0, BL))[None, :], last)
+    return gl.load(pt_row + tok // PAGE_SIZE)
+
+
+@gluon.jit
+def _per_token(pages, PAGE_SIZE: gl.constexpr):
+    if PAGE_SIZE % 4 == 0:
+        return pages[:, None]
+    else:
+        return pages
+
+
+@gluon.jit
+def _words(c_ptr, pages, start, last, d, stride_cp, stride_cs, kv_off, BL: gl.constexpr, ROW_L: gl.constexpr,
+           PAGE_SIZE: gl.constexpr, OFF_TY: gl.constexpr):
+    """A tile's K or V rows as int32 words [BLOCK_N, D / 4] (d and ROW_L: that cache's load layout),
+    tokens clamped to last (finite data where P will be 0)."""
+    blk = gl.arange(0, 8, layout=gl.SliceLayout(1, BL))
+    tok = _clamped(start, 4 * blk[:, None] + gl.arange(0, 4, layout=gl.SliceLayout(0, BL))[None, :], last)
+    # Relabelled before the strides multiply them, so the compiler still sees 16-byte aligned rows.
+    page = _rows_order(gl.broadcast(_per_token(pages, PAGE_SIZE), tok)[0], ROW_L)
+    row = page.to(OFF_TY) * stride_cp + (_rows_order(tok, ROW_L) % PAGE_SIZE) * stride_cs + kv_off
+    return gl.load(c_ptr + row[:, None] + d[None, :])
+
+
+@gluon.jit
+def _scales(s_ptr, pages, start, stride_xp, stride_xs, scale_off, BL: gl.constexpr, ROWS_L: gl.constexpr,
+            PAGE_SIZE: gl.constexpr, OFF_TY: gl.constexpr):
+    """A tile's K or V scales [BLOCK_N] (score-row layout; pages: K's). Tokens are not clamped, so a
+    lane's four are one vector load; past the split they are other slots of a real page, junk the
+    caller masks."""
+    blk = gl.arange(0, 8, layout=gl.SliceLayout(1, BL))
+    j = gl.arange(0, 4, layout=gl.SliceLayout(0, BL))
+    xrow = (_per_token(pages, PAGE_SIZE).to(OFF_TY) * stride_xp
+            + ((start + 4 * blk[:, None] + j[None, :]) % PAGE_SIZE) * stride_xs + scale_off)
+    return _rows_order(gl.load(s_ptr + xrow), ROWS_L).to(gl.float32)
 
 
 @gluon.jit
@@ -209,6 +259,11 @@ def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, 
     LKW: gl.constexpr = _k_word_layout(BLOCK_N, HEAD_DIM)  # LK in words
     LVW: gl.constexpr = _v_word_layout(BLOCK_N, HEAD_DIM)
     OFF_TY: gl.constexpr = gl.int64 if OFF_64 else gl.int32
+    gl.static_assert(BLOCK_N == 32, "tiles are 8 blocks of 4 tokens")
+    K_ROWS: gl.constexpr = gl.SliceLayout(1, LKW)
+    V_ROWS: gl.constexpr = gl.SliceLayout(1, LVW)
+    KB: gl.constexpr = _block_layout([3, 4], [-1, -1, 0, 1, 2])  # K rows = score rows (lanes 2-4: row bits 0-2)
+    VB: gl.constexpr = _block_layout([0, 3, 4], [1, 2, -1, -1, -1])  # V^T columns (_v_word_layout's tokens)
 
     kvh = gl.program_id(0)
     b = gl.program_id(1)
@@ -239,39 +294,39 @@ def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, 
     scale_off = kvh * stride_xh
     kd = gl.arange(0, HEAD_DIM // 4, layout=gl.SliceLayout(0, LKW))
     vd = gl.arange(0, HEAD_DIM // 4, layout=gl.SliceLayout(0, LVW))
-    k_ar = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LKW))
-    v_ar = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LVW))
     rows = gl.arange(0, BLOCK_N, layout=ROWS_L)
+    row_tok = 4 * (rows % 8) + rows // 8  # token (within the tile) of score row r and of V^T column r
     last = hi - 1
 
-    k_tok, v_tok = _clamped(lo, k_ar, last), _clamped(lo, v_ar, last)
-    kpage, vpage = _page_ids(pt_row, k_tok, v_tok, seq_len, PAGE_SIZE)
-    kw, k_s = _rows(kc_ptr, ks_ptr, kpage, k_tok, kd, kpage, k_tok, stride_cp, stride_cs, stride_xp, stride_xs,
-                    kv_off, scale_off, PAGE_SIZE, ROWS_L, OFF_TY)
-    vw, v_s = _rows(vc_ptr, vs_ptr, vpage, v_tok, vd, kpage, k_tok, stride_cp, stride_cs, stride_xp, stride_xs,
-                    kv_off, scale_off, PAGE_SIZE, ROWS_L, OFF_TY)
-    kpage, vpage = _page_ids(pt_row, _clamped(lo + BLOCK_N, k_ar, last), _clamped(lo + BLOCK_N, v_ar, last), seq_len,
-                             PAGE_SIZE)
+    kpage = _tile_pages(pt_row, lo, last, KB, PAGE_SIZE)
+    vpage = _tile_pages(pt_row, lo, last, VB, PAGE_SIZE)
+    kw = _words(kc_ptr, kpage, lo, last, kd, stride_cp, stride_cs, kv_off, KB, K_ROWS, PAGE_SIZE, OFF_TY)
+    k_s = _scales(ks_ptr, kpage, lo, stride_xp, stride_xs, scale_off, KB, ROWS_L, PAGE_SIZE, OFF_TY)
+    vw = _words(vc_ptr, vpage, lo, last, vd, stride_cp, stride_cs, kv_off, VB, V_ROWS, PAGE_SIZE, OFF_TY)
+    v_s = _scales(vs_ptr, kpage, lo, stride_xp, stride_xs, scale_off, KB, ROWS_L, PAGE_SIZE, OFF_TY)
+    kpage = _tile_pages(pt_row, lo + BLOCK_N, last, KB, PAGE_SIZE)
+    vpage = _tile_pages(pt_row, lo + BLOCK_N, last, VB, PAGE_SIZE)
     for t in range(gl.cdiv(hi - lo, BLOCK_N)):
         start = lo + t * BLOCK_N
         nxt = start + BLOCK_N
-        k_tok, v_tok = _clamped(nxt, k_ar, last), _clamped(nxt, v_ar, last)
         # K of tile t+1 is loaded now, its V once K of tile t is consumed: fewer live registers
         # (168, three warps per SM sub-partition, against 200 when both load here).
-        nkw, nk_s = _rows(kc_ptr, ks_ptr, kpage, k_tok, kd, kpage, k_tok, stride_cp, stride_cs, stride_xp,
-                          stride_xs, kv_off, scale_off, PAGE_SIZE, ROWS_L, OFF_TY)
+        nkw = _words(kc_ptr, kpage, nxt, last, kd, stride_cp, stride_cs, kv_off, KB, K_ROWS, PAGE_SIZE, OFF_TY)
+        nk_s = _scales(ks_ptr, kpage, nxt, stride_xp, stride_xs, scale_off, KB, ROWS_L, PAGE_SIZE, OFF_TY)
         k_a = gl.convert_layout(_relabel(_to_f16(kw, E5M2), K_PERM, BLOCK_N, HEAD_DIM), OP_A,
                                 assert_trivial=True)  # [BLOCK_N, D]
         s = mma_v2(k_a, q_t, gl.zeros([BLOCK_N, HEADS], gl.float32, MMA))  # S^T [BLOCK_N, HEADS]
-        nvw, nv_s = _rows(vc_ptr, vs_ptr, vpage, v_tok, vd, kpage, k_tok, stride_cp, stride_cs, stride_xp,
-                          stride_xs, kv_off, scale_off, PAGE_SIZE, ROWS_L, OFF_TY)
-        after = nxt + BLOCK_N
-        kpage, vpage = _page_ids(pt_row, _clamped(after, k_ar, last), _clamped(after, v_ar, last), seq_len, PAGE_SIZE)
-        s = gl.where((start + rows < hi)[:, None], s * (k_s * score_scale)[:, None], float("-inf"))
+        nvw = _words(vc_ptr, vpage, nxt, last, vd, stride_cp, stride_cs, kv_off, VB, V_ROWS, PAGE_SIZE, OFF_TY)
+        nv_s = _scales(vs_ptr, kpage, nxt, stride_xp, stride_xs, scale_off, KB, ROWS_L, PAGE_SIZE, OFF_TY)
+        kpage = _tile_pages(pt_row, nxt + BLOCK_N, last, KB, PAGE_SIZE)
+        vpage = _tile_pages(pt_row, nxt + BLOCK_N, last, VB, PAGE_SIZE)
+        valid = start + row_tok < hi
+        s = gl.where(valid[:, None], s * (k_s * score_scale)[:, None], float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[None, :])
         l_i = l_i * alpha + gl.sum(p, axis=0)
+        v_s = gl.where(valid, v_s, 0.0)  # junk past the split (see _scales)
         v_max = gl.max(v_s, axis=0)
         v_unit = gl.where(v_max > 1e-30, v_max, 1.0)  # a subnormal unit would make acc_unit / v_unit inf
         p = p * (v_s * (1.0 / v_unit))[:, None]
