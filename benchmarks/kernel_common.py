@@ -13,6 +13,14 @@ EXTEND = (8, 4096, 512)  # the extend benchmark: sequences, cached tokens, new t
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
+# Timing windows. Under sustained load the H200 sits at its 700 W power cap and the SM clock
+# oscillates between about 0.8 and 1.75 GHz within each second (nvidia-smi at 100 ms, 2026-11-29:
+# throttle reason "SW power cap"). Memory-bound kernels barely notice; ones with more work per byte
+# (FP8 decode's conversions) move by up to 5% between 150 ms windows. Each timing therefore warms
+# up for WARMUP_MS and takes the median over REP_MS of calls.
+WARMUP_MS, REP_MS = 300, 1000
+
+
 class Timing(NamedTuple):
     us: float
     method: str  # "graph" (CUDA-graph replays), "eager", or "wall" (smoke runs)
@@ -37,16 +45,16 @@ def time_fn(fn: Callable[[], object], smoke: bool) -> Timing:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-        return Timing(do_bench(graph.replay, warmup=25, rep=150, return_mode="median") * 1e3, "graph")
+        return Timing(do_bench(graph.replay, warmup=WARMUP_MS, rep=REP_MS, return_mode="median") * 1e3, "graph")
     except Exception as exc:  # some peers cannot be captured; time them eagerly
         print(f"  (graph capture failed: {type(exc).__name__}: {str(exc)[:80]}; timing eagerly)")
         torch.cuda.synchronize()
-        return Timing(do_bench(fn, warmup=25, rep=150, return_mode="median") * 1e3, "eager")
+        return Timing(do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median") * 1e3, "eager")
 
 
 def time_rotated(fns: list[Callable[[], object]], reps: int = 10, samples: int = 15) -> Timing:
     """Median microseconds per call of `fns` (the same kernel over different KV pools) run round-robin
-    inside one CUDA graph, without flushing L2. With pools larger than L2 no call finds its data in
+    inside one CUDA graph (at least `samples` replays over REP_MS), without flushing L2. With pools larger than L2 no call finds its data in
     cache, and, unlike a flush (which leaves L2 full of dirty lines that the timed kernel must write
     back first, ~11 us on the H200), nothing but the kernel's own traffic is timed."""
     for fn in fns:
@@ -74,9 +82,13 @@ def time_rotated(fns: list[Callable[[], object]], reps: int = 10, samples: int =
         print(f"  (graph capture failed: {type(exc).__name__}: {str(exc)[:80]}; timing eagerly)")
         torch.cuda.synchronize()
         method = "eager-rotated"
-    step()
+    until = time.perf_counter() + WARMUP_MS / 1e3
+    while time.perf_counter() < until:
+        step()
+        torch.cuda.synchronize()
     per_call = []
-    for _ in range(samples):
+    until = time.perf_counter() + REP_MS / 1e3
+    while len(per_call) < samples or time.perf_counter() < until:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         step()

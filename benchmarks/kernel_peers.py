@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import torch
 
-from kernel_common import D, HKV, HQ, PAGE, Pool, time_fn, time_rotated
+from kernel_common import D, HKV, HQ, PAGE, REP_MS, WARMUP_MS, Pool, time_fn, time_rotated
 
 
 class Ceilings(NamedTuple):
@@ -38,7 +38,7 @@ def ceilings(dev: torch.device, smoke: bool) -> Ceilings:
     from triton.testing import do_bench
 
     # eager copy_ (a CUDA graph turns it into a copy-engine memcpy node, which is slower)
-    copy_us = do_bench(lambda: y.copy_(x), warmup=25, rep=150, return_mode="median") * 1e3
+    copy_us = do_bench(lambda: y.copy_(x), warmup=WARMUP_MS, rep=REP_MS, return_mode="median") * 1e3
     copy_tbps = 2 * x.numel() * 2 / copy_us / 1e6
     print(f"  torch copy_: {copy_tbps:.3f} TB/s (read + write)")
     del y
