@@ -14,6 +14,8 @@ in-kernel FP8 quantisation are verified by benchmarks/bench_kernels.py's correct
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 _LAZY = {
@@ -28,7 +30,19 @@ __all__ = list(_LAZY)
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'radixkv.kernels' has no attribute {name!r}")
-    fn = getattr(importlib.import_module(_LAZY[name]), name)
-    # Importing the submodule bound its module object to this name; the public name is the launcher.
-    globals()[name] = fn
-    return fn
+    importlib.import_module(_LAZY[name])  # binds the launcher through _Package.__setattr__
+    return globals()[name]
+
+
+class _Package(types.ModuleType):
+    """Importing a submodule sets the package attribute of its name to the module object, whatever
+    imported it first (`from radixkv.kernels.paged_decode import ...` included). The public name is
+    the launcher of the same name, so that is what gets bound."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

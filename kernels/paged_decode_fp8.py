@@ -207,6 +207,7 @@ def _tile_pages(pt_row, start, last, BL: gl.constexpr, PAGE_SIZE: gl.constexpr):
 
 @gluon.jit
 def _per_token(pages, PAGE_SIZE: gl.constexpr):
+    """_tile_pages' ids, broadcastable against the tile's [8, 4] tokens."""
     if PAGE_SIZE % 4 == 0:
         return pages[:, None]
     else:

@@ -105,7 +105,7 @@ class PagedAttention:
             self._ops = kernels
             if kv.device.type == "cuda":
                 self._num_sms = torch.cuda.get_device_properties(kv.device).multi_processor_count
-                if kv.kv_dtype.is_fp8:
+                if kv.kv_dtype.is_fp8 and kv.compute_dtype != torch.float32:  # fp32 q: the Triton kernel
                     group = num_q_heads // kv.num_kv_heads
                     off64 = fp8_offsets_64(kv.k_cache[0], kv.k_scale[0])  # every layer has the same layout
                     self._fp8_warps_per_sm = fp8_decode_warps_per_sm(kv.device, head_dim, group, off64)
