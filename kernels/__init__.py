@@ -30,8 +30,9 @@ __all__ = list(_LAZY)
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'radixkv.kernels' has no attribute {name!r}")
-    importlib.import_module(_LAZY[name])  # binds the launcher through _Package.__setattr__
-    return globals()[name]
+    fn = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = fn  # also after a mock.patch or a del, when the submodule is already imported
+    return fn
 
 
 class _Package(types.ModuleType):

@@ -72,14 +72,15 @@ def fp8_offsets_64(k_cache: Tensor, k_scale: Tensor) -> bool:
     return max(sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in (words, k_scale)) >= 2**31
 
 
-def fp8_decode_warps_per_sm(device: torch.device, head_dim: int, group: int, off64: bool = False) -> int:
+def fp8_decode_warps_per_sm(device: torch.device, head_dim: int, group: int, off64: bool = False,
+                            page_size: int = 16) -> int:
     """One-warp programs of paged_decode_fp8 resident per SM where FP8 decode runs it, else 0
     (for attention.choose_num_splits). off64: the caches need 64-bit offsets (fp8_offsets_64)."""
     if not fp8_decode_kernel_supported(device, head_dim, group):
         return 0
     from .paged_decode_fp8 import resident_warps_per_sm
 
-    return resident_warps_per_sm(head_dim, group, off64)
+    return resident_warps_per_sm(head_dim, group, off64, page_size)
 
 
 @functools.cache
@@ -94,7 +95,8 @@ def _gluon_fp8_gpu(index: int) -> bool:
 
 
 def merge_warps(block_s: int, block_d: int) -> int:
-    """Warps of a split-merge program (block_s partials of block_d values): up to 64 values a thread.
+    """Warps of a split-merge program (block_s partials of block_d values): up to 64 values a thread
+    below the cap of 8 warps.
     The merge is latency-bound: at 3 splits of 128 dims (64 x 32 programs, H200) one warp took 3.0 us
     alone, four 9.8, and 64 x 16k FP8 decode with its merge 524 us against 529."""
     return max(1, min(8, block_s * block_d // (32 * 64)))

@@ -18,11 +18,11 @@ tile, twice bf16's, so FP8 decode ran no faster than bf16. Here the layouts are 
 - Tokens are relabelled too: row r of a 32-token tile (of S^T, and column r of V^T) is token
   4 (r % 8) + r // 8, so the four rows a lane holds in the mma layouts are four consecutive
   tokens: one page id and one 8-byte scale load per lane instead of four each (21 loads a tile,
-  not 36; 2-7% faster at every benchmark shape).
+  not 36, at head_dim 128 and 16-token pages; 2-7% faster at every benchmark shape).
 - Software pipeline in registers: tile t+1's K words and scales are loaded while tile t is
   computed, its V once tile t's K is consumed, and page ids a tile earlier still, so no load
   waits on another. K/V rows past the split read its last token (finite data, P = 0) instead of
-  being masked; their scales are masked.
+  being masked; their scores are set to -inf and their V scales to 0.
 - Scales: q is normalised by its max |q| (fp16 keeps full precision in [2^-14, 1]); K's
   per-token scale and qk_scale multiply the score rows; V's per-token scale, over the tile's
   largest, multiplies P (which stays in [0, 1]) and the tile maximum joins the accumulator's
@@ -50,21 +50,22 @@ from .launch import FP8_WIDE_PROGRAMS_PER_SM, fp8_offsets_64
 BLOCK_N = 32  # tokens per tile
 
 
-def max_registers(head_dim: int, group: int, off64: bool = False, wide: bool = False) -> int:
+def max_registers(head_dim: int, group: int, off64: bool = False, wide: bool = False, page_size: int = 16) -> int:
     """Register cap (maxnreg) of a program. Each of an SM's four sub-partitions holds 16K registers:
     168 a thread fits three one-warp programs there (12 per SM), 200 or 255 two. 168 does not spill
-    with 32-bit offsets and a group <= 8 (or head_dim 64); 64-bit offsets need 200, 16 heads of
-    128 dims 255. At 64 x 16k, 168 (3 splits) took 524-534 us where the kernel before it, at 200
-    (4 splits), took 543-549. wide: an unsplit launch that fills the GPU by itself
-    (launch.FP8_WIDE_PROGRAMS_PER_SM), which runs best at 8 per SM."""
+    with 32-bit offsets, a group <= 8 (or head_dim 64) and pages of a multiple of 4 tokens; 64-bit
+    offsets or other page sizes (a page id per token) need 200, 16 heads of 128 dims 255. At
+    64 x 16k, 168 (3 splits) took 524-534 us where the kernel before it, at 200 (4 splits), took
+    543-549. wide: an unsplit launch that fills the GPU by itself (launch.FP8_WIDE_PROGRAMS_PER_SM),
+    which runs best at 8 per SM."""
     if group > 8 and head_dim > 64:
         return 255
-    return 200 if off64 or wide else 168
+    return 200 if off64 or wide or page_size % 4 else 168
 
 
-def resident_warps_per_sm(head_dim: int, group: int, off64: bool = False) -> int:
+def resident_warps_per_sm(head_dim: int, group: int, off64: bool = False, page_size: int = 16) -> int:
     """One-warp programs an SM holds at once (by registers; the kernel uses no shared memory)."""
-    regs = -(-max_registers(head_dim, group, off64) // 8) * 8
+    regs = -(-max_registers(head_dim, group, off64, page_size=page_size) // 8) * 8
     return 4 * (16384 // (32 * regs))
 
 
@@ -202,7 +203,7 @@ def _tile_pages(pt_row, start, last, BL: gl.constexpr, PAGE_SIZE: gl.constexpr):
         tok = _clamped(start, 4 * blk, last)
     else:
         tok = _clamped(start, 4 * blk[:, None] + gl.arange(0, 4, layout=gl.SliceLayout(0, BL))[None, :], last)
-    return gl.load(pt_row + tok // PAGE_SIZE)
+    return gl.load(pt_row + tok // PAGE_SIZE, mask=tok <= last, other=0)  # an empty sequence: page 0
 
 
 @gluon.jit
@@ -381,4 +382,4 @@ def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale
         k_scale.stride(0), k_scale.stride(1), k_scale.stride(2), page_table.stride(0), out.stride(0), out.stride(1),
         num_splits, GROUP=group, HEADS=8 if group <= 8 else 16, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
         BLOCK_N=BLOCK_N, SPLIT=num_splits > 1, OFF_64=off64, E5M2=k_cache.dtype == torch.float8_e5m2,
-        num_warps=1, maxnreg=max_registers(d, group, off64, wide))
+        num_warps=1, maxnreg=max_registers(d, group, off64, wide, k_cache.shape[1]))

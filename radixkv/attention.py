@@ -100,15 +100,18 @@ class PagedAttention:
         self._fp8_warps_per_sm = 0  # FP8 decode runs paged_decode_fp8's one-warp programs, this many per SM
         if self.backend is Backend.TRITON:
             from radixkv import kernels  # imports Triton only when it is used
-            from radixkv.kernels.launch import fp8_decode_warps_per_sm, fp8_offsets_64
+            from radixkv.kernels.launch import fp8_decode_kernel_supported, fp8_decode_warps_per_sm, fp8_offsets_64
 
             self._ops = kernels
             if kv.device.type == "cuda":
                 self._num_sms = torch.cuda.get_device_properties(kv.device).multi_processor_count
-                if kv.kv_dtype.is_fp8 and kv.compute_dtype != torch.float32:  # fp32 q: the Triton kernel
-                    group = num_q_heads // kv.num_kv_heads
+                group = num_q_heads // kv.num_kv_heads
+                # fp32 q, or shapes the Gluon kernel does not take: the Triton kernel and its split rule
+                if (kv.kv_dtype.is_fp8 and kv.compute_dtype != torch.float32
+                        and fp8_decode_kernel_supported(kv.device, head_dim, group)):
                     off64 = fp8_offsets_64(kv.k_cache[0], kv.k_scale[0])  # every layer has the same layout
-                    self._fp8_warps_per_sm = fp8_decode_warps_per_sm(kv.device, head_dim, group, off64)
+                    self._fp8_warps_per_sm = fp8_decode_warps_per_sm(kv.device, head_dim, group, off64,
+                                                                     kv.page_size)
         else:
             self._ops = None
 

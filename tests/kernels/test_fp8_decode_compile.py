@@ -68,6 +68,7 @@ def test_default_config_compiles_without_spills():
     assert res["regs"] <= cap
     assert paged_decode_fp8.resident_warps_per_sm(128, 4) == 12
     assert paged_decode_fp8.resident_warps_per_sm(128, 4, off64=True) == 8  # 200 registers
+    assert paged_decode_fp8.resident_warps_per_sm(128, 4, page_size=3) == 8  # a page id per token: 200
 
 
 @pytest.mark.parametrize(("cfg", "wide", "off64"), [
@@ -78,12 +79,14 @@ def test_default_config_compiles_without_spills():
      False, False),
     ({"q": "bf16", "GROUP": 4, "HEADS": 8, "HEAD_DIM": 128, "PAGE_SIZE": 16, "SPLIT": False, "E5M2": False,
       "scale": "fp32"}, True, False),
+    ({"q": "bf16", "GROUP": 4, "HEADS": 8, "HEAD_DIM": 128, "PAGE_SIZE": 3, "SPLIT": True, "E5M2": False},
+     False, False),  # pages that split 4-token blocks: a page id per token
 ])
 def test_other_shapes_compile(cfg, wide, off64):
     """Head dim 64 (other relabelling permutations), group 1 and 16, e5m2, 64-bit offsets, float32
-    scales, a wide launch: each at the cap the launcher gives it, with at most a small spill."""
+    scales, a wide launch, page size 3: each at the cap the launcher gives it, with at most a small spill."""
     from radixkv.kernels import paged_decode_fp8
 
-    cap = paged_decode_fp8.max_registers(cfg["HEAD_DIM"], cfg["GROUP"], off64, wide)
+    cap = paged_decode_fp8.max_registers(cfg["HEAD_DIM"], cfg["GROUP"], off64, wide, cfg["PAGE_SIZE"])
     res = _compile(**cfg, OFF_64=off64, maxnreg=cap)
     assert res["regs"] <= cap and res["stack"] <= 96, res
