@@ -3,7 +3,8 @@
     python benchmarks/profile_extend.py 128:128:8:3 128:64:8:3:128 default   # block_m:block_n:warps:stages[:maxnreg]
     python benchmarks/profile_extend.py --kv fp8 --new 64 default 256:64:8:3
 
-"default" is the launcher's own choice. --kv fp8 runs over e4m3 pages (quantised in-kernel).
+"default" is the launcher's own choice, "hopper" paged_prefill_hopper's Gluon kernel (sm_90, bf16).
+--kv fp8 runs over e4m3 pages (quantised in-kernel).
 
 Each config is checked against fp64 attention over the true (bf16) values on two rows, then timed
 (do_bench median over CUDA-graph replays, L2 flushed). For Nsight Compute, add --once to launch each
@@ -36,13 +37,24 @@ def main(argv: list[str] | None = None) -> int:
     pool, q, qs, ql, flops = make_extend(seqs, cached, new, dev, gen)
     kc, vc, ks, vs = (pool.k, pool.v, None, None) if args.kv == "bf16" else quantize_pool(pool, FP8["fp8_e4m3"], ops)
     for spec in args.configs:
-        if spec == "default":
-            cfg = None
+        if spec == "hopper":
+            from radixkv.kernels import paged_prefill_hopper
+            from radixkv.kernels.launch import LOG2E
+
+            hopper_out = torch.empty_like(q)
+
+            def fn():
+                paged_prefill_hopper.launch(q, kc, vc, pool.page_table, pool.seq_lens, qs, ql, LOG2E / math.sqrt(D),
+                                            new, hopper_out)
+                return hopper_out
         else:
-            m, n, w, s, *reg = spec.split(":")
-            cfg = KernelConfig(int(m), int(n), int(w), int(s), max_registers=int(reg[0]) if reg else None)
-        fn = lambda cfg=cfg: ops.paged_prefill(q, kc, vc, pool.page_table, pool.seq_lens, qs, ql, k_scale=ks,
-                                               v_scale=vs, max_q_len=new, config=cfg)
+            if spec == "default":
+                cfg = None
+            else:
+                m, n, w, s, *reg = spec.split(":")
+                cfg = KernelConfig(int(m), int(n), int(w), int(s), max_registers=int(reg[0]) if reg else None)
+            fn = lambda cfg=cfg: ops.paged_prefill(q, kc, vc, pool.page_table, pool.seq_lens, qs, ql, k_scale=ks,
+                                                   v_scale=vs, max_q_len=new, config=cfg)
         if args.once:
             fn()
             continue

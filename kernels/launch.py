@@ -102,6 +102,44 @@ def merge_warps(block_s: int, block_d: int) -> int:
     return max(1, min(8, block_s * block_d // (32 * 64)))
 
 
+# paged_prefill_hopper's Gluon kernel (sm_90) took 8 x (4k + 512) at 410 TFLOP/s against 394 for the
+# Triton kernel, with the same output, but the GPU checks over ragged batches, page sizes 1/32 and fp16
+# have not run on it yet: paged_prefill takes it only when this variable is "1". Extends of at most
+# HOPPER_PREFILL_MIN_NEW new tokens keep the Triton tiles above, which were measured there.
+HOPPER_PREFILL_ENV = "RADIXKV_HOPPER_PREFILL"
+HOPPER_PREFILL_MIN_NEW = 128
+
+
+def hopper_prefill_enabled() -> bool:
+    return os.environ.get(HOPPER_PREFILL_ENV) == "1"
+
+
+def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor, max_q_len: int) -> bool:
+    """Whether paged_prefill runs paged_prefill_hopper's kernel: an sm_90 GPU, 16-bit q and pages of
+    the same dtype, head_dim 128, unit head-dim strides, pages whose rows cp.async can copy in 16-byte
+    pieces (strides of 16 elements, aligned base), more than HOPPER_PREFILL_MIN_NEW new tokens."""
+    if q.device.type != "cuda" or max_q_len <= HOPPER_PREFILL_MIN_NEW or q.shape[2] != 128:
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or k_cache.dtype != q.dtype:
+        return False
+    if q.stride(2) != 1 or k_cache.stride(3) != 1 or out.stride(2) != 1:
+        return False
+    if any(st % 16 for st in k_cache.stride()[:3]) or k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16:
+        return False
+    return _gluon_hopper_gpu(q.device.index if q.device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _gluon_hopper_gpu(index: int) -> bool:
+    if torch.cuda.get_device_capability(index) != (9, 0):
+        return False
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class KernelKind(enum.Enum):
     DECODE = "decode"
     PREFILL = "prefill"

@@ -1,0 +1,81 @@
+"""paged_prefill_hopper (Gluon, wgmma) has no CPU path; the GPU benchmark checks its numbers. Here it is
+compiled for sm_90 with the installed Triton's ptxas, for both 16-bit dtypes and several page sizes,
+and its dispatch rule is checked."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+
+_COMPILE = r"""
+import json, os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+import radixkv.kernels.paged_prefill_hopper as m
+
+fn = m._extend_kernel
+cfg = json.loads(sys.argv[1])
+dt = cfg.pop("dtype")
+types = {a: "i32" for a in fn.arg_names}
+types.update(q_ptr="*" + dt, kc_ptr="*" + dt, vc_ptr="*" + dt, pt_ptr="*i32", lens_ptr="*i32", qstart_ptr="*i32",
+             qlens_ptr="*i32", out_ptr="*" + dt, qk_scale="fp32")
+consts = dict(GROUP=4, HEAD_DIM=128, BLOCK_M=m.BLOCK_M, BLOCK_N=m.BLOCK_N, STAGES=m.STAGES, **cfg)
+types.update({c: "constexpr" for c in consts})
+# As launched (launch.hopper_prefill_supported): 16-byte aligned pointers, strides divisible by 16.
+attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a.endswith("_ptr") or a.startswith("stride")}
+k = triton.compile(GluonASTSource(fn, types, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                   options={"num_warps": 4})
+with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+    f.write(k.asm["cubin"])
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+os.unlink(f.name)
+regs, stack, shared = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)", usage).groups()
+print(json.dumps({"regs": int(regs), "stack": int(stack), "shared": int(shared)}))
+"""
+
+
+@pytest.mark.parametrize(("dtype", "page_size"), [("bf16", 16), ("fp16", 1), ("bf16", 32)])
+def test_compiles_two_programs_per_sm(dtype, page_size):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps({"dtype": dtype, "PAGE_SIZE": page_size})],
+                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    if done.returncode != 0 and ("ptxas" in done.stderr and "not found" in done.stderr):
+        pytest.skip("this Triton has no ptxas")
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads(done.stdout.strip().splitlines()[-1])
+    # Two programs of 128 threads per SM: at most 255 registers and 114 KB of shared memory each.
+    # Triton 3.6's ptxas (the H200's) spills 40 bytes, 3.9's 56: more means register use has grown.
+    assert res["regs"] <= 255 and res["shared"] <= 114 * 1024 and res["stack"] <= 64, res
+
+
+def test_dispatch_rule_on_cpu_tensors(monkeypatch):
+    from radixkv.kernels.launch import (
+        HOPPER_PREFILL_ENV,
+        HOPPER_PREFILL_MIN_NEW,
+        hopper_prefill_enabled,
+        hopper_prefill_supported,
+    )
+
+    monkeypatch.delenv(HOPPER_PREFILL_ENV, raising=False)
+    assert not hopper_prefill_enabled()  # opt-in until the GPU checks have run on it
+    monkeypatch.setenv(HOPPER_PREFILL_ENV, "1")
+    assert hopper_prefill_enabled()
+
+    q = torch.empty(4, 8, 128, dtype=torch.bfloat16)
+    cache = torch.empty(2, 16, 2, 128, dtype=torch.bfloat16)
+    assert not hopper_prefill_supported(q, cache, cache, q, HOPPER_PREFILL_MIN_NEW + 1)  # not a GPU
+    gpu = type("FakeGpuTensor", (), {"device": torch.device("cuda", 0), "shape": q.shape, "dtype": q.dtype,
+                                     "stride": q.stride, "data_ptr": lambda self: 0})()
+    assert not hopper_prefill_supported(gpu, cache, cache, q, HOPPER_PREFILL_MIN_NEW)  # short: Triton tiles
+    half = cache.to(torch.float16)
+    assert not hopper_prefill_supported(gpu, half, half, q, 512)  # q and pages differ in dtype
+    padded = torch.empty(2, 16, 2, 136, dtype=torch.bfloat16)[..., :128]  # rows 272 bytes apart
+    assert not hopper_prefill_supported(gpu, padded, padded, q, 512)
