@@ -141,6 +141,8 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
         raise ValueError(f"paged_prefill: q_start and q_lens must be on {q.device}")
     hkv = k_cache.shape[2]
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    if not sm_scale > 0:  # the kernels fold it into exp2 after the row max
+        raise ValueError(f"paged_prefill: sm_scale must be positive, got {sm_scale}")
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:

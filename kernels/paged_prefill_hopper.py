@@ -95,11 +95,11 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_pt
                    LOAD_L, BLOCK_N, HEAD_DIM, PAGE_SIZE)
         for j in range(n_tiles):
             async_copy.wait_group(STAGES - 2)
-            _barrier()  # tile j visible to all; everyone is done with the buffer the next issue reuses
+            fence_async_shared()  # this thread's copies of tile j (and q) visible to wgmma's async proxy
+            _barrier()  # ... everyone's; and everyone is done with the buffer the next issue reuses
             nj = j + STAGES - 1
             _issue(k_smem, v_smem, nj % STAGES, kc_ptr, vc_ptr, pt_row, nj * BLOCK_N, end, kv_off, stride_cp,
                    stride_cs, LOAD_L, BLOCK_N, HEAD_DIM, PAGE_SIZE)
-            fence_async_shared()
             buf = j % STAGES
             s_tok = warpgroup_mma(q_smem, k_smem.index(buf).permute((1, 0)),
                                   gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_L), use_acc=False, is_async=True)

@@ -37,8 +37,8 @@ with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
 tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
 os.unlink(f.name)
-regs, stack, shared = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)", usage).groups()
-print(json.dumps({"regs": int(regs), "stack": int(stack), "shared": int(shared)}))
+regs, stack = re.search(r"REG:(\d+)\s+STACK:(\d+)", usage).groups()
+print(json.dumps({"regs": int(regs), "stack": int(stack), "shared": k.metadata.shared}))  # dynamic shared bytes
 """
 
 

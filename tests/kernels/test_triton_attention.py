@@ -123,6 +123,9 @@ def test_launchers_reject_bad_input():
     with pytest.raises(ValueError, match="q_lens"):
         paged_prefill(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, torch.zeros(1, dtype=torch.int32),
                       torch.ones(1, dtype=torch.float32))
+    with pytest.raises(ValueError, match="sm_scale must be positive"):
+        paged_prefill(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, torch.zeros(1, dtype=torch.int32),
+                      torch.ones(1, dtype=torch.int32), sm_scale=0.0)
 
 
 def test_int64_index_tensors_are_accepted():
