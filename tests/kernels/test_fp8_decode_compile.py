@@ -4,19 +4,13 @@ which runs its compile-time checks: every register relabelling must be a trivial
 conversion (assert_trivial), and the default configuration must not spill."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from sm90_compile import compile_sm90
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.ampere")
 
-# Runs in a fresh interpreter: the kernel tests' conftest sets TRITON_INTERPRET=1, under which
-# Triton's standard functions are interpreter objects that the Gluon compiler cannot take.
 _COMPILE = r"""
-import json, os, re, subprocess, sys, tempfile
+import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
@@ -34,24 +28,11 @@ consts = dict(BLOCK_N=m.BLOCK_N, **cfg)
 types.update({c: "constexpr" for c in consts})
 k = triton.compile(GluonASTSource(fn, types, consts, {}), target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": 1, "maxnreg": maxnreg})
-with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-    f.write(k.asm["cubin"])
-tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-os.unlink(f.name)
-regs, stack = re.search(r"REG:(\d+)\s+STACK:(\d+)", usage).groups()
-print(json.dumps({"regs": int(regs), "stack": int(stack)}))
 """
 
 
 def _compile(**cfg) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(cfg)], capture_output=True, text=True,
-                          env=env, timeout=600, check=False)
-    if done.returncode != 0 and ("ptxas" in done.stderr and "not found" in done.stderr):
-        pytest.skip("this Triton has no ptxas")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return compile_sm90(_COMPILE, cfg)
 
 
 def test_default_config_compiles_without_spills():
