@@ -6,7 +6,8 @@
 Order: (1) correctness of store_kv / paged_decode / paged_prefill against fp64 on fresh random
 inputs; (2) ceilings measured in the same run (device-to-device copy, streaming read);
 (3) decode at the issue's (batch, context) shapes in bf16 and fp8_e4m3, beside SDPA on
-contiguous K/V, gather-then-SDPA and FlashInfer; (4) extend (8 x 4096 cached + 512 new);
+contiguous K/V, gather-then-SDPA and FlashInfer; (4) extend (8 x 4096 cached + 512 new; on sm_90
+also the Triton kernel the Gluon one replaced, as radixkv-triton);
 (5) small sweeps of split count and tiles. Each timing is the median of triton's do_bench
 (which flushes L2 before every repetition) over CUDA-graph replays where capture works.
 Phase (1) lives in kernel_checks.py, (2) and the peers in kernel_peers.py, the shared shapes,
@@ -110,6 +111,8 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
 
 
 def bench_extend(ops, fi, dev, gen, smoke, shape, workspace) -> list[dict]:
+    from radixkv.kernels.launch import KernelKind, default_config, hopper_prefill_enabled, hopper_prefill_supported
+
     seqs, cached, new = shape
     pool, q, qs, ql, flops = make_extend(seqs, cached, new, dev, gen)
     q_lens = [new] * seqs
@@ -123,12 +126,16 @@ def bench_extend(ops, fi, dev, gen, smoke, shape, workspace) -> list[dict]:
                      "timing": t.method})
         print(f"  extend {kernel:12s} {kv_dtype:9s}: {t.us:9.1f} us {tf:6.1f} TFLOP/s rel_err {err:.2e} kernel-only {err_kernel}")
 
-    def ours(kc, vc, ks=None, vs=None):
+    def ours(kc, vc, ks=None, vs=None, config=None):
         return lambda: ops.paged_prefill(q, kc, vc, pool.page_table, pool.seq_lens, qs, ql, k_scale=ks, v_scale=vs,
-                                         max_q_len=new)
+                                         max_q_len=new, config=config)
 
     fn = ours(pool.k, pool.v)
     row("radixkv", "bf16", time_fn(fn, smoke), check_rows(fn(), q, pool, [0, seqs - 1], q_lens, sm))
+    if hopper_prefill_enabled() and hopper_prefill_supported(q, pool.k, pool.v, q, new):  # the row above ran it
+        tile = default_config(KernelKind.PREFILL, q, pool.k, new)
+        fn = ours(pool.k, pool.v, config=tile)
+        row("radixkv-triton", "bf16", time_fn(fn, smoke), check_rows(fn(), q, pool, [0, seqs - 1], q_lens, sm))
     for name, dt in FP8.items():
         kq, vq, ks, vs = quantize_pool(pool, dt, ops)
         fn = ours(kq, vq, ks, vs)

@@ -3,9 +3,11 @@ reference.py on fresh random inputs (ragged rows, several page sizes, KV dtypes 
 counts), with NaN-poisoned outputs so that an unwritten row fails."""
 from __future__ import annotations
 
-import torch
+import itertools
+import random
 
-from kernel_common import D, FP8, HKV, HQ, PAGE, ragged_kv, rel_err
+import torch
+from kernel_common import FP8, HKV, HQ, PAGE, D, ragged_kv, rel_err
 
 
 def correctness(ops, ref, dev: torch.device, gen: torch.Generator, smoke: bool) -> list[dict]:
@@ -69,4 +71,71 @@ def correctness(ops, ref, dev: torch.device, gen: torch.Generator, smoke: bool) 
                     ops.paged_decode(qg, kq, vq, table, seq, k_scale=ks, v_scale=vs, num_splits=3, out=out)
                     e = rel_err(out, want)
                     results.append({"check": f"decode page16 {kv_name} group{hq // HKV} {qdt}", "ok": e < 1e-2, "rel_err": e})
+    if not smoke:
+        results += ragged_extend_cases(ops, ref, dev, gen)
+    return results
+
+
+def ragged_extend_cases(ops, ref, dev: torch.device, gen: torch.Generator, n_cases: int = 16) -> list[dict]:
+    """paged_prefill's own dispatch (on sm_90: paged_prefill_hopper for > 128 new tokens) against the
+    Triton kernel at an explicit tile and fp64, on random ragged batches: 16-bit dtypes, page sizes
+    1-64, GQA groups 1-8, head-major pages, q/out as strided views of packed tensors, rows of 0-1000
+    new tokens placed with gaps. Rows outside the batch and heads outside the view must stay NaN."""
+    from radixkv.kernels.launch import (
+        KernelConfig,
+        hopper_prefill_enabled,
+        hopper_prefill_supported,
+    )
+
+    from radixkv.kv_store import head_major_pages
+
+    rng = random.Random(3)
+    triton_tile = KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    results = []
+    for case in range(n_cases):
+        dt = rng.choice([torch.bfloat16, torch.float16])
+        page, hkv, group = rng.choice([1, 4, 8, 16, 32, 64]), rng.choice([1, 2, 8]), rng.choice([1, 4, 8])
+        hq, nb = hkv * group, rng.randint(1, 6)
+        q_lens = [rng.choice([0, 1, 37, 129, 200, 257, 640, 1000]) for _ in range(nb)]
+        if max(q_lens) <= 128:
+            q_lens[0] = 300
+        lens = [n + rng.choice([0, 0, 1, 63, 500, 2100]) for n in q_lens]
+        need = [max(1, -(-n // page)) for n in lens]
+        shape = (sum(need) + 5, page, hkv, D)
+        if rng.random() < 0.5:  # KVStore's layout
+            kc, vc = (head_major_pages(shape, dt, dev).copy_(torch.randn(shape, device=dev, generator=gen))
+                      for _ in range(2))
+        else:
+            kc, vc = (torch.randn(shape, device=dev, generator=gen).to(dt) for _ in range(2))
+        perm = torch.randperm(shape[0], device=dev, generator=gen).to(torch.int32)
+        table = torch.full((nb, max(need) + rng.randint(0, 3)), 10**6, dtype=torch.int32, device=dev)  # junk past need
+        for b, (lo, n) in enumerate(zip([0, *itertools.accumulate(need)], need)):
+            table[b, :n] = perm[lo:lo + n]
+        starts, t = [], 0
+        for n in q_lens:
+            t += rng.randint(0, 5)
+            starts.append(t)
+            t += n
+        T = t + 3
+        packed = torch.randn(T, hq + 2 * hkv, D, device=dev, generator=gen).to(dt)  # [T, q | k | v heads, D]
+        q = packed[:, :hq] if rng.random() < 0.5 else packed[:, :hq].contiguous()
+        seq, qs, ql = (torch.tensor(x, dtype=torch.int32, device=dev) for x in (lens, starts, q_lens))
+        sm_scale = 0.07 if case % 3 == 0 else None
+        outs = []
+        for config in (None, triton_tile):
+            buf = torch.full((T, hq + 2 * hkv, D), float("nan"), device=dev, dtype=dt)
+            ops.paged_prefill(q, kc, vc, table, seq, qs, ql, sm_scale=sm_scale, out=buf[:, hkv:hkv + hq], config=config)
+            outs.append(buf)
+        want = ref.paged_prefill_ref(q.float(), kc, vc, table, seq, qs, ql, sm_scale=sm_scale).double()
+        rows = torch.zeros(T, dtype=torch.bool, device=dev)
+        for s, n in zip(starts, q_lens):
+            rows[s:s + n] = True
+        mine, triton_out = (buf[:, hkv:hkv + hq][rows] for buf in outs)
+        untouched = bool(torch.isnan(outs[0][~rows]).all() and torch.isnan(outs[0][:, :hkv]).all()
+                         and torch.isnan(outs[0][:, hkv + hq:]).all())
+        e, e_triton = rel_err(mine, want[rows]), rel_err(triton_out, want[rows])
+        kernel = "hopper" if hopper_prefill_enabled() and hopper_prefill_supported(q, kc, vc, q, max(q_lens)) else "triton"
+        results.append({"check": f"prefill ragged {case} {kernel} page{page} group{group} {str(dt)[6:]}",
+                        "ok": untouched and e < 1e-2 and e <= 1.5 * e_triton + 1e-4, "rel_err": e,
+                        "rel_err_triton_tile": e_triton, "max_diff_triton_tile": float((mine - triton_out).abs().max())})
     return results

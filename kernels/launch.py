@@ -102,16 +102,16 @@ def merge_warps(block_s: int, block_d: int) -> int:
     return max(1, min(8, block_s * block_d // (32 * 64)))
 
 
-# paged_prefill_hopper's Gluon kernel (sm_90) took 8 x (4k + 512) at 410 TFLOP/s against 394 for the
-# Triton kernel, with the same output, but the GPU checks over ragged batches, page sizes 1/32 and fp16
-# have not run on it yet: paged_prefill takes it only when this variable is "1". Extends of at most
-# HOPPER_PREFILL_MIN_NEW new tokens keep the Triton tiles above, which were measured there.
+# paged_prefill_hopper's Gluon kernel (sm_90): 8 x (4k + 512) at 416-423 TFLOP/s against 394 for the
+# Triton kernel, bit-identical output on 40 random ragged cases and the GPU checks (benchmarks/RESULTS.md).
+# Extends of at most HOPPER_PREFILL_MIN_NEW new tokens keep the Triton tiles above, which were measured
+# there. RADIXKV_HOPPER_PREFILL=0 turns the Gluon kernel off (everything runs on the Triton kernel).
 HOPPER_PREFILL_ENV = "RADIXKV_HOPPER_PREFILL"
 HOPPER_PREFILL_MIN_NEW = 128
 
 
 def hopper_prefill_enabled() -> bool:
-    return os.environ.get(HOPPER_PREFILL_ENV) == "1"
+    return os.environ.get(HOPPER_PREFILL_ENV) != "0"
 
 
 def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor, max_q_len: int) -> bool:

@@ -6,9 +6,9 @@ first). Grid (Hq, B, M-blocks), heaviest query blocks first; query heads of one 
 neighbours in launch order so their K/V tiles are shared through L2. Each program runs a
 mask-free loop over the keys every row of its block may see, then a masked loop over the
 diagonal. FP8 pages are dequantised in-kernel as in paged_decode.
-With RADIXKV_HOPPER_PREFILL=1, long extends over 16-bit pages on sm_90 without an explicit config go to
-paged_prefill_hopper's Gluon kernel instead (launch.hopper_prefill_supported; about 4% faster on an
-H200, checked there on one shape so far).
+Extends of more than 128 new tokens over 16-bit pages on sm_90 without an explicit config go to
+paged_prefill_hopper's Gluon kernel instead (launch.hopper_prefill_supported; 6-7% faster on an
+H200, same output; RADIXKV_HOPPER_PREFILL=0 keeps them here).
 """
 from __future__ import annotations
 

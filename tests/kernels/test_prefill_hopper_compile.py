@@ -48,7 +48,9 @@ def test_dispatch_rule_on_cpu_tensors(monkeypatch):
     )
 
     monkeypatch.delenv(HOPPER_PREFILL_ENV, raising=False)
-    assert not hopper_prefill_enabled()  # opt-in until the GPU checks have run on it
+    assert hopper_prefill_enabled()  # on by default; "0" is the way out
+    monkeypatch.setenv(HOPPER_PREFILL_ENV, "0")
+    assert not hopper_prefill_enabled()
     monkeypatch.setenv(HOPPER_PREFILL_ENV, "1")
     assert hopper_prefill_enabled()
 
