@@ -77,7 +77,7 @@ def correctness(ops, ref, dev: torch.device, gen: torch.Generator, smoke: bool) 
 
 
 def ragged_extend_cases(ops, ref, dev: torch.device, gen: torch.Generator, n_cases: int = 16) -> list[dict]:
-    """paged_prefill's own dispatch (on sm_90: paged_prefill_hopper for > 128 new tokens) against the
+    """paged_prefill's own dispatch (on sm_90: paged_prefill_hopper for > 64 new tokens) against the
     Triton kernel at an explicit tile and fp64, on random ragged batches: 16-bit dtypes, page sizes
     1-64, GQA groups 1-8, head-major pages, q/out as strided views of packed tensors, rows of 0-1000
     new tokens placed with gaps. Rows outside the batch and heads outside the view must stay NaN."""
