@@ -7,7 +7,7 @@ neighbours in launch order so their K/V tiles are shared through L2. Each progra
 mask-free loop over the keys every row of its block may see, then a masked loop over the
 diagonal. FP8 pages are dequantised in-kernel as in paged_decode.
 Extends of more than 64 new tokens over 16-bit pages on sm_90 without an explicit config go to
-paged_prefill_hopper's Gluon kernel instead (launch.hopper_prefill_supported; 8-10% faster on an
+paged_prefill_hopper's Gluon kernel instead (launch.hopper_prefill_supported; 15-20% faster on an
 H200, same output; RADIXKV_HOPPER_PREFILL=0 keeps them here).
 """
 from __future__ import annotations

@@ -1,14 +1,18 @@
 """paged_prefill on Hopper (sm_90): the extend kernel in Gluon, for 16-bit q and pages.
 
-Triton's code for paged_prefill's 256 x 64 tile (two warpgroups of one program) meets at a barrier
-every key tile, so softmax never runs under the other warpgroup's matrix products (~390 TFLOP/s on
-an H200 at 8 x (4k cached + 512 new)). Here one warpgroup owns a program of 128 query rows:
+Triton's code for paged_prefill's 256 x 64 tile (two warpgroups of one program, 255 registers, one
+program an SM) meets at a barrier every key tile, so softmax never runs under the other warpgroup's
+matrix products (~390 TFLOP/s on an H200 at 8 x (4k cached + 512 new)). Here a program of 128
+query rows is two warpgroups of 64 rows each, capped at 128 registers:
 
 - K/V tiles of 64 keys are gathered page by page with cp.async into NVMMA-swizzled shared memory
-  (two buffers), q stays in shared memory, q.K^T and P.V run on wgmma with P from registers.
-- A program's barrier spans its own four warps only; two programs fit an SM (255 registers,
-  96 KB of shared memory each) and run independently, so one's softmax overlaps the other's
-  products: 421 TFLOP/s against 389 for the Triton kernel in the same run (416-423 over three calls).
+  (two buffers), q stays in shared memory, q.K^T and P.V run on async wgmma with P from registers;
+  each warpgroup's accumulator is 64 x 128 (64 registers a thread).
+- Two programs fit an SM (128 registers, 96 KB of shared memory each) and run independently (a
+  program's barrier spans its own eight warps), so one's softmax overlaps the other's products:
+  450 TFLOP/s against 390 for the Triton kernel in the same call. One warpgroup of 128 rows a
+  program (255 registers) made 414-423; 128 x 128 tiles at 166 registers (one program an SM) 393;
+  256 rows in 16 warps 435; 32-key tiles 364-374.
 - Blocks go heaviest first; keys below every row of the block skip the causal mask.
 
 Same contract and results as paged_prefill's Triton kernel (fp32 accumulation, qk_scale in the
@@ -53,11 +57,11 @@ def _issue(k_smem, v_smem, buf, kc_ptr, vc_ptr, pt_row, k_lo, seq_len, kv_off, s
 def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr, qk_scale,
                    stride_qt, stride_qh, stride_cp, stride_cs, stride_ch, stride_ptb, stride_ot, stride_oh,
                    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
     P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-    LOAD_L: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])  # 16-byte vectors
+    LOAD_L: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # 16-byte vectors
     DTYPE: gl.constexpr = q_ptr.dtype.element_ty
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], DTYPE)
     KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], DTYPE)
@@ -128,7 +132,7 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_pt
                  o.to(DTYPE), mask=(om < q_len)[:, None])
 
 
-BLOCK_M, BLOCK_N, STAGES = 128, 64, 2
+BLOCK_M, BLOCK_N, STAGES, WARPS, MAX_REGISTERS = 128, 64, 2, 8, 128
 
 
 def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor, q_start: Tensor,
@@ -140,4 +144,5 @@ def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_
                          q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                          page_table.stride(0), out.stride(0), out.stride(1),
                          GROUP=hq // k_cache.shape[2], HEAD_DIM=q.shape[2], PAGE_SIZE=k_cache.shape[1],
-                         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, num_warps=4)
+                         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, WARPS=WARPS, num_warps=WARPS,
+                         maxnreg=MAX_REGISTERS)

@@ -22,21 +22,21 @@ dt = cfg.pop("dtype")
 types = {a: "i32" for a in fn.arg_names}
 types.update(q_ptr="*" + dt, kc_ptr="*" + dt, vc_ptr="*" + dt, pt_ptr="*i32", lens_ptr="*i32", qstart_ptr="*i32",
              qlens_ptr="*i32", out_ptr="*" + dt, qk_scale="fp32")
-consts = dict(GROUP=4, HEAD_DIM=128, BLOCK_M=m.BLOCK_M, BLOCK_N=m.BLOCK_N, STAGES=m.STAGES, **cfg)
+consts = dict(GROUP=4, HEAD_DIM=128, BLOCK_M=m.BLOCK_M, BLOCK_N=m.BLOCK_N, STAGES=m.STAGES, WARPS=m.WARPS, **cfg)
 types.update({c: "constexpr" for c in consts})
 # As launched (launch.hopper_prefill_supported): 16-byte aligned pointers, strides divisible by 16.
 attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a.endswith("_ptr") or a.startswith("stride")}
 k = triton.compile(GluonASTSource(fn, types, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                   options={"num_warps": 4})
+                   options={"num_warps": m.WARPS, "maxnreg": m.MAX_REGISTERS})
 """
 
 
 @pytest.mark.parametrize(("dtype", "page_size"), [("bf16", 16), ("fp16", 1), ("bf16", 32)])
 def test_compiles_two_programs_per_sm(dtype, page_size):
     res = compile_sm90(_COMPILE, {"dtype": dtype, "PAGE_SIZE": page_size})
-    # Two programs of 128 threads per SM: at most 255 registers and 114 KB of shared memory each.
-    # Triton 3.6's ptxas (the H200's) spills 40 bytes, 3.9's 56: more means register use has grown.
-    assert res["regs"] <= 255 and res["shared"] <= 114 * 1024 and res["stack"] <= 64, res
+    # Two programs of 256 threads per SM: at most 128 registers and 114 KB of shared memory each.
+    # Triton 3.6's ptxas (the H200's) keeps 8 bytes of stack, 3.9's none: more means register use has grown.
+    assert res["regs"] <= 128 and res["shared"] <= 114 * 1024 and res["stack"] <= 32, res
 
 
 def test_dispatch_rule_on_cpu_tensors(monkeypatch):
