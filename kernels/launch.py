@@ -104,8 +104,8 @@ def merge_warps(block_s: int, block_d: int) -> int:
 
 # paged_prefill_hopper's Gluon kernel (sm_90): 8 x (4k + 512) at 450 TFLOP/s against 390 for the
 # Triton kernel, bit-identical output on the GPU checks' random ragged cases (benchmarks/RESULTS.md);
-# 459 against 382 at 128 new tokens. At 64 and fewer the Triton kernel's 64-row tiles win (278 against
-# 243 TFLOP/s at 64), so those keep the tiles above. RADIXKV_HOPPER_PREFILL=0 turns it off.
+# 460 against 382 at 128 new tokens. At 64 and fewer the Triton kernel's 64-row tiles win (277 against
+# 244 TFLOP/s at 64), so those keep the tiles above. RADIXKV_HOPPER_PREFILL=0 turns it off.
 HOPPER_PREFILL_ENV = "RADIXKV_HOPPER_PREFILL"
 HOPPER_PREFILL_MIN_NEW = 64
 
