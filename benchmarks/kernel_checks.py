@@ -77,11 +77,15 @@ def correctness(ops, ref, dev: torch.device, gen: torch.Generator, smoke: bool) 
 
 
 def ragged_extend_cases(ops, ref, dev: torch.device, gen: torch.Generator, n_cases: int = 16) -> list[dict]:
-    """paged_prefill's own dispatch (on sm_90: paged_prefill_hopper for > 64 new tokens) against the
-    Triton kernel at an explicit tile and fp64, on random ragged batches: 16-bit dtypes, page sizes
-    1-64, GQA groups 1-8, head-major pages, q/out as strided views of packed tensors, rows of 0-1000
-    new tokens placed with gaps. Rows outside the batch and heads outside the view must stay NaN."""
+    """paged_prefill's own dispatch (on sm_90: paged_prefill_hopper for more than HOPPER_PREFILL_MIN_NEW
+    new tokens, which each case's longest row exceeds) against the Triton kernel at an explicit tile and
+    fp64 attention, on random ragged batches: 16-bit dtypes, page sizes 1, 3, 4, 8, 16, 24, 32, 64, GQA
+    groups 1-8, head-major pages, q/out as strided views of packed tensors, rows of 0-1000 new tokens
+    placed with gaps. Rows outside the batch and heads outside the view must stay NaN; on sm_90 the
+    Gluon kernel must be the one that ran. bit_identical says whether it matched the Triton kernel exactly."""
+    from radixkv.kernels import launch
     from radixkv.kernels.launch import (
+        HOPPER_PREFILL_MIN_NEW,
         KernelConfig,
         hopper_prefill_enabled,
         hopper_prefill_supported,
@@ -91,14 +95,15 @@ def ragged_extend_cases(ops, ref, dev: torch.device, gen: torch.Generator, n_cas
 
     rng = random.Random(3)
     triton_tile = KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    want_gluon = dev.type == "cuda" and hopper_prefill_enabled() and launch._gluon_hopper_gpu(dev.index or 0)
     results = []
     for case in range(n_cases):
         dt = rng.choice([torch.bfloat16, torch.float16])
-        page, hkv, group = rng.choice([1, 4, 8, 16, 32, 64]), rng.choice([1, 2, 8]), rng.choice([1, 4, 8])
+        page, hkv, group = rng.choice([1, 3, 4, 8, 16, 24, 32, 64]), rng.choice([1, 2, 8]), rng.choice([1, 4, 8])
         hq, nb = hkv * group, rng.randint(1, 6)
-        q_lens = [rng.choice([0, 1, 37, 129, 200, 257, 640, 1000]) for _ in range(nb)]
-        if max(q_lens) <= 128:
-            q_lens[0] = 300
+        q_lens = [rng.choice([0, 1, 37, 65, 100, 129, 257, 640, 1000]) for _ in range(nb)]
+        if max(q_lens) <= HOPPER_PREFILL_MIN_NEW:
+            q_lens[0] = rng.choice([HOPPER_PREFILL_MIN_NEW + 1, 100, 300])
         lens = [n + rng.choice([0, 0, 1, 63, 500, 2100]) for n in q_lens]
         need = [max(1, -(-n // page)) for n in lens]
         shape = (sum(need) + 5, page, hkv, D)
@@ -126,7 +131,7 @@ def ragged_extend_cases(ops, ref, dev: torch.device, gen: torch.Generator, n_cas
             buf = torch.full((T, hq + 2 * hkv, D), float("nan"), device=dev, dtype=dt)
             ops.paged_prefill(q, kc, vc, table, seq, qs, ql, sm_scale=sm_scale, out=buf[:, hkv:hkv + hq], config=config)
             outs.append(buf)
-        want = ref.paged_prefill_ref(q.float(), kc, vc, table, seq, qs, ql, sm_scale=sm_scale).double()
+        want = ref.paged_prefill_ref(q.double(), kc, vc, table, seq, qs, ql, sm_scale=sm_scale)  # fp64 throughout
         rows = torch.zeros(T, dtype=torch.bool, device=dev)
         for s, n in zip(starts, q_lens):
             rows[s:s + n] = True
@@ -134,8 +139,11 @@ def ragged_extend_cases(ops, ref, dev: torch.device, gen: torch.Generator, n_cas
         untouched = bool(torch.isnan(outs[0][~rows]).all() and torch.isnan(outs[0][:, :hkv]).all()
                          and torch.isnan(outs[0][:, hkv + hq:]).all())
         e, e_triton = rel_err(mine, want[rows]), rel_err(triton_out, want[rows])
-        kernel = "hopper" if hopper_prefill_enabled() and hopper_prefill_supported(q, kc, vc, q, max(q_lens)) else "triton"
-        results.append({"check": f"prefill ragged {case} {kernel} page{page} group{group} {str(dt)[6:]}",
-                        "ok": untouched and e < 1e-2 and e <= 1.5 * e_triton + 1e-4, "rel_err": e,
-                        "rel_err_triton_tile": e_triton, "max_diff_triton_tile": float((mine - triton_out).abs().max())})
+        gluon = hopper_prefill_enabled() and hopper_prefill_supported(q, kc, vc, outs[0][:, hkv:hkv + hq], max(q_lens))
+        max_diff = float((mine.float() - triton_out.float()).abs().max())
+        results.append({"check": f"prefill ragged {case} {'gluon' if gluon else 'triton'} page{page} group{group} "
+                                 f"{str(dt)[6:]}",
+                        "ok": untouched and gluon == want_gluon and e < 1e-2 and e <= 1.5 * e_triton + 1e-4,
+                        "rel_err": e, "rel_err_triton_tile": e_triton, "max_diff_triton_tile": max_diff,
+                        "bit_identical": max_diff == 0.0})
     return results

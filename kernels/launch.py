@@ -85,7 +85,7 @@ def fp8_decode_warps_per_sm(device: torch.device, head_dim: int, group: int, off
 
 @functools.cache
 def _gluon_fp8_gpu(index: int) -> bool:
-    if torch.cuda.get_device_capability(index) < (8, 9):
+    if torch.cuda.get_device_capability(index) < (8, 9) or not _gluon_tested():
         return False
     try:
         from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: F401
@@ -105,13 +105,29 @@ def merge_warps(block_s: int, block_d: int) -> int:
 # paged_prefill_hopper's Gluon kernel (sm_90): 8 x (4k + 512) at 450 TFLOP/s against 390 for the
 # Triton kernel, bit-identical output on the GPU checks' random ragged cases (benchmarks/RESULTS.md);
 # 460 against 382 at 128 new tokens. At 64 and fewer the Triton kernel's 64-row tiles win (277 against
-# 244 TFLOP/s at 64), so those keep the tiles above. RADIXKV_HOPPER_PREFILL=0 turns it off.
+# 244 TFLOP/s at 64), so those keep the tiles above. RADIXKV_HOPPER_PREFILL=0 (or false/off/no) turns it off.
 HOPPER_PREFILL_ENV = "RADIXKV_HOPPER_PREFILL"
 HOPPER_PREFILL_MIN_NEW = 64
 
 
 def hopper_prefill_enabled() -> bool:
-    return os.environ.get(HOPPER_PREFILL_ENV) != "0"
+    return os.environ.get(HOPPER_PREFILL_ENV, "").strip().lower() not in ("0", "false", "off", "no")
+
+
+# The Gluon kernels were written against Triton 3.6 (the H200's) and 3.9 (the CPU machine's compile
+# tests); older Gluon APIs differ, so those Tritons keep the Triton kernels.
+GLUON_MIN_TRITON = (3, 6)
+
+
+@functools.cache
+def _gluon_tested() -> bool:
+    import triton
+
+    try:
+        version = tuple(int(x) for x in triton.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return version >= GLUON_MIN_TRITON
 
 
 def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor, max_q_len: int) -> bool:
@@ -131,7 +147,7 @@ def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: T
 
 @functools.cache
 def _gluon_hopper_gpu(index: int) -> bool:
-    if torch.cuda.get_device_capability(index) != (9, 0):
+    if torch.cuda.get_device_capability(index) != (9, 0) or not _gluon_tested():
         return False
     try:
         from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401

@@ -6,9 +6,10 @@ first). Grid (Hq, B, M-blocks), heaviest query blocks first; query heads of one 
 neighbours in launch order so their K/V tiles are shared through L2. Each program runs a
 mask-free loop over the keys every row of its block may see, then a masked loop over the
 diagonal. FP8 pages are dequantised in-kernel as in paged_decode.
-Extends of more than 64 new tokens over 16-bit pages on sm_90 without an explicit config go to
-paged_prefill_hopper's Gluon kernel instead (launch.hopper_prefill_supported; 15-20% faster on an
-H200, same output; RADIXKV_HOPPER_PREFILL=0 keeps them here).
+Extends of more than 64 new tokens over 16-bit pages (head_dim 128, q in the pages' dtype) on sm_90
+without an explicit config go to paged_prefill_hopper's Gluon kernel instead
+(launch.hopper_prefill_supported; 15-20% faster on an H200, same output; RADIXKV_HOPPER_PREFILL=0
+keeps them here).
 """
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr,
     m_mask = offs_m < q_len
     d_mask = offs_d < HEAD_DIM
     q_rows = (q_s + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :] * stride_qd,
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + h.to(tl.int64) * stride_qh + offs_d[None, :] * stride_qd,
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # q: [BLOCK_M, BLOCK_D]
     q_pos = prefix + offs_m
 
@@ -99,7 +100,7 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     pt_row = pt_ptr + b * stride_ptb
     kvh = h // GROUP
-    kv_head = kvh * stride_ch
+    kv_head = kvh.to(tl.int64) * stride_ch
     scale_head = kvh * stride_xh
     # Keys below every row of this block: no causal mask needed.
     full_end = tl.where(active, ((prefix + mblk * BLOCK_M) // BLOCK_N) * BLOCK_N, 0)
@@ -116,7 +117,7 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr,
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
-    tl.store(out_ptr + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :] * stride_od,
+    tl.store(out_ptr + q_rows[:, None] * stride_ot + h.to(tl.int64) * stride_oh + offs_d[None, :] * stride_od,
              o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])  # inactive blocks: m_mask is all False
 
 

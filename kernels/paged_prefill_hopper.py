@@ -41,7 +41,7 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 def _issue(k_smem, v_smem, buf, kc_ptr, vc_ptr, pt_row, k_lo, seq_len, kv_off, stride_cp, stride_cs,
            LOAD_L: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr):
     """Gather the K and V rows [BLOCK_N, D] of keys k_lo.. into buffer buf (cp.async, one commit
-    group); keys at or past seq_len are zero-filled."""
+    group); keys at or past seq_len (the caller's end of visible keys) are zero-filled."""
     offs_n = k_lo + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD_L))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LOAD_L))
     n_ok = offs_n < seq_len
@@ -75,12 +75,12 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_pt
         q_s = gl.load(qstart_ptr + b)
         prefix = seq_len - q_len
         kvh = h // GROUP
-        kv_off = kvh * stride_ch
+        kv_off = kvh.to(gl.int64) * stride_ch
         pt_row = pt_ptr + b * stride_ptb
 
         qm = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LOAD_L))
         qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LOAD_L))
-        q = gl.load(q_ptr + (q_s + qm).to(gl.int64)[:, None] * stride_qt + h * stride_qh + qd[None, :],
+        q = gl.load(q_ptr + (q_s + qm).to(gl.int64)[:, None] * stride_qt + h.to(gl.int64) * stride_qh + qd[None, :],
                     mask=(qm < q_len)[:, None], other=0.0)
         q_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_M, HEAD_DIM], Q_SMEM, q)  # q: [BLOCK_M, D]
         k_smem = gl.allocate_shared_memory(DTYPE, [STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
@@ -128,7 +128,7 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_pt
         o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, O_L))[:, None]
         om = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, O_L))
         od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
-        gl.store(out_ptr + (q_s + om).to(gl.int64)[:, None] * stride_ot + h * stride_oh + od[None, :],
+        gl.store(out_ptr + (q_s + om).to(gl.int64)[:, None] * stride_ot + h.to(gl.int64) * stride_oh + od[None, :],
                  o.to(DTYPE), mask=(om < q_len)[:, None])
 
 
@@ -138,6 +138,8 @@ BLOCK_M, BLOCK_N, STAGES, WARPS, MAX_REGISTERS = 128, 64, 2, 8, 128
 def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor, q_start: Tensor,
            q_lens: Tensor, qk_scale: float, max_q_len: int, out: Tensor) -> None:
     """Arguments as checked by paged_prefill; qk_scale includes log2(e)."""
+    if v_cache.stride() != k_cache.stride():  # the kernel reads both with k_cache's strides
+        raise ValueError("paged_prefill_hopper: k_cache and v_cache must share strides")
     hq = q.shape[1]
     grid = (hq, page_table.shape[0], -(-max_q_len // BLOCK_M))
     _extend_kernel[grid](q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, out, qk_scale,

@@ -24,8 +24,10 @@ types.update(q_ptr="*" + dt, kc_ptr="*" + dt, vc_ptr="*" + dt, pt_ptr="*i32", le
              qlens_ptr="*i32", out_ptr="*" + dt, qk_scale="fp32")
 consts = dict(GROUP=4, HEAD_DIM=128, BLOCK_M=m.BLOCK_M, BLOCK_N=m.BLOCK_N, STAGES=m.STAGES, WARPS=m.WARPS, **cfg)
 types.update({c: "constexpr" for c in consts})
-# As launched (launch.hopper_prefill_supported): 16-byte aligned pointers, strides divisible by 16.
-attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a.endswith("_ptr") or a.startswith("stride")}
+# What launch.hopper_prefill_supported guarantees: 16-byte aligned pages, page strides divisible by 16
+# (q, out and the page table may be unaligned).
+aligned = ("kc_ptr", "vc_ptr", "stride_cp", "stride_cs", "stride_ch")
+attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in aligned}
 k = triton.compile(GluonASTSource(fn, types, consts, attrs), target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": m.WARPS, "maxnreg": m.MAX_REGISTERS})
 """
@@ -49,8 +51,9 @@ def test_dispatch_rule_on_cpu_tensors(monkeypatch):
 
     monkeypatch.delenv(HOPPER_PREFILL_ENV, raising=False)
     assert hopper_prefill_enabled()  # on by default; "0" is the way out
-    monkeypatch.setenv(HOPPER_PREFILL_ENV, "0")
-    assert not hopper_prefill_enabled()
+    for off in ("0", "false", "OFF", " no "):
+        monkeypatch.setenv(HOPPER_PREFILL_ENV, off)
+        assert not hopper_prefill_enabled()
     monkeypatch.setenv(HOPPER_PREFILL_ENV, "1")
     assert hopper_prefill_enabled()
 
@@ -64,3 +67,9 @@ def test_dispatch_rule_on_cpu_tensors(monkeypatch):
     assert not hopper_prefill_supported(gpu, half, half, q, 512)  # q and pages differ in dtype
     padded = torch.empty(2, 16, 2, 136, dtype=torch.bfloat16)[..., :128]  # rows 272 bytes apart
     assert not hopper_prefill_supported(gpu, padded, padded, q, 512)
+    # ... and with an sm_90 GPU and a Triton new enough for Gluon, the long extend is taken.
+    from radixkv.kernels import launch
+
+    monkeypatch.setattr(launch, "_gluon_hopper_gpu", lambda index: True)
+    assert hopper_prefill_supported(gpu, cache, cache, q, HOPPER_PREFILL_MIN_NEW + 1)
+    assert not hopper_prefill_supported(gpu, cache, cache, q, HOPPER_PREFILL_MIN_NEW)
