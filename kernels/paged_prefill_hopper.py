@@ -17,8 +17,8 @@ query rows is two warpgroups of 64 rows each, capped at 128 registers:
 
 Same contract and results as paged_prefill's Triton kernel (fp32 accumulation, qk_scale in the
 exponent): on the H200 the two gave bit-identical outputs on 40 random ragged cases (page sizes 1-64,
-GQA groups 1-8, head-major pages, strided q/out, rows of 0-1000 new tokens; kernel_checks.py keeps a
-share of them). paged_prefill dispatches here when launch.hopper_prefill_supported holds, unless
+GQA groups 1-8, head-major pages, strided q/out, rows of 0-1000 new tokens) and on the 16 that
+kernel_checks.py runs in every benchmark (also page sizes 3 and 24, 65-128 new tokens). paged_prefill dispatches here when launch.hopper_prefill_supported holds, unless
 RADIXKV_HOPPER_PREFILL=0.
 """
 from __future__ import annotations
