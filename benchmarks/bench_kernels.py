@@ -111,7 +111,7 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
 
 
 def bench_extend(ops, fi, dev, gen, smoke, shape, workspace) -> list[dict]:
-    from radixkv.kernels.launch import KernelKind, default_config, hopper_prefill_enabled, hopper_prefill_supported
+    from radixkv.kernels.launch import KernelKind, default_config, hopper_prefill_supported
 
     seqs, cached, new = shape
     pool, q, qs, ql, flops = make_extend(seqs, cached, new, dev, gen)
@@ -132,7 +132,7 @@ def bench_extend(ops, fi, dev, gen, smoke, shape, workspace) -> list[dict]:
 
     fn = ours(pool.k, pool.v)
     row("radixkv", "bf16", time_fn(fn, smoke), check_rows(fn(), q, pool, [0, seqs - 1], q_lens, sm))
-    if hopper_prefill_enabled() and hopper_prefill_supported(q, pool.k, pool.v, q, new):  # the row above ran it
+    if hopper_prefill_supported(q, pool.k, pool.v, q, new):  # the row above ran it
         tile = default_config(KernelKind.PREFILL, q, pool.k, new)
         fn = ours(pool.k, pool.v, config=tile)
         row("radixkv-triton", "bf16", time_fn(fn, smoke), check_rows(fn(), q, pool, [0, seqs - 1], q_lens, sm))

@@ -139,7 +139,7 @@ def ragged_extend_cases(ops, ref, dev: torch.device, gen: torch.Generator, n_cas
         untouched = bool(torch.isnan(outs[0][~rows]).all() and torch.isnan(outs[0][:, :hkv]).all()
                          and torch.isnan(outs[0][:, hkv + hq:]).all())
         e, e_triton = rel_err(mine, want[rows]), rel_err(triton_out, want[rows])
-        gluon = hopper_prefill_enabled() and hopper_prefill_supported(q, kc, vc, outs[0][:, hkv:hkv + hq], max(q_lens))
+        gluon = hopper_prefill_supported(q, kc, vc, outs[0][:, hkv:hkv + hq], max(q_lens))
         max_diff = float((mine.float() - triton_out.float()).abs().max())
         results.append({"check": f"prefill ragged {case} {'gluon' if gluon else 'triton'} page{page} group{group} "
                                  f"{str(dt)[6:]}",

@@ -133,7 +133,8 @@ def _gluon_tested() -> bool:
 def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor, max_q_len: int) -> bool:
     """Whether paged_prefill runs paged_prefill_hopper's kernel: an sm_90 GPU, 16-bit q and pages of
     the same dtype, head_dim 128, unit head-dim strides, pages whose rows cp.async can copy in 16-byte
-    pieces (strides of 16 elements, aligned base), more than HOPPER_PREFILL_MIN_NEW new tokens."""
+    pieces (strides of 16 elements, aligned base), more than HOPPER_PREFILL_MIN_NEW new tokens, and
+    RADIXKV_HOPPER_PREFILL not set to turn it off."""
     if q.device.type != "cuda" or max_q_len <= HOPPER_PREFILL_MIN_NEW or q.shape[2] != 128:
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or k_cache.dtype != q.dtype:
@@ -141,6 +142,8 @@ def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: T
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or out.stride(2) != 1:
         return False
     if any(st % 16 for st in k_cache.stride()[:3]) or k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16:
+        return False
+    if not hopper_prefill_enabled():
         return False
     return _gluon_hopper_gpu(q.device.index if q.device.index is not None else torch.cuda.current_device())
 

@@ -28,7 +28,6 @@ from .launch import (
     check_paged_args,
     default_config,
     for_device,
-    hopper_prefill_enabled,
     hopper_prefill_supported,
     launch_options,
 )
@@ -152,7 +151,7 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
         return out
     if max_q_len is None:
         max_q_len = int(q_lens.max().item())
-    if config is None and hopper_prefill_enabled() and hopper_prefill_supported(q, k_cache, v_cache, out, max_q_len):
+    if config is None and hopper_prefill_supported(q, k_cache, v_cache, out, max_q_len):
         from .paged_prefill_hopper import launch
 
         launch(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale * LOG2E, max_q_len, out)

@@ -73,3 +73,5 @@ def test_dispatch_rule_on_cpu_tensors(monkeypatch):
     monkeypatch.setattr(launch, "_gluon_hopper_gpu", lambda index: True)
     assert hopper_prefill_supported(gpu, cache, cache, q, HOPPER_PREFILL_MIN_NEW + 1)
     assert not hopper_prefill_supported(gpu, cache, cache, q, HOPPER_PREFILL_MIN_NEW)
+    monkeypatch.setenv(HOPPER_PREFILL_ENV, "0")
+    assert not hopper_prefill_supported(gpu, cache, cache, q, HOPPER_PREFILL_MIN_NEW + 1)  # the way out
