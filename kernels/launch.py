@@ -30,13 +30,13 @@ class KernelConfig(NamedTuple):
     max_registers: int | None = None
 
 
-# GPU defaults (H200, D = 128, bf16/fp8), picked with benchmarks/bench_kernels.py's sweep;
+# GPU defaults (H200, D = 128, bf16/fp8), picked with benchmarks/kernels/bench_kernels.py's sweep;
 # CPU (interpreter) runs use small tiles so tests stay fast.
 DECODE_GPU = KernelConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
 # FP8: 2 warps x 64-token tiles was the best of 10 configs at 64 x 16k (1001 us vs 1142 for 4 x 128),
 # and of CUDA-core and fp16-dot variants tried later (benchmarks/RESULTS.md).
 DECODE_FP8_GPU = KernelConfig(block_m=16, block_n=64, num_warps=2, num_stages=2)
-# Prefill tiles by the longest row of new tokens (first whose bound holds; benchmarks/profile_extend.py,
+# Prefill tiles by the longest row of new tokens (first whose bound holds; benchmarks/kernels/profile_extend.py,
 # 8 x 4k cached, TFLOP/s). 512 new: 256 x 64 390-392 (fp8 159); 128 x 64 capped at 128 registers (two
 # programs per SM) 378-401 (fp8 126: spills); 128 x 128 at 255 registers 339-342 (fp8 143). 64 new:
 # 64 x 64 / 4 warps 278, 128 x 64 capped 197, 256 x 64 101 (rows past the new tokens are padding).
@@ -78,7 +78,7 @@ def fp8_decode_warps_per_sm(device: torch.device, head_dim: int, group: int, off
     (for attention.choose_num_splits). off64: the caches need 64-bit offsets (fp8_offsets_64)."""
     if not fp8_decode_kernel_supported(device, head_dim, group):
         return 0
-    from .paged_decode_fp8 import resident_warps_per_sm
+    from .decode_fp8_gluon import resident_warps_per_sm
 
     return resident_warps_per_sm(head_dim, group, off64, page_size)
 

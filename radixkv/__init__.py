@@ -8,19 +8,18 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .config import CacheConfig, Policy, SchedulerConfig
-from .pages import OutOfPages, PagePool
-from .radix_tree import MatchResult, RadixCache
+from .cache import MatchResult, OutOfPages, PagePool, RadixCache
+from .config import Policy, SchedulerConfig
 
 _LAZY = {
-    "LLM": "radixkv.engine",
-    "Session": "radixkv.engine",
-    "SamplingParams": "radixkv.sampling",
-    "RequestOutput": "radixkv.engine",
+    "LLM": "radixkv.engine.llm",
+    "Session": "radixkv.engine.session",
+    "SamplingParams": "radixkv.engine.sampling",
+    "RequestOutput": "radixkv.request",
     "Scheduler": "radixkv.scheduler",
 }
 
-__all__ = ["CacheConfig", "MatchResult", "OutOfPages", "PagePool", "Policy", "RadixCache",
+__all__ = ["MatchResult", "OutOfPages", "PagePool", "Policy", "RadixCache",
            "SchedulerConfig", *_LAZY]
 
 

@@ -17,9 +17,9 @@ from importlib import resources
 from pathlib import Path
 
 from .config import Policy
-from .replay import EngineUnavailable, ReplayConfig, ReplayMode, ReplayResult, run_replay
+from radixkv.replay.replay import ReplayConfig, ReplayMode, ReplayResult, run_replay
 from .workloads import WorkloadKind
-from .workloads.traces import TraceError, TraceFormat, TraceRequest, load_trace
+from radixkv.workloads.traces import TraceError, TraceFormat, TraceRequest, load_trace
 
 SAMPLE_TRACE = "mooncake_sample.jsonl"
 
@@ -156,13 +156,13 @@ def _cmd_replay(a: argparse.Namespace) -> int:
         out.update(trace=str(path), format=trace.format.value, skipped=trace.skipped)
         Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
     if a.plot:
-        from .plot import plot_replay
+        from radixkv.replay.plot import plot_replay
 
         pool = "unlimited pool" if result.unlimited else f"{result.num_pages:,} pages"
         plot_replay(result, a.plot, title=f"{path.name}: {mode.value}, {pool} x {result.page_size} tokens, "
                                           f"hit rate {result.hit_rate:.4f}")
     if a.record:
-        from .workloads.traces import write_trace
+        from radixkv.workloads.traces import write_trace
 
         write_trace(a.record, requests)
     return 0
@@ -208,7 +208,7 @@ def _cmd_gen(a: argparse.Namespace) -> int:
         reqs = _generate(a)
     except ValueError as e:  # a bad generator setting (e.g. --rate 0)
         raise CliError(str(e)) from None
-    from .workloads.traces import write_trace
+    from radixkv.workloads.traces import write_trace
 
     n = write_trace(a.output, reqs)
     print(f"wrote {n} requests ({sum(r.num_prompt_tokens for r in reqs):,} prompt tokens) to {a.output}")
@@ -217,17 +217,17 @@ def _cmd_gen(a: argparse.Namespace) -> int:
 
 def _generate(a: argparse.Namespace) -> list[TraceRequest]:
     if a.kind is WorkloadKind.MULTI_TURN:
-        from .workloads.multi_turn import MultiTurnConfig, multi_turn
+        from radixkv.workloads.multi_turn import MultiTurnConfig, multi_turn
 
         reqs = multi_turn(MultiTurnConfig(sessions=a.sessions, max_turns=a.turns, rate=a.rate, seed=a.seed,
                                           max_reply=a.max_tokens), a.source)
     elif a.kind is WorkloadKind.FEW_SHOT:
-        from .workloads.few_shot import FewShotConfig, few_shot
+        from radixkv.workloads.few_shot import FewShotConfig, few_shot
 
         reqs = few_shot(FewShotConfig(templates=a.templates, shots=a.shots, prompts_per_template=a.prompts,
                                       max_tokens=a.max_tokens, rate=a.rate, seed=a.seed), a.source)
     else:
-        from .workloads.shared_prefix import SharedPrefixConfig, shared_prefix
+        from radixkv.workloads.shared_prefix import SharedPrefixConfig, shared_prefix
 
         reqs = shared_prefix(SharedPrefixConfig(groups=a.groups, prompts_per_group=a.prompts,
                                                 system_len=a.system_len, question_len=a.question_len,
@@ -236,10 +236,10 @@ def _generate(a: argparse.Namespace) -> list[TraceRequest]:
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
-    from .replay import load_llm
-    from .sampling import SamplingParams
+    from radixkv.engine.llm import LLM
+    from radixkv.engine.sampling import SamplingParams
 
-    llm = load_llm(a.model, page_size=a.page_size, dtype=a.dtype, kv_dtype=a.kv_dtype)
+    llm = LLM(a.model, page_size=a.page_size, dtype=a.dtype, kv_dtype=a.kv_dtype)
     prompts: list = []
     for p in a.prompts:
         if llm.tokenizer is None:
@@ -260,11 +260,11 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
-    from . import bench
-    from .replay import load_llm
+    from radixkv.engine import bench
+    from radixkv.engine.llm import LLM
 
     if a.model:
-        llm = load_llm(a.model, page_size=a.page_size, num_pages=a.num_pages, device=a.device)
+        llm = LLM(a.model, page_size=a.page_size, num_pages=a.num_pages, device=a.device)
     else:
         llm = bench.byte_llama(a.hidden, a.layers, a.page_size, a.num_pages, a.device)
     prompts = bench.few_shot_prompts(llm.spec.vocab_size, a.shots, a.prompts, a.max_tokens, a.gsm8k)
@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = parser.parse_args(argv)
     try:
         return a.run(a)
-    except (CliError, TraceError, EngineUnavailable, FileNotFoundError) as e:
+    except (CliError, TraceError, FileNotFoundError) as e:
         print(f"radixkv: error: {e}", file=sys.stderr)
         return 2
 

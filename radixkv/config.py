@@ -1,4 +1,4 @@
-"""Frozen, validated configuration dataclasses. No torch.
+"""Frozen, validated configuration dataclasses, and every dtype name and alias (one home). No torch.
 
 Each component takes the config it needs; nothing reads module globals.
 """
@@ -14,26 +14,6 @@ class Policy(enum.Enum):
     FCFS = "fcfs"
     LPM = "lpm"  # longest cached prefix first
     DFS_WEIGHT = "dfs-weight"  # SGLang's: walk the tree, heavier subtrees first
-
-
-KV_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
-
-
-@dataclass(frozen=True)
-class CacheConfig:
-    """Paged KV pool and radix cache. `num_pages` counts physical pages of `page_size` tokens."""
-
-    page_size: int = 16
-    num_pages: int = 4096
-    kv_dtype: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        if self.num_pages < 1:
-            raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
-        if self.kv_dtype not in KV_DTYPES:
-            raise ValueError(f"unknown kv_dtype {self.kv_dtype!r}; expected one of {KV_DTYPES}")
 
 
 @dataclass(frozen=True)
@@ -100,12 +80,64 @@ def canonical_dtype_name(dtype: object) -> str:
     return name
 
 
+class KVDtype(enum.Enum):
+    """Storage dtype of the KV pages (the value is the name used in configs and on the command line)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"
+
+    @property
+    def is_fp8(self) -> bool:
+        return self in (KVDtype.FP8_E4M3, KVDtype.FP8_E5M2)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one stored K or V element (scales not included)."""
+        return _KV_ITEMSIZE[self]
+
+    @classmethod
+    def parse(cls, name: object) -> "KVDtype":
+        """A KVDtype from itself, its name, an alias or a torch.dtype ('auto' is the caller's to resolve)."""
+        canonical = canonical_kv_dtype_name(name)
+        if canonical == "auto":
+            raise ValueError("kv_dtype 'auto' must be resolved to the compute dtype first")
+        return cls(canonical)
+
+    @classmethod
+    def for_compute(cls, dtype_name: str) -> "KVDtype":
+        """The KV dtype that `kv_dtype='auto'` means for a compute dtype name (DTYPES, not 'auto')."""
+        return cls(_KV_ALIASES[dtype_name])
+
+
+_KV_ITEMSIZE = {KVDtype.FP32: 4, KVDtype.BF16: 2, KVDtype.FP16: 2, KVDtype.FP8_E4M3: 1, KVDtype.FP8_E5M2: 1}
+KV_DTYPES = ("auto", *(k.value for k in KVDtype))
+# other spellings users bring from vLLM / torch ("fp8" is vLLM's name for E4M3)
+_KV_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+               "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3",
+               "float8_e5m2": "fp8_e5m2"}
+
+
+def canonical_kv_dtype_name(kv_dtype: object) -> str:
+    """'auto' or a KVDtype value from a name, an alias, a KVDtype or a torch.dtype."""
+    if isinstance(kv_dtype, KVDtype):
+        return kv_dtype.value
+    name = str(kv_dtype).removeprefix("torch.") if not isinstance(kv_dtype, str) else kv_dtype
+    name = _KV_ALIASES.get(name, name)
+    if name not in KV_DTYPES:
+        raise ValueError(f"unknown kv_dtype {kv_dtype!r}; expected one of {KV_DTYPES} "
+                         f"(or an alias: {', '.join(_KV_ALIASES)})")
+    return name
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything LLM(...) needs besides the model.
 
     dtype: compute dtype name ('auto' = the checkpoint's, bf16 for an fp32 checkpoint on CUDA).
-    kv_dtype: 'auto' = the compute dtype, else one of KV_DTYPES.
+    kv_dtype: 'auto' = the compute dtype, else one of KV_DTYPES (aliases and torch dtypes accepted).
     device: 'cpu', 'cuda', 'cuda:1', ... or None (CUDA when available).
     num_pages: KV pages; None sizes the pool from `gpu_memory_utilization` of the free device
     memory left after the weights (CUDA) or a fixed token budget (CPU).
@@ -123,8 +155,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", canonical_dtype_name(self.dtype))
-        if self.kv_dtype not in KV_DTYPES:
-            raise ValueError(f"unknown kv_dtype {self.kv_dtype!r}; expected one of {KV_DTYPES}")
+        object.__setattr__(self, "kv_dtype", canonical_kv_dtype_name(self.kv_dtype))
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 1:

@@ -1,4 +1,4 @@
-"""A request's tokens, status and page ownership. No torch.
+"""A request's tokens, status and page ownership, and the result handed back. No torch.
 
 Lifetime: WAITING -> RUNNING -> FINISHED; preemption sends RUNNING back to WAITING
 (pages released, generated tokens kept, recomputed on re-admission).
@@ -76,3 +76,18 @@ class Request:
         elif len(self.output) >= self.max_tokens:
             self.finish_reason = FinishReason.LENGTH
         return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """Result of one prompt. token_ids: generated ids (a stop token that ended it included).
+
+    cached_tokens: prompt tokens served from the prefix cache instead of being computed.
+    """
+
+    request_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str | None  # None when the model has no tokenizer
+    cached_tokens: int
+    finish_reason: FinishReason

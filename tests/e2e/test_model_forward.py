@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixkv.model import LlamaModel
-from radixkv.weights import ModelSpec, random_checkpoint
+from radixkv.engine.model import LlamaModel
+from radixkv.engine.weights import ModelSpec, random_checkpoint
 
 from .tiny_models import hf_model, tiny_config
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixkv.sampling import SamplingParams, _filtered_probs, sample
+from radixkv.engine.sampling import SamplingParams, _filtered_probs, sample
 
 
 @pytest.mark.parametrize("kwargs, word", [

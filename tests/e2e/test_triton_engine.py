@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from radixkv import LLM, SamplingParams  # noqa: E402
-from radixkv.attention import Backend  # noqa: E402
+from radixkv.engine.attention import Backend  # noqa: E402
 
 from .tiny_models import hf_greedy, hf_model, tiny_config  # noqa: E402
 

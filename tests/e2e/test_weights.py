@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from radixkv.model import rope_inv_freq
-from radixkv.weights import Arch, ModelSpec, RopeKind, load_checkpoint
+from radixkv.engine.model import rope_inv_freq
+from radixkv.engine.weights import Arch, ModelSpec, RopeKind, load_checkpoint
 
 from .tiny_models import hf_model, tiny_config
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from kv_fixtures import dense_attention
-from radixkv.attention import Backend, PagedAttention, Path, choose_num_splits
+from radixkv.engine.attention import Backend, PagedAttention, Path, choose_num_splits
 from radixkv.batch import Batch
-from radixkv.kv_store import KVStore
+from radixkv.engine.kv_store import KVStore
 from radixkv.request import Request
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from radixkv.kv_store import KVDtype, KVStore
+from radixkv.engine.kv_store import KVDtype, KVStore
 
 
 def test_shapes_and_scales():

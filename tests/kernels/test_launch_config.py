@@ -37,7 +37,7 @@ def test_merge_warps_by_partials():
 
 def test_fp8_offsets_64_by_reach_of_kvstore_layout():
     from radixkv.kernels.launch import fp8_offsets_64
-    from radixkv.kv_store import head_major_pages, head_major_scales
+    from radixkv.engine.kv_store import head_major_pages, head_major_scales
 
     meta = torch.device("meta")  # layouts only, nothing allocated
     for pages, want in ((1 << 10, False), (1 << 19, False), ((1 << 19) + 1, True)):  # 2^12 words a page

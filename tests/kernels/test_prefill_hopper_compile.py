@@ -14,7 +14,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
-import radixkv.kernels.paged_prefill_hopper as m
+import radixkv.kernels.prefill_hopper_gluon as m
 
 fn = m._extend_kernel
 cfg = json.loads(sys.argv[1])

@@ -1,0 +1,169 @@
+"""paged_prefill: ragged new tokens attending to their cached prefix plus themselves (causal).
+
+Request b owns query rows q_start[b] : q_start[b] + q_lens[b], the LAST q_lens[b] of its
+seq_lens[b] tokens; every key, the new ones included, is read from the pages (store_kv ran
+first). Grid (Hq, B, M-blocks), heaviest query blocks first; query heads of one KV group are
+neighbours in launch order so their K/V tiles are shared through L2. Each program runs a
+mask-free loop over the keys every row of its block may see, then a masked loop over the
+diagonal. FP8 pages are dequantised in-kernel as in paged_decode.
+Extends of more than 64 new tokens over 16-bit pages (head_dim 128, q in the pages' dtype) on sm_90
+without an explicit config go to paged_prefill_hopper's Gluon kernel instead
+(launch.hopper_prefill_supported; 15-20% faster on an H200, same output; RADIXKV_HOPPER_PREFILL=0
+keeps them here).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .launch import (
+    LOG2E,
+    KernelConfig,
+    KernelKind,
+    as_index,
+    check_paged_args,
+    default_config,
+    for_device,
+    hopper_prefill_supported,
+    launch_options,
+)
+
+
+@triton.jit
+def _tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, q_pos, seq_len, qk_scale,
+          kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs, offs_d, d_mask,
+          PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IS_FP8: tl.constexpr,
+          DOT_PRECISION: tl.constexpr):
+    """One BLOCK_N tile of keys starting at k_lo folded into the online softmax state."""
+    offs_n = k_lo + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < seq_len
+    page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+    row = page * stride_cp + (offs_n % PAGE_SIZE) * stride_cs + kv_head  # [BLOCK_N]
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(kc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)
+    qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+    if IS_FP8:  # K scales and qk_scale multiply the score columns
+        xrow = page * stride_xp + (offs_n % PAGE_SIZE) * stride_xs + scale_head
+        qk = qk * (tl.load(ks_ptr + xrow, mask=n_mask, other=0.0).to(tl.float32) * qk_scale)[None, :]
+        exp_scale = 1.0
+    else:  # qk_scale joins the exponent: one FFMA per score
+        exp_scale = qk_scale
+    if MASKED:
+        qk = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1) * exp_scale)
+    alpha = tl.exp2(m_i - m_new)
+    acc = acc * alpha[:, None]
+    p = tl.exp2(qk * exp_scale - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if IS_FP8:
+        p = p * tl.load(vs_ptr + xrow, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    v = tl.load(vc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)
+    acc += tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr,
+            qk_scale,
+            stride_qt, stride_qh, stride_qd,
+            stride_cp, stride_cs, stride_ch, stride_cd,
+            stride_xp, stride_xs, stride_xh,
+            stride_ptb, stride_ot, stride_oh, stride_od,
+            GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+            IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    h = tl.program_id(0)
+    b = tl.program_id(1)
+    mblk = tl.num_programs(2) - 1 - tl.program_id(2)
+    q_len = tl.load(qlens_ptr + b)
+    seq_len = tl.load(lens_ptr + b)
+    q_s = tl.load(qstart_ptr + b)
+    active = mblk * BLOCK_M < q_len
+    prefix = seq_len - q_len
+
+    offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < q_len
+    d_mask = offs_d < HEAD_DIM
+    q_rows = (q_s + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + h.to(tl.int64) * stride_qh + offs_d[None, :] * stride_qd,
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # q: [BLOCK_M, BLOCK_D]
+    q_pos = prefix + offs_m
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    pt_row = pt_ptr + b * stride_ptb
+    kvh = h // GROUP
+    kv_head = kvh.to(tl.int64) * stride_ch
+    scale_head = kvh * stride_xh
+    # Keys below every row of this block: no causal mask needed.
+    full_end = tl.where(active, ((prefix + mblk * BLOCK_M) // BLOCK_N) * BLOCK_N, 0)
+    for k_lo in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, q_pos, seq_len,
+                              qk_scale, kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs,
+                              offs_d, d_mask, PAGE_SIZE, BLOCK_N, False, IS_FP8, DOT_PRECISION)
+    # The diagonal: keys up to the block's last row, masked.
+    diag_end = tl.where(active, tl.minimum(seq_len, prefix + (mblk + 1) * BLOCK_M), 0)
+    for k_off in range(0, diag_end - full_end, BLOCK_N):
+        acc, m_i, l_i = _tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, full_end + k_off, q_pos,
+                              seq_len, qk_scale, kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp,
+                              stride_xs, offs_d, d_mask, PAGE_SIZE, BLOCK_N, True, IS_FP8, DOT_PRECISION)
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    tl.store(out_ptr + q_rows[:, None] * stride_ot + h.to(tl.int64) * stride_oh + offs_d[None, :] * stride_od,
+             o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])  # inactive blocks: m_mask is all False
+
+
+def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor,
+                  q_start: Tensor, q_lens: Tensor, sm_scale: float | None = None,
+                  k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+                  max_q_len: int | None = None, config: KernelConfig | None = None,
+                  out: Tensor | None = None) -> Tensor:
+    """q: [T, Hq, D] ragged rows (see module doc) -> [T, Hq, D] in q's dtype.
+
+    q_start, q_lens: int32 [B]. max_q_len (host int) sizes the grid; without it the launcher reads
+    q_lens.max() from the device (a host sync; PagedAttention passes it from its plan).
+    `out` (optional, like q) is written in place.
+    """
+    page_table, seq_lens, fp8 = check_paged_args("paged_prefill", q, k_cache, v_cache, page_table, seq_lens,
+                                                  k_scale, v_scale)
+    T, hq, d = q.shape
+    B = page_table.shape[0]
+    q_start = as_index("paged_prefill", "q_start", q_start, (B,), 1)
+    q_lens = as_index("paged_prefill", "q_lens", q_lens, (B,), 1)
+    if q_start.device != q.device or q_lens.device != q.device:
+        raise ValueError(f"paged_prefill: q_start and q_lens must be on {q.device}")
+    hkv = k_cache.shape[2]
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    if not sm_scale > 0:  # the kernels fold it into exp2 after the row max
+        raise ValueError(f"paged_prefill: sm_scale must be positive, got {sm_scale}")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
+    if B == 0 or T == 0:
+        return out
+    if max_q_len is None:
+        max_q_len = int(q_lens.max().item())
+    if config is None and hopper_prefill_supported(q, k_cache, v_cache, out, max_q_len):
+        from .prefill_hopper_gluon import launch
+
+        launch(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale * LOG2E, max_q_len, out)
+        return out
+    config = config or default_config(KernelKind.PREFILL, q, k_cache, max_q_len)
+    xs = k_scale.stride() if fp8 else (0, 0, 0)
+    grid = (hq, B, triton.cdiv(max(1, max_q_len), config.block_m))
+    for_device(_kernel, q.device)[grid](
+        q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table, seq_lens,
+        q_start, q_lens, out, sm_scale * LOG2E,
+        *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(),
+        GROUP=hq // hkv, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
+        BLOCK_M=config.block_m, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=config.block_n, IS_FP8=fp8,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
+    return out

@@ -1,0 +1,22 @@
+"""The prefix cache: physical KV pages and the radix tree over them. No torch.
+
+    pool = PagePool(num_pages)          reference-counted pages with a free list
+    cache = RadixCache(pool, page_size) token blocks -> pages, LRU eviction of unlocked leaves
+
+Lifetime rules (the contract the scheduler relies on):
+- `pool.alloc(n)` hands out n pages at refcount 1, or raises OutOfPages and allocates nothing.
+- `cache.insert(tokens, pages)` takes the tree's own reference on every page it adopts; the
+  caller keeps, and later drops, its own.
+- `cache.match(tokens)` returns the longest cached block-aligned prefix (a MatchResult); a caller
+  that keeps using its pages `lock`s it and `unlock`s it exactly once; a locked path is never evicted.
+- `cache.evict(n)` drops the tree's reference on least-recently-used unlocked leaves.
+- `cache.check_invariants()` raises AssertionError naming the broken invariant (DESIGN.md 1-6).
+
+Files: pages.py (PagePool), node.py (Node, MatchResult), lru.py (the LRU heap of leaves),
+radix_tree.py (RadixCache), check.py (the invariant check).
+"""
+from .node import MatchResult, Namespace
+from .pages import OutOfPages, PagePool
+from .radix_tree import RadixCache
+
+__all__ = ["MatchResult", "Namespace", "OutOfPages", "PagePool", "RadixCache"]

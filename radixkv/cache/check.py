@@ -1,0 +1,88 @@
+"""check_tree: RadixCache's invariant check (DESIGN.md invariants 1-6), kept apart from the
+hot paths it verifies. It reads the cache's internals (a TreeView of them) on purpose. No torch."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import numpy as np
+
+from .lru import LruLeaves
+from .node import HashFn, Namespace, Node
+from .pages import PagePool
+
+
+class TreeView(NamedTuple):
+    """What the check reads of a RadixCache: its roots, pool, LRU heap, hash and counters."""
+
+    page_size: int
+    pool: PagePool
+    roots: Mapping[Namespace, Node]
+    lru: LruLeaves
+    hash: HashFn
+    num_cached_pages: int
+    num_locked_pages: int
+    num_nodes: int
+
+
+def check_tree(cache: TreeView) -> None:
+    """Raise AssertionError naming the node and the broken invariant.
+
+    Pool pages free xor held (1); keys whole blocks with one page each, siblings with
+    distinct first blocks, hash keys right (2, which with token comparison gives 3); lock
+    counts consistent and every evictable leaf in the LRU heap at its last-use time, children
+    never used more recently than parents (4); each node in its namespace's subtree and no
+    page in two places (5); counters equal to what the tree holds (6 follows: a cleared tree
+    with no other holders leaves every page free).
+    """
+    ps = cache.page_size
+    cache.pool.check_invariants()  # invariant 1
+    live = cache.lru.live_times()
+    uses = np.zeros(cache.pool.num_pages, dtype=np.int64)  # [num_pages] blocks holding each page
+    cached = locked = nodes = 0
+    for ns, root in cache.roots.items():
+        assert root.parent is None and len(root.key) == 0, f"namespace {ns!r}: malformed root"
+        assert root.namespace == ns, f"namespace {ns!r}: root says {root.namespace!r}"
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            firsts: set[bytes] = set()
+            child_locks = 0
+            for child in node.iter_children():
+                assert child.parent is node, f"{child}: parent pointer is not {node}"
+                assert child.namespace == ns, f"{child}: in namespace {ns!r} but says {child.namespace!r}"
+                k = len(child.key)
+                assert k > 0 and k % ps == 0, f"{child}: key of {k} tokens is not a positive whole number of blocks"
+                assert len(child.pages) == k // ps, f"{child}: {len(child.pages)} pages for {k // ps} blocks"
+                first = child.key[:ps]
+                assert child.hkey == cache.hash(first), f"{child}: stored hash is not its first block's"
+                fb = first.tobytes()
+                assert child.first == fb, f"{child}: stored first block is not its key's"
+                assert fb not in firsts, f"{child}: shares its first block with a sibling"
+                firsts.add(fb)
+                assert child.lock_count >= 0, f"{child}: negative lock count"
+                child_locks += child.lock_count
+                assert node.parent is None or child.last_access <= node.last_access, \
+                    f"{child}: used more recently than its parent {node}"
+                pages = child.pages
+                np.add.at(uses, pages, 1)
+                twice = pages[uses[pages] > 1]
+                assert twice.size == 0, f"{child}: page {int(twice[0]) if twice.size else 0} appears twice in the tree"
+                refs = cache.pool.refcounts(pages)
+                assert refs.min() >= 1, f"{child}: holds free page {int(pages[refs < 1][0])}"
+                cached += len(pages)
+                locked += len(pages) if child.lock_count else 0
+                nodes += 1
+                stack.append(child)
+            for h, head in node.children.items():
+                assert head.parent is node, f"{node}: hash chain holds a node of another parent"
+                assert head.hkey == h, f"{head}: filed under another hash than its own"
+            if node.parent is not None:
+                assert node.lock_count >= child_locks, f"{node}: fewer locks than its children together"
+                if not node.children and not node.lock_count:
+                    assert live.get(id(node)) == node.last_access, \
+                        f"{node}: evictable leaf has no LRU-heap entry at its last access time"
+    assert cached == cache.num_cached_pages, f"num_cached_pages {cache.num_cached_pages} != {cached} in tree"
+    assert locked == cache.num_locked_pages, f"num_locked_pages {cache.num_locked_pages} != {locked} in tree"
+    assert nodes == cache.num_nodes, f"node count {cache.num_nodes} != {nodes} in tree"
+    assert cache.pool.num_free + cached <= cache.pool.num_pages, "free + cached pages exceed the pool"

@@ -1,0 +1,395 @@
+"""RadixCache: a radix tree over full token blocks mapping prefixes to KV pages. No torch.
+
+Each edge holds a whole number of `page_size`-token blocks (an int32 array) and one page
+per block. Children are found by a hash of their first block (xxh3 by default); the block's
+tokens are compared on every hit, so a hash collision can never return another prefix's
+pages (colliding siblings are chained through `Node.next_sibling`).
+
+Lifetime rules:
+- The tree holds one reference on each page it adopted (`insert` increfs them); eviction
+  drops that reference. The caller keeps, and later drops, its own references.
+- A caller that keeps using matched pages must `lock` the match (its path is then never
+  evicted and counts as locked, not evictable) and `unlock` it exactly once when done.
+  A match whose path was evicted (wholly or its tail) since is stale: locking it raises.
+- `num_cached_pages == num_evictable_pages + num_locked_pages` at all times.
+- Bad input (too few pages, a page outside the pool or free, a stale or unlocked match, a
+  negative eviction count) raises before the tree or the pool changes. A page listed twice
+  or already cached elsewhere in the tree is the caller's bug that insert does not look for
+  (it would cost a third of insert's time); check_invariants() reports it.
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from .lru import LruLeaves
+from .pages import PagePool
+from .node import (HashFn, MatchResult, Namespace, Node, attach_child, detach_child, replace_child,
+                         xxhash_block)
+from .check import TreeView, check_tree
+
+__all__ = ["HashFn", "MatchResult", "Namespace", "Node", "RadixCache", "xxhash_block"]
+
+_BYTES_COMPARE_MAX = 16384  # tokens: longer edges are compared with numpy instead of memcmp
+
+
+class _Descent(NamedTuple):
+    """Where tokens leave the tree, found without changing it."""
+
+    path: list[Node]  # whole edges matched, root excluded
+    matched: int  # tokens matched, including `split_blocks` blocks of `split_node`
+    split_node: Node | None  # an edge the prefix ends inside (it must be split), if any
+    split_blocks: int
+
+
+class _LastMatch(NamedTuple):
+    """The latest match of a read-only token array, so that an insert of the same array
+    right after (the usual match -> compute -> insert) can skip the walk down the tree."""
+
+    tokens: np.ndarray
+    namespace: Namespace
+    node: Node
+    node_tokens: int  # len(node.key) then: a split or eviction of node since changes it
+    matched: int
+    adoptions: int  # RadixCache._adoptions then: any insert since may have extended the path
+
+
+class _Adoption(NamedTuple):
+    """Pages insert will adopt, already validated."""
+
+    pages: np.ndarray  # int32 [n]
+    refcounts: np.ndarray  # int32 [n], their refcounts before adoption
+
+
+def _as_tokens(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+    """tokens as a C-contiguous int32 [L] array (no copy when it already is one)."""
+    if (isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 and tokens.ndim == 1
+            and tokens.flags.c_contiguous):
+        return tokens
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise ValueError(f"tokens must be one-dimensional, got shape {arr.shape}")
+    if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() > np.iinfo(np.int32).max):
+        raise ValueError("tokens must be non-negative integers below 2**31")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+class RadixCache:
+    """Block-keyed radix tree over a PagePool, with LRU eviction and namespaces."""
+
+    def __init__(self, pool: PagePool, page_size: int = 16, hash_fn: HashFn = xxhash_block) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.pool = pool
+        self.page_size = page_size
+        self._hash = hash_fn
+        self._roots: dict[Namespace, Node] = {}
+        self._clock = 0
+        self._lru = LruLeaves()
+        self._num_nodes = 0
+        self._adoptions = 0  # inserts that added a node
+        self._last_match: _LastMatch | None = None
+        self.num_cached_pages = 0
+        self.num_locked_pages = 0
+
+    # ---- sizes -------------------------------------------------------------------------------
+    @property
+    def num_evictable_pages(self) -> int:
+        """Pages on unlocked nodes: an upper bound on what evict() can return to the pool."""
+        return self.num_cached_pages - self.num_locked_pages
+
+    @property
+    def namespaces(self) -> list[Namespace]:
+        """Namespaces seen so far (each has its own root; None is the default)."""
+        return list(self._roots)
+
+    def root(self, namespace: Namespace = None) -> Node:
+        """The root of `namespace`'s subtree (created empty on first use)."""
+        node = self._roots.get(namespace)
+        if node is None:
+            empty = np.zeros(0, dtype=np.int32)
+            node = self._roots[namespace] = Node(empty, b"", empty, None, 0, namespace)
+        return node
+
+    # ---- lookup ------------------------------------------------------------------------------
+    def _find_child(self, node: Node, block: np.ndarray) -> Node | None:
+        child = node.children.get(self._hash(block))
+        if child is None:
+            return None
+        want = block.tobytes()
+        while child is not None and child.first != want:
+            child = child.next_sibling
+        return child
+
+    def _common_blocks(self, edge: np.ndarray, tokens: np.ndarray, pos: int) -> int:
+        """Whole blocks shared by `edge` and tokens[pos:] (the first block is known equal)."""
+        ps = self.page_size
+        n = min(len(edge), (len(tokens) - pos) // ps * ps)
+        if n == ps:
+            return 1
+        ours, theirs = (edge if n == len(edge) else edge[:n]), tokens[pos: pos + n]
+        # Equal edges are the common case: memcmp of the bytes is the cheapest test while
+        # the copies stay small (big ones would cost fresh pages from the allocator).
+        if n <= _BYTES_COMPARE_MAX and ours.tobytes() == theirs.tobytes():
+            return n // ps
+        diff = ours != theirs
+        if n > _BYTES_COMPARE_MAX and not diff.any():
+            return n // ps
+        return int(diff.argmax()) // ps
+
+    def _descend(self, tokens: np.ndarray, root: Node) -> _Descent:
+        ps = self.page_size
+        limit = len(tokens) // ps * ps
+        node, pos, path = root, 0, []
+        while pos < limit:
+            child = self._find_child(node, tokens[pos: pos + ps])
+            if child is None:
+                break
+            edge = len(child.key)
+            blocks = self._common_blocks(child.key, tokens, pos)
+            if blocks * ps < edge:
+                return _Descent(path, pos + blocks * ps, child, blocks)
+            path.append(child)
+            node = child
+            pos += edge
+        return _Descent(path, pos, None, 0)
+
+    def _touch(self, d: _Descent, root: Node) -> Node:
+        """Split the edge the prefix ends inside (if any) and refresh the path's LRU time.
+
+        Returns the node that ends the matched prefix."""
+        path = d.path
+        if d.split_node is not None:
+            path.append(self._split(d.split_node, d.split_blocks))
+        clock = self._clock = self._clock + 1
+        for node in path:
+            node.last_access = clock
+        root.last_access = clock
+        return path[-1] if path else root
+
+    def match(self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None) -> MatchResult:
+        """Longest cached prefix of `tokens` in whole blocks; refreshes its LRU time.
+
+        Splits an edge the prefix ends inside, so the result's `node` ends exactly there."""
+        tokens = _as_tokens(tokens)
+        root = self.root(namespace)
+        d = self._descend(tokens, root)
+        end = self._touch(d, root)
+        path = d.path
+        if len(path) == 1:
+            pages = path[0].pages.tolist()
+        elif path:
+            pages = np.concatenate([node.pages for node in path]).tolist()
+        else:
+            pages = []
+        self._push_if_evictable(end)
+        if not tokens.flags.writeable:
+            self._last_match = _LastMatch(tokens, namespace, end, len(end.key), d.matched, self._adoptions)
+        return MatchResult(d.matched, pages, end)
+
+    def _descend_again(self, tokens: np.ndarray, namespace: Namespace, root: Node) -> _Descent | None:
+        """The latest match's descent if it still holds for `tokens` (None otherwise)."""
+        last = self._last_match
+        if (last is None or last.tokens is not tokens or last.namespace != namespace
+                or last.adoptions != self._adoptions):
+            return None
+        node = last.node
+        if node is root:
+            return _Descent([], 0, None, 0)
+        if node.parent is None or len(node.key) != last.node_tokens:
+            return None  # evicted or split since
+        path = []
+        while node is not root:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        return _Descent(path, last.matched, None, 0)
+
+    # ---- insert ------------------------------------------------------------------------------
+    def _adoptable(self, pages: Sequence[int] | np.ndarray, start: int, stop: int) -> _Adoption:
+        """pages[start:stop] as int32, checked to be in the pool and held (refcount >= 1);
+        raises IndexError / ValueError naming the page otherwise, changing nothing.
+
+        Not checked here, to keep insert to a handful of numpy calls: that the pages are
+        distinct and not already in the tree (check_invariants() reports either)."""
+        if isinstance(pages, np.ndarray):
+            if pages.dtype.kind not in "iu" or pages.ndim != 1:
+                raise ValueError(f"pages must be a flat integer array, got {pages.dtype} {pages.shape}")
+            arr = pages[start:stop].astype(np.int64)  # a copy: the caller may reuse its array
+            if arr.size and arr.min() < 0:
+                raise IndexError(f"page {int(arr[arr < 0][0])} outside pool of {self.pool.num_pages}")
+        else:
+            plist = pages[start:stop]
+            try:  # 'I' rejects negative and non-integer ids; the pool rejects ids past its end
+                arr = np.frombuffer(struct.pack(f"{len(plist)}I", *plist), dtype=np.uint32)
+            except struct.error:
+                bad = next((p for p in plist if not isinstance(p, (int, np.integer)) or not 0 <= p < 2**32), None)
+                raise IndexError(f"page {bad!r} is not a page id of a pool of {self.pool.num_pages}") from None
+        held = self.pool.check_held(arr)  # int32 [n]
+        arr = arr.view(np.int32) if arr.dtype.itemsize == 4 else arr.astype(np.int32)  # ids < 2**31
+        return _Adoption(arr, held)
+
+    def insert(self, tokens: Sequence[int] | np.ndarray, pages: Sequence[int] | np.ndarray,
+               namespace: Namespace = None) -> int:
+        """Cache the full blocks of `tokens` with `pages` (one per full block; extra trailing
+        pages, e.g. a partial tail's, are ignored).
+
+        Blocks already cached keep the tree's pages (the caller's are not adopted); the tree
+        increfs each page it adopts. Returns how many leading tokens were already cached.
+        A read-only `tokens` array may be kept as a view (it must not change later)."""
+        tokens = _as_tokens(tokens)
+        ps = self.page_size
+        nblocks = len(tokens) // ps
+        if len(pages) < nblocks:
+            raise ValueError(f"insert needs one page per full block: {nblocks} blocks, {len(pages)} pages")
+        root = self.root(namespace)
+        d = self._descend_again(tokens, namespace, root) or self._descend(tokens, root)
+        matched = d.matched
+        adopt = None
+        if matched < nblocks * ps:
+            adopt = self._adoptable(pages, matched // ps, nblocks)  # raises before any change
+        node = self._touch(d, root)
+        if adopt is not None:
+            new_pages = adopt.pages
+            self.pool.incref_distinct(new_pages, adopt.refcounts)
+            key = tokens[matched: nblocks * ps]
+            # A read-only array cannot change under us: keep a view of it when that does not
+            # pin much more memory than a copy would.
+            if key.flags.writeable or 2 * len(key) < len(tokens):
+                key = key.copy()
+            first = key[:ps]
+            leaf = Node(key, first.tobytes(), new_pages, node, self._hash(first), namespace)
+            leaf.last_access = self._clock
+            attach_child(node, leaf)
+            self.num_cached_pages += len(new_pages)
+            self._num_nodes += 1
+            self._adoptions += 1
+            node = leaf
+        self._push_if_evictable(node)
+        return matched
+
+    def _split(self, node: Node, blocks: int) -> Node:
+        """Cut `node`'s edge after `blocks` blocks; returns the new upper node (node stays below,
+        so a MatchResult ending at `node` still ends at it)."""
+        ps = self.page_size
+        parent = node.parent
+        assert parent is not None and 0 < blocks < len(node.pages)
+        upper = Node(node.key[: blocks * ps], node.first, node.pages[:blocks], None, node.hkey,
+                     node.namespace)
+        upper.lock_count = node.lock_count  # every lock on node's path also covers its prefix
+        upper.last_access = node.last_access
+        replace_child(parent, node, upper)  # upper takes node's place among the siblings
+        node.key = node.key[blocks * ps:]
+        node.pages = node.pages[blocks:]
+        first = node.key[:ps]
+        node.first = first.tobytes()
+        node.hkey = self._hash(first)
+        node.next_sibling = None
+        attach_child(upper, node)
+        self._num_nodes += 1
+        return upper
+
+    # ---- locks -------------------------------------------------------------------------------
+    def _path_to_root(self, m: MatchResult, verb: str) -> list[Node]:
+        """Nodes from m.node up to (excluding) its root; raises if m is stale."""
+        node = m.node
+        if node.parent is None:
+            if self._roots.get(node.namespace) is not node:
+                raise ValueError(f"{verb} of a stale match: {node} was evicted")
+            return []
+        path: list[Node] = []
+        tokens = 0
+        while node.parent is not None:
+            path.append(node)
+            tokens += len(node.key)
+            node = node.parent
+        if tokens != m.num_tokens:
+            raise ValueError(f"{verb} of a stale match: its path now holds {tokens} of its "
+                             f"{m.num_tokens} tokens (the tail was evicted)")
+        return path
+
+    def lock(self, m: MatchResult) -> None:
+        """Protect the path root..m.node from eviction until unlock(m)."""
+        for node in self._path_to_root(m, "lock"):
+            if node.lock_count == 0:
+                self.num_locked_pages += len(node.pages)
+            node.lock_count += 1
+
+    def unlock(self, m: MatchResult) -> None:
+        """Undo one lock(m). Raises, changing nothing, if the path is not locked."""
+        path = self._path_to_root(m, "unlock")
+        for node in path:
+            if node.lock_count <= 0:
+                raise ValueError(f"unlock of an unlocked path at {node}")
+        for node in path:
+            node.lock_count -= 1
+            if node.lock_count == 0:
+                self.num_locked_pages -= len(node.pages)
+        if path:
+            self._push_if_evictable(path[0])
+
+    # ---- eviction ----------------------------------------------------------------------------
+    def _push_if_evictable(self, node: Node) -> None:
+        if self._lru.push(node) and len(self._lru) > 4 * self._num_nodes + 1024:
+            self._lru.rebuild(self._roots.values())
+
+    def _take_victims(self, num_pages: int) -> list[np.ndarray]:
+        """Remove up to `num_pages` pages from the tree, least recently used leaf first and a
+        leaf's tail blocks first. Returns the removed pages (the tree's references not yet dropped)."""
+        dropped: list[np.ndarray] = []
+        taken = 0
+        ps = self.page_size
+        while taken < num_pages:
+            node = self._lru.pop()
+            if node is None:
+                break
+            keep = len(node.pages) - (num_pages - taken)
+            if keep > 0:
+                pages = node.pages[keep:]
+                node.pages = node.pages[:keep]
+                node.key = node.key[: keep * ps]
+                self._lru.requeue(node)
+            else:
+                pages = node.pages
+                parent = node.parent
+                detach_child(node)
+                self._num_nodes -= 1
+                self._push_if_evictable(parent)
+            dropped.append(pages)
+            taken += len(pages)
+        self.num_cached_pages -= taken
+        return dropped
+
+    def evict(self, num_pages: int) -> int:
+        """Free at least `num_pages` pages (if possible), least recently used leaves first,
+        tail blocks of a leaf first. Returns pages actually returned to the pool (a page a
+        caller still references leaves the tree but is not freed, so more is evicted)."""
+        if num_pages < 0:
+            raise ValueError(f"cannot evict {num_pages} pages")
+        freed = 0
+        while freed < num_pages:
+            dropped = self._take_victims(num_pages - freed)
+            if not dropped:
+                break
+            pages = dropped[0] if len(dropped) == 1 else np.concatenate(dropped)
+            freed += self.pool.decref_distinct(pages)
+        return freed
+
+    def clear(self) -> int:
+        """Evict every unlocked page; returns pages returned to the pool."""
+        freed = 0
+        while self.num_evictable_pages:
+            n = self.num_evictable_pages
+            freed += self.evict(n)
+            if self.num_evictable_pages == n:
+                break
+        return freed
+
+    # ---- invariants --------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the node and the broken invariant (DESIGN.md 1-6)."""
+        check_tree(TreeView(self.page_size, self.pool, self._roots, self._lru, self._hash, self.num_cached_pages,
+                            self.num_locked_pages, self._num_nodes))

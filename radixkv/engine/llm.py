@@ -1,0 +1,278 @@
+"""LLM: the step loop over scheduler, model and sampler; generate(); sessions.
+
+One step: the scheduler picks work (prefix matches give cached pages, so only uncached
+tokens are computed) -> attention is planned for the Batch -> the model runs the ragged
+batch, storing new K/V -> rows with `sample[b]` draw a token -> `scheduler.update` appends
+it, and finished requests are inserted into the radix tree (prompt + output) and release
+their pages, so the next turn of a chat or the next few-shot prompt hits.
+
+Every request is validated before anything is scheduled; a bad one raises and leaves
+requests already in flight untouched.
+"""
+from __future__ import annotations
+
+import itertools
+import operator
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from radixkv.cache import PagePool, RadixCache
+from radixkv.config import EngineConfig, KVDtype
+from radixkv.request import Request, RequestOutput
+from radixkv.scheduler import Scheduler
+
+from .attention import Backend, PagedAttention
+from .kv_store import KVStore
+from .model import LlamaModel
+from .sampling import SamplingParams, sample
+from .session import Session
+from .weights import LoadedModel, ModelSpec, load_model
+
+Prompt = str | Sequence[int]
+
+# CPU pools without an explicit num_pages: room for this many tokens, capped at this many bytes.
+_CPU_DEFAULT_TOKENS = 65536
+_CPU_DEFAULT_BYTES = 1 << 30
+
+
+class _RowSampling(NamedTuple):
+    """What the engine keeps in Request.sampling."""
+
+    params: SamplingParams
+    generator: torch.Generator
+
+
+class LLM:
+    """A Llama-family model served from a paged, prefix-cached KV pool.
+
+    model: a local Hugging Face folder, or a transformers PretrainedConfig (seeded random weights).
+    attention_backend: Backend.AUTO runs Triton on CUDA and the PyTorch reference on CPU;
+    Backend.TRITON on CPU needs TRITON_INTERPRET=1 (tests).
+    Other keyword arguments are EngineConfig fields (num_pages, seed, scheduler, ...).
+    """
+
+    def __init__(self, model: Any, dtype: Any = "auto", kv_dtype: Any = "auto", page_size: int = 16,
+                 device: str | torch.device | None = None, *, attention_backend: Backend = Backend.AUTO,
+                 **more: Any) -> None:
+        self.config = cfg = EngineConfig(page_size=page_size, dtype=dtype, kv_dtype=kv_dtype,
+                                         device=None if device is None else str(device), **more)
+        self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        loaded: LoadedModel = load_model(model, cfg.dtype, self.device, cfg.seed)
+        self.spec, self.dtype, self.tokenizer, self.hf_config = loaded.spec, loaded.dtype, loaded.tokenizer, loaded.config
+        self.eos_token_ids = loaded.eos_token_ids  # generation stops at any of these unless ignore_eos
+        self.model = LlamaModel(loaded.spec, loaded.state_dict, loaded.dtype, self.device)
+        del loaded
+        self.kv_dtype = (KVDtype.for_compute(str(self.dtype).removeprefix("torch.")) if cfg.kv_dtype == "auto"
+                         else KVDtype(cfg.kv_dtype))
+        num_pages = cfg.num_pages or default_num_pages(self.spec, cfg, self.kv_dtype, self.dtype, self.device)
+        s = self.spec
+        self.kv = KVStore(s.num_layers, num_pages, cfg.page_size, s.num_kv_heads, s.head_dim, self.kv_dtype,
+                          self.device, self.dtype)
+        self.attention = PagedAttention(self.kv, s.num_q_heads, s.head_dim, s.head_dim ** -0.5, attention_backend)
+        self.pool = PagePool(num_pages)
+        self.cache = RadixCache(self.pool, page_size=cfg.page_size)
+        self.scheduler = Scheduler(self.pool, self.cache, cfg.scheduler, cfg.page_size)
+        self._rids = itertools.count()
+        self._seeds = torch.Generator().manual_seed(cfg.seed)  # per-request seeds when none is given
+        self._t0 = time.monotonic()
+        self.num_steps = 0
+        self._recorded: list[Request] | None = None  # requests added while recording
+
+    @property
+    def num_pages(self) -> int:
+        return self.pool.num_pages
+
+    def reset_prefix_cache(self) -> bool:
+        """Evict every cached prefix no running request holds (vLLM's name); True when the tree
+        is now empty. With no request in flight, the pool is then entirely free."""
+        self.cache.evict(self.pool.num_pages)
+        return self.cache.num_cached_pages == 0
+
+    # ------------------------------------------------------------------ requests
+
+    def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
+        """Token ids of one prompt, validated (ValueError/TypeError naming the prompt and problem)."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"prompt {index} is text but the model has no tokenizer; pass token ids")
+            if not prompt:
+                raise ValueError(f"prompt {index} is empty")
+            ids = list(self.tokenizer(prompt).input_ids)
+        else:
+            if not isinstance(prompt, Iterable):
+                raise TypeError(f"prompt {index} must be a string or a sequence of token ids, got {prompt!r}")
+            ids = [_token_id(t) for t in prompt]
+            if None in ids:
+                raise TypeError(f"prompt {index} holds a token id that is not an integer")
+        if not ids:
+            raise ValueError(f"prompt {index} is empty")
+        V = self.spec.vocab_size
+        bad = [t for t in ids if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"prompt {index}: token id {bad[0]} is outside the vocabulary [0, {V})")
+        return ids
+
+    def _make_request(self, ids: list[int], params: SamplingParams, index: int) -> Request:
+        total = len(ids) + params.max_tokens
+        if total > self.spec.max_position:
+            raise ValueError(f"prompt {index}: {len(ids)} prompt tokens + max_tokens {params.max_tokens} = {total} "
+                             f"exceeds the model's context of {self.spec.max_position} tokens")
+        window = self.spec.sliding_window
+        if window is not None and total > window:
+            raise ValueError(f"prompt {index}: {total} tokens exceed the model's sliding window of {window}; "
+                             f"windowed attention is not implemented, so only sequences within it are served")
+        ps = self.config.page_size
+        if -(-total // ps) > self.num_pages:
+            raise ValueError(f"prompt {index}: {total} tokens need {-(-total // ps)} KV pages, "
+                             f"more than the pool's {self.num_pages}")
+        stop = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop |= self.eos_token_ids
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seeds))
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        return Request(rid=next(self._rids), prompt=ids, max_tokens=params.max_tokens,
+                       arrival_s=self._now(), stop_token_ids=frozenset(stop), sampling=_RowSampling(params, gen))
+
+    def add_requests(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams]) -> list[Request]:
+        """Validate every prompt, then queue them all (all or nothing)."""
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        for i, p in enumerate(params):
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"params {i} must be a SamplingParams, got {p!r}")
+        reqs = [self._make_request(self.encode(p, i), sp, i) for i, (p, sp) in enumerate(zip(prompts, params))]
+        if self._recorded is not None:
+            self._recorded.extend(reqs)
+        for r in reqs:
+            self.scheduler.add(r, r.arrival_s)
+        return reqs
+
+    def start_recording(self) -> None:
+        """Keep every request added from now on, for `save_recording` (off by default: it grows)."""
+        self._recorded = []
+
+    def save_recording(self, path: str) -> int:
+        """Write the recorded requests as radixkv trace JSONL (replayable); returns how many."""
+        if self._recorded is None:
+            raise RuntimeError("start_recording() was not called")
+        from radixkv.workloads.traces import record_requests
+
+        return record_requests(path, self._recorded)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def _now(self) -> float:
+        return time.monotonic() - self._t0
+
+    # ------------------------------------------------------------------ the step
+
+    @torch.inference_mode()
+    def step(self) -> list[Request]:
+        """Run one scheduler step; returns the requests that finished in it."""
+        batch = self.scheduler.schedule(self._now())
+        if batch is None:
+            return []
+        self.attention.plan(batch)
+        dev = self.device
+        rows = [b for b, s in enumerate(batch.sample) if s]
+        last = [batch.q_start[b] + batch.q_lens[b] - 1 for b in rows]
+        logits = self.model.forward(torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
+                                    torch.tensor(batch.positions, dtype=torch.int64, device=dev),
+                                    self.attention, torch.tensor(last, dtype=torch.int64, device=dev))
+        row_sampling = [batch.requests[b].sampling for b in rows]
+        drawn = sample(logits, [r.params for r in row_sampling], [r.generator for r in row_sampling])
+        tokens: list[int | None] = [None] * len(batch.requests)
+        for b, t in zip(rows, drawn):
+            tokens[b] = t
+        self.num_steps += 1
+        return self.scheduler.update(batch, tokens, self._now())
+
+    def output_of(self, req: Request) -> RequestOutput:
+        assert req.finish_reason is not None, f"request {req.rid} has not finished"
+        text = None if self.tokenizer is None else self.tokenizer.decode(req.output, skip_special_tokens=True)
+        return RequestOutput(req.rid, list(req.prompt), list(req.output), text, req.cached_tokens, req.finish_reason)
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Generate for every prompt (str or token ids); outputs in prompt order.
+
+        sampling_params: one for all prompts or one per prompt (default: SamplingParams()).
+        use_tqdm: show a progress bar of finished prompts (vLLM's flag; off by default here).
+        """
+        if _is_single_prompt(prompts):
+            prompts = [prompts]  # one prompt given bare: text, token ids, or a 1-D array
+        params = SamplingParams() if sampling_params is None else sampling_params
+        reqs = self.add_requests(list(prompts), params)
+        pending = {r.rid for r in reqs}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(reqs), unit="prompt", desc="generate")
+        try:
+            while pending:
+                if not self.has_work():
+                    raise RuntimeError(f"scheduler idle with requests {sorted(pending)} unfinished")
+                done = [r.rid for r in self.step() if r.rid in pending]
+                pending.difference_update(done)
+                if bar is not None:
+                    bar.update(len(done))
+        finally:
+            if bar is not None:
+                bar.close()
+        return [self.output_of(r) for r in reqs]
+
+    def session(self, system: str | Sequence[int] | None = None, params: SamplingParams | None = None) -> "Session":
+        """A multi-turn chat whose every turn reuses the KV of all earlier turns.
+
+        system: text, or token ids (a model without tokenizer takes ids only)."""
+        return Session(self, system, params or SamplingParams(temperature=0.0, max_tokens=64))
+
+
+def _token_id(t: Any) -> int | None:
+    """t as a token id (int, numpy or 0-d torch integer), or None when it is not an integer."""
+    if isinstance(t, bool):
+        return None
+    try:
+        return operator.index(t)
+    except TypeError:
+        return None
+
+
+def _is_single_prompt(prompts: Any) -> bool:
+    """True for one bare prompt (a str, a flat sequence of token ids, a 1-D array or tensor)."""
+    if isinstance(prompts, str):
+        return True
+    if getattr(prompts, "ndim", None) == 1:
+        return True
+    return (isinstance(prompts, Sequence) and len(prompts) > 0
+            and all(_token_id(t) is not None for t in prompts))
+
+
+def default_num_pages(spec: ModelSpec, cfg: EngineConfig, kv: KVDtype, dtype: torch.dtype,
+                      device: torch.device) -> int:
+    """KV pages when `num_pages` is not given: on CUDA, `gpu_memory_utilization` of the device memory
+    free after the weights, less a step's activations and logits; elsewhere a fixed token budget."""
+    ps = cfg.page_size
+    per_page = KVStore.bytes_per_page(ps, spec.num_layers, spec.num_kv_heads, spec.head_dim, kv)
+    if device.type != "cuda":
+        return max(1, min(-(-_CPU_DEFAULT_TOKENS // ps), _CPU_DEFAULT_BYTES // per_page))
+    torch.cuda.empty_cache()  # blocks freed while loading weights count as used otherwise
+    free, _ = torch.cuda.mem_get_info(device)
+    sched = cfg.scheduler
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    # activations of a full step (MLP is the widest) + fp32 logits of every sampling row
+    reserve = sched.max_batch_tokens * (4 * spec.intermediate_size + 8 * spec.hidden_size) * itemsize
+    reserve += min(sched.max_running, sched.max_batch_tokens) * spec.vocab_size * 8
+    pages = KVStore.pages_for_budget(max(0, int(free * cfg.gpu_memory_utilization) - reserve),
+                                     ps, spec.num_layers, spec.num_kv_heads, spec.head_dim, kv)
+    if pages < 1:
+        raise RuntimeError(f"no device memory left for KV pages ({free / 2**30:.1f} GiB free after weights)")
+    return pages

@@ -1,0 +1,378 @@
+"""Scheduler: waiting and running queues, cache-aware admission, chunked prefill, preemption. No torch.
+
+Each step (`schedule`) shares a token budget (`max_batch_tokens`) between
+1. running requests, oldest admission first: one decode token each, or the next chunk of a
+   prompt still being prefilled (chunked prefill);
+2. waiting requests, admitted in policy order (policies.py) behind the starvation guard (the
+   oldest request waiting longer than the bound is offered a place first), while `max_running`
+   and the budget allow and free + evictable pages cover the next chunk; the first request
+   that does not fit stops admission for the step (head of line: nobody jumps ahead of it).
+`update` applies the step's sampled tokens, caches completed prefill chunks in the radix tree
+and finishes requests.
+
+Page lifetime (the contract with RadixCache and PagePool):
+- A running request holds one pool reference on every page in `req.pages` (one page per block
+  of its computed tokens, the last possibly partial and private) and a lock on its cached path
+  (`_Entry.locked`), so `cache.num_evictable_pages` counts exactly the pages eviction can free.
+- Completed full blocks are inserted into the tree after each prefill chunk and at finish; the
+  request then re-matches and locks the longer path and unlocks the old one. Blocks another
+  request cached first are swapped for the tree's pages (same tokens, same K/V) and ours freed.
+- Finishing or preemption inserts the computed full blocks, unlocks the path and drops every
+  reference the request holds. Nothing else holds pages, so once every request has finished
+  and the cache is evicted, the pool is whole again.
+
+Memory pressure: pages come from the free list, then from LRU eviction of unlocked cache.
+When a running request still cannot get a page, the most recently admitted request is
+preempted (pages released, generated tokens kept, recomputed on re-admission); a request is
+never dropped. A request that could not fit the pool even alone is refused at `add`.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+import operator
+from dataclasses import dataclass
+
+import numpy as np
+
+from radixkv.batch import Batch, BatchBuilder
+from radixkv.config import Policy, SchedulerConfig
+from .metrics import SchedulerMetrics
+from radixkv.cache.pages import PagePool
+from .policies import AdmissionRanker
+from radixkv.cache.radix_tree import MatchResult, Node, RadixCache
+from radixkv.request import Request, Status
+
+_ShareKey = tuple[int, int, bytes]  # (id(end node of the cached path), its tokens, next block's bytes)
+
+
+@dataclass(eq=False)
+class _Entry:
+    """Scheduler-side state of one live (waiting or running) request."""
+
+    req: Request
+    seq: int  # add order; breaks ties between equal arrivals
+    arrival: float  # `now` at add()
+    arrival_step: int  # steps scheduled before add()
+    prompt_arr: np.ndarray  # int32 [len(prompt)], what the tree is given
+    wait_since: float  # start of the current waiting episode
+    wait_s: float = 0.0  # finished waiting episodes
+    admit_seq: int = 0  # larger: admitted more recently
+    locked: MatchResult | None = None  # the cached path this request locks while running
+    admitted_once: bool = False
+    score: int | None = None  # cached tokens at its last match (None: not matched yet)
+    node: Node | None = None  # where that match ended (DFS_WEIGHT's grouping)
+
+    def order_key(self) -> tuple[float, int]:
+        return (self.arrival, self.seq)
+
+    def token_array(self, n: int) -> np.ndarray:
+        """The first n tokens of prompt + output as int32."""
+        p = self.prompt_arr
+        if n <= len(p):
+            return p[:n]
+        return np.concatenate((p, np.asarray(self.req.output[: n - len(p)], dtype=np.int32)))
+
+
+def worst_case_pages(req: Request, page_size: int) -> int:
+    """Pages a request holds at most: K/V of its prompt and all outputs but the last."""
+    return -(-(len(req.prompt) + req.max_tokens - 1) // page_size)
+
+
+class Scheduler:
+    """Decides each step's work; see the module docstring for the page lifetime rules."""
+
+    def __init__(self, pool: PagePool, cache: RadixCache, config: SchedulerConfig,
+                 page_size: int) -> None:
+        if cache.page_size != page_size:
+            raise ValueError(f"page_size {page_size} differs from the cache's {cache.page_size}")
+        if cache.pool is not pool:
+            raise ValueError("the cache must be built over the scheduler's pool")
+        self.pool = pool
+        self.cache = cache
+        self.config = config
+        self.page_size = page_size
+        self.metrics = SchedulerMetrics()
+        self.waiting: list[_Entry] = []  # sorted by (arrival, seq)
+        self.running: list[_Entry] = []  # admission order, oldest first
+        self._entries: dict[int, _Entry] = {}  # rid -> live entry
+        self._seq = itertools.count()
+        self._admit_seq = itertools.count()
+        self._step = 0
+        self._ranker = AdmissionRanker(config.policy, config.match_budget, self._match)
+        self._inflight: Batch | None = None
+
+    # ---- queue --------------------------------------------------------------------------------
+    def add(self, req: Request, now: float) -> None:
+        """Queue a fresh request (WAITING). Raises ValueError, changing nothing, when it is not
+        fresh, its rid is live, or it could not fit the pool even alone."""
+        if req.rid in self._entries:
+            raise ValueError(f"request {req.rid} is already queued or running")
+        if req.status is not Status.WAITING or req.output or req.num_computed or req.pages:
+            raise ValueError(f"request {req.rid} is not fresh: status {req.status.value}, "
+                             f"{len(req.output)} output tokens, {len(req.pages)} pages")
+        ps = self.page_size
+        worst = worst_case_pages(req, ps)
+        if worst > self.pool.num_pages:
+            raise ValueError(f"request {req.rid} needs up to {worst} pages ({len(req.prompt)} prompt "
+                             f"+ {req.max_tokens} max_tokens, page_size {ps}) but the pool has "
+                             f"{self.pool.num_pages}")
+        try:
+            arr = np.asarray(req.prompt, dtype=np.int32)
+        except (OverflowError, TypeError, ValueError) as err:
+            raise ValueError(f"request {req.rid}: prompt tokens must be int32 ids: {err}") from None
+        if arr.ndim != 1 or (arr.size and int(arr.min()) < 0):
+            raise ValueError(f"request {req.rid}: prompt must be a flat list of non-negative ids")
+        e = _Entry(req, next(self._seq), now, self._step, arr, wait_since=now)
+        if self.config.policy is not Policy.FCFS:
+            self._match(e)  # a score from the start: rounds then only refresh
+        self._entries[req.rid] = e
+        bisect.insort(self.waiting, e, key=_Entry.order_key)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ---- one step -----------------------------------------------------------------------------
+    def schedule(self, now: float) -> Batch | None:
+        """The next step's work, or None when nothing can run. Call `update` before the next."""
+        if self._inflight is not None:
+            raise RuntimeError("schedule() called again before update() of the previous batch")
+        self._step += 1
+        rows = BatchBuilder(self.page_size)
+        shared: set[_ShareKey] = set()
+        budget = self.config.max_batch_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            e = self.running[i]
+            start = e.req.num_computed
+            q_len = self._grow(e, min(e.req.num_tokens - start, budget), i, now)
+            if q_len == 0:  # no page even after preempting every newer request
+                self._preempt(e, now)
+                continue
+            self._add_row(rows, e, start, q_len, shared)
+            budget -= q_len
+            i += 1
+        if budget > 0 and self.waiting and len(self.running) < self.config.max_running:
+            self._admit(rows, budget, shared, now)
+        if not rows.requests:
+            return None
+        self._inflight = rows.build()
+        return self._inflight
+
+    def update(self, batch: Batch, tokens: list[int | None], now: float) -> list[Request]:
+        """Apply a step's results: tokens[b] is row b's sampled token when batch.sample[b]
+        (None otherwise). Returns the requests that finished this step."""
+        if batch is not self._inflight:
+            raise ValueError("update() takes the batch returned by the last schedule()")
+        if len(tokens) != len(batch.requests):
+            raise ValueError(f"update() got {len(tokens)} tokens for {len(batch.requests)} rows")
+        for b, (s, t) in enumerate(zip(batch.sample, tokens)):
+            if s and t is None:
+                raise ValueError(f"row {b} (request {batch.requests[b].rid}) samples but got no token")
+            if s:
+                operator.index(t)  # TypeError for a non-integer token
+        self._inflight = None
+        finished: list[Request] = []
+        for b, req in enumerate(batch.requests):
+            e = self._entries[req.rid]
+            req.num_computed = batch.seq_lens[b]
+            if batch.sample[b] and req.append_token(operator.index(tokens[b])):
+                self._finish(e)
+                finished.append(req)
+                continue
+            if batch.q_lens[b] > 1 or not batch.sample[b]:  # a prefill chunk
+                self._cache_progress(e)
+        self.metrics.record_step(now, self.pool.num_used)
+        return finished
+
+    # ---- admission ----------------------------------------------------------------------------
+    def _starved(self, e: _Entry, now: float) -> bool:
+        cfg = self.config
+        return ((cfg.starvation_s is not None and now - e.arrival > cfg.starvation_s)
+                or (cfg.starvation_steps is not None
+                    and self._step - e.arrival_step > cfg.starvation_steps))
+
+    def _match(self, e: _Entry) -> None:
+        """Match a queued request against the tree now; the ranker orders by the result."""
+        m = self.cache.match(e.token_array(e.req.num_tokens), e.req.namespace)
+        e.score, e.node = m.num_tokens, m.node
+
+    def _admit(self, rows: BatchBuilder, budget: int, shared: set[_ShareKey], now: float) -> None:
+        cfg, pool, cache, ps = self.config, self.pool, self.cache, self.page_size
+        reserve = sum(self._decode_reserve(r) for r in self.running)
+        admitted: set[int] = set()
+        order, head_starved = self._ranker.order(self.waiting[: cfg.policy_window],
+                                                 lambda e: self._starved(e, now))
+        deferred: float | None = None  # arrival of the starved head when it defers
+        for e in order:
+            if len(self.running) >= cfg.max_running or budget <= 0:
+                break
+            if deferred is not None and e.arrival > deferred:
+                continue  # no later arrival goes ahead of the starved head
+            req = e.req
+            total = req.num_tokens
+            tokens = e.token_array(total)
+            m = cache.match(tokens, req.namespace)
+            usable = min(m.num_tokens, (total - 1) // ps * ps)  # leave >= 1 token to compute
+            if (cfg.in_batch_sharing and shared and usable == m.num_tokens
+                    and _share_key(m, tokens, ps) in shared):
+                # Another row computes this block now: hit it next step instead. The starved
+                # head defers too (one step), but then nothing that arrived later is admitted.
+                if head_starved and e is order[0]:
+                    deferred = e.arrival
+                continue
+            if usable < m.num_tokens:  # all cached: lock only the blocks it will use
+                m = cache.match(tokens[:usable], req.namespace)
+            cache.lock(m)
+            want = min(total - usable, budget)
+            need = -(-(usable + want) // ps) - usable // ps
+            avail = pool.num_free + cache.num_evictable_pages
+            own = self._decode_reserve(e)
+            if self.running:
+                if need + own + reserve > avail:
+                    cache.unlock(m)
+                    break  # head of line: nothing behind it jumps ahead
+            else:  # alone: it may take the whole pool, a chunk at a time
+                want = min(want, avail * ps)
+            e.locked = m
+            req.pages = m.pages[: usable // ps]
+            pool.incref(req.pages)
+            req.num_computed = usable
+            req.status = Status.RUNNING
+            if not e.admitted_once:
+                e.admitted_once = True
+                req.cached_tokens = usable
+                self.metrics.prompt_tokens += len(req.prompt)
+                self.metrics.hit_tokens += usable
+            e.wait_s += now - e.wait_since
+            e.admit_seq = next(self._admit_seq)
+            self.running.append(e)
+            admitted.add(id(e))
+            q_len = self._grow(e, want, len(self.running) - 1, now)
+            assert q_len > 0, f"request {req.rid} admitted without room for a token"
+            self._add_row(rows, e, usable, q_len, shared)
+            budget -= q_len
+            reserve += own
+        if admitted:
+            self.waiting = [e for e in self.waiting if id(e) not in admitted]
+
+    def _decode_reserve(self, e: _Entry) -> int:
+        """Pages admission keeps free for a running request's coming decode tokens: a share
+        (`decode_reserve`) of its remaining output, and at least one page while it decodes."""
+        req = e.req
+        remaining = req.max_tokens - len(req.output)
+        pages = -(-int(self.config.decode_reserve * remaining) // self.page_size)
+        decoding = req.num_tokens - req.num_computed == 1 and req.status is Status.RUNNING
+        return max(pages, 1 if decoding else 0)
+
+    def _add_row(self, rows: BatchBuilder, e: _Entry, start: int, q_len: int,
+                 shared: set[_ShareKey]) -> None:
+        rows.add(e.req, start, q_len)
+        if not self.config.in_batch_sharing or q_len == 1:
+            return
+        ps, base = self.page_size, e.locked.num_tokens
+        if start + q_len >= base + ps:  # this chunk completes the first block past the cached path
+            shared.add(_share_key(e.locked, e.token_array(base + ps), ps))
+
+    # ---- pages --------------------------------------------------------------------------------
+    def _room(self, pages: int) -> int:
+        """Evict LRU cache until `pages` are free if possible; returns the free count."""
+        free = self.pool.num_free
+        if free < pages and self.cache.num_evictable_pages:
+            self.cache.evict(pages - free)
+            free = self.pool.num_free
+        return free
+
+    def _grow(self, e: _Entry, want: int, index: int, now: float) -> int:
+        """Give running[index] pages for up to `want` more tokens; returns how many it got.
+
+        A prefill chunk shrinks to the pages there are; when not even one token fits, newer
+        requests (running[index + 1:], newest first) are preempted. 0 means still no room."""
+        req, ps = e.req, self.page_size
+        have = len(req.pages) * ps - req.num_computed  # free slots in pages it holds
+        while True:
+            if want <= have:
+                return want
+            free = self._room(-(-(want - have) // ps))
+            q_len = min(want, have + free * ps)
+            if q_len > 0:
+                req.pages.extend(self.pool.alloc(-(-(q_len - have) // ps)))
+                return q_len
+            if len(self.running) - 1 <= index:
+                return 0
+            self._preempt(self.running[-1], now)
+
+    def _preempt(self, e: _Entry, now: float) -> None:
+        """Release a running request's pages (caching its computed blocks) and requeue it."""
+        req = e.req
+        self._release(e)
+        req.num_computed = 0
+        req.status = Status.WAITING
+        e.wait_since = now
+        e.score = e.node = None
+        self.running.remove(e)
+        bisect.insort(self.waiting, e, key=_Entry.order_key)
+        self.metrics.preemptions += 1
+
+    def _finish(self, e: _Entry) -> None:
+        req = e.req
+        self._release(e)
+        req.status = Status.FINISHED
+        self.running.remove(e)
+        del self._entries[req.rid]
+        self.metrics.completed += 1
+        self.metrics.waits_s.append(e.wait_s)
+
+    def _release(self, e: _Entry) -> None:
+        req, ps = e.req, self.page_size
+        full = req.num_computed // ps * ps
+        if full > e.locked.num_tokens:
+            self.cache.insert(e.token_array(full), req.pages[: full // ps], req.namespace)
+        self.cache.unlock(e.locked)
+        e.locked = None
+        self.pool.decref(req.pages)
+        req.pages = []
+
+    def _cache_progress(self, e: _Entry) -> None:
+        """Insert the full blocks a prefill chunk completed, lock the longer path, and swap in
+        the tree's pages where another request cached a block first."""
+        req, ps, cache = e.req, self.page_size, self.cache
+        old = e.locked
+        full = req.num_computed // ps * ps
+        if full <= old.num_tokens:
+            return
+        tokens = e.token_array(full)
+        cache.insert(tokens, req.pages[: full // ps], req.namespace)
+        m = cache.match(tokens, req.namespace)
+        cache.lock(m)
+        cache.unlock(old)
+        e.locked = m
+        pages, tree = req.pages, m.pages
+        theirs: list[int] = []
+        ours: list[int] = []
+        for i in range(old.num_tokens // ps, m.num_tokens // ps):
+            if pages[i] != tree[i]:
+                theirs.append(tree[i])
+                ours.append(pages[i])
+                pages[i] = tree[i]
+        if ours:
+            self.pool.incref(theirs)
+            self.pool.decref(ours)
+
+
+def _share_key(m: MatchResult, tokens: np.ndarray, ps: int) -> _ShareKey | None:
+    """Identity of the first block past m's cached path (None when tokens lack a full one).
+
+    The end node of a path identifies the path, so equal keys mean equal prefixes."""
+    n = m.num_tokens
+    if len(tokens) < n + ps:
+        return None
+    return (id(m.node), n, tokens[n: n + ps].tobytes())
