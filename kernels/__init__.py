@@ -5,9 +5,13 @@
     paged_prefill(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale=None, ...)
 
 One kernel a file: store.py, decode.py, decode_fp8_gluon.py, prefill.py, prefill_hopper_gluon.py.
+Beside them: dispatch.py (which kernel runs, with how many splits; environment switches read once),
+launch.py (tile configs, argument checks), fp8.py (quantisation helpers) and reference.py (the
+plain-PyTorch twins, the ground truth).
 The Triton modules load on first access to these names, so importing the package (or
-`radixkv.kernels.reference`, which the CPU engine uses) never imports Triton. Tests that run
-the kernels on CPU must set TRITON_INTERPRET=1 before Triton is first imported.
+`radixkv.kernels.reference`, `.dispatch`, `.fp8`, which the CPU engine and the attention front use)
+never imports Triton. Tests that run the kernels on CPU must set TRITON_INTERPRET=1 before Triton
+is first imported.
 
 GPU-only checks (the interpreter gets them wrong): bf16 q/pages and the bit-exactness of
 in-kernel FP8 quantisation are verified by benchmarks/kernels/bench_kernels.py's correctness phase.

@@ -9,8 +9,9 @@ partial output and log-sum-exp, and `_merge_kernel` combines them.
 
 FP8 caches are dequantised in-kernel: K/V tiles are converted to q's dtype, the per-token
 scales multiply the score columns (K) and the probabilities (V); accumulation stays fp32.
-On GPUs where launch.fp8_decode_kernel_supported holds, FP8 launches without an explicit config
-go to paged_decode_fp8's Gluon kernel instead (same outputs, 1.4-1.7x faster than bf16 on an H200).
+Where dispatch.fp8_decode_gluon holds (FP8 pages on sm_89+ GPUs, shapes it takes), FP8 launches
+without an explicit config go to paged_decode_fp8's Gluon kernel instead (same outputs, faster than
+bf16 decode; figures in benchmarks/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .dispatch import fp8_decode_gluon
 from .launch import (
     LOG2E,
     KernelConfig,
@@ -28,7 +30,6 @@ from .launch import (
     check_paged_args,
     default_config,
     for_device,
-    fp8_decode_kernel_supported,
     launch_options,
     merge_warps,
 )
@@ -146,8 +147,6 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
         raise ValueError(f"paged_decode: q has {B} rows, page_table {page_table.shape[0]}")
     if num_splits < 1:
         raise ValueError(f"paged_decode: num_splits must be >= 1, got {num_splits}")
-    hkv = k_cache.shape[2]
-    group = hq // hkv
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     if out is None:
         out = torch.empty_like(q)
@@ -155,11 +154,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
         raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
     if B == 0:
         return out
-    # The Gluon kernel reads the caches as int32 words: unit head-dim stride, word-aligned rows.
-    words = k_cache.stride(3) == 1 and all(st % 4 == 0 for st in k_cache.stride()[:3]) and \
-        k_cache.data_ptr() % 4 == 0 and v_cache.data_ptr() % 4 == 0
-    gluon_fp8 = (fp8 and config is None and q.dtype != torch.float32 and q.stride(2) == 1 and out.stride(2) == 1
-                 and words and fp8_decode_kernel_supported(q.device, d, group))
+    gluon_fp8 = fp8 and config is None and fp8_decode_gluon(q, k_cache, v_cache, out)
     config = config or default_config(KernelKind.DECODE, q, k_cache)
     block_d = max(16, triton.next_power_of_2(d))
     if num_splits > 1:

@@ -1,12 +1,13 @@
 """paged_decode_fp8: FP8 decode in Gluon, K/V bytes loaded straight into tensor-core operands.
 
 The Triton kernel (paged_decode) stages FP8 tiles in shared memory and rebuilds the 16-bit
-tensor-core operands from byte loads and register moves: 3.5k warp instructions per 64-token
-tile, twice bf16's, so FP8 decode ran no faster than bf16. Here the layouts are chosen by hand:
+tensor-core operands from byte loads and register moves: many more warp instructions per tile than
+bf16 needs, so FP8 decode ran no faster than bf16 (profiles in benchmarks/RESULTS.md). Here the
+layouts are chosen by hand:
 
 - One warp per (KV head, sequence, split) program: every reduction stays in the warp, and the GPU
-  is filled with splits in whole waves of resident programs (attention.choose_num_splits with
-  launch.fp8_decode_warps_per_sm: 12 per SM at 168 registers).
+  is filled with splits in whole waves of resident programs (dispatch.choose_num_splits with
+  dispatch.decode_warps_per_sm: 12 per SM at 168 registers).
 - Transposed products, S^T = K.q^T [BLOCK_N, HEADS] and O^T = V^T.P^T [D, HEADS]: tokens and
   head-dim fill the 16 mma rows and the GQA group (padded to HEADS = 8 or 16) the columns, so no
   register holds a padding row of the accumulator.
@@ -18,7 +19,7 @@ tile, twice bf16's, so FP8 decode ran no faster than bf16. Here the layouts are 
 - Tokens are relabelled too: row r of a 32-token tile (of S^T, and column r of V^T) is token
   4 (r % 8) + r // 8, so the four rows a lane holds in the mma layouts are four consecutive
   tokens: one page id and one 8-byte scale load per lane instead of four each (21 loads a tile,
-  not 36, at head_dim 128 and 16-token pages; 2-7% faster at every benchmark shape).
+  not 36, at head_dim 128 and 16-token pages; faster at every benchmark shape).
 - Software pipeline in registers: tile t+1's K words and scales are loaded while tile t is
   computed, its V once tile t's K is consumed, and page ids a tile earlier still, so no load
   waits on another. K/V rows past the split read its last token (finite data, P = 0) instead of
@@ -31,13 +32,11 @@ tile, twice bf16's, so FP8 decode ran no faster than bf16. Here the layouts are 
   whose |q| is below ~2^-14 of its group's largest loses precision to fp16 subnormals; real K/V
   scales within 32 tokens and q norms within a group are far closer than that.
 
-Runs where launch.fp8_decode_kernel_supported holds (sm_89+, head_dim 64/128, GQA group <= 16)
-and the caches view as int32 words; paged_decode checks and dispatches. Outputs as paged_decode's
-kernel: the result with one split, else mid_o/mid_lse for its merge kernel.
+Runs where dispatch.fp8_decode_gluon holds (sm_89+, head_dim 64/128, GQA group <= 16, caches that
+view as int32 words); paged_decode checks and dispatches. Register caps: dispatch.max_registers.
+Outputs as paged_decode's kernel: the result with one split, else mid_o/mid_lse for its merge kernel.
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 from torch import Tensor
@@ -45,28 +44,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .launch import FP8_WIDE_PROGRAMS_PER_SM, fp8_offsets_64
+from .dispatch import fp8_offsets_64, fp8_wide_launch, max_registers, sm_count
 
 BLOCK_N = 32  # tokens per tile
-
-
-def max_registers(head_dim: int, group: int, off64: bool = False, wide: bool = False, page_size: int = 16) -> int:
-    """Register cap (maxnreg) of a program. Each of an SM's four sub-partitions holds 16K registers:
-    168 a thread fits three one-warp programs there (12 per SM), 200 or 255 two. 168 does not spill
-    with 32-bit offsets, a group <= 8 (or head_dim 64) and pages of a multiple of 4 tokens; 64-bit
-    offsets or other page sizes (a page id per token) need 200, 16 heads of 128 dims 255. At
-    64 x 16k, 168 (3 splits) took 524-534 us where the kernel before it, at 200 (4 splits), took
-    543-549. wide: an unsplit launch that fills the GPU by itself (launch.FP8_WIDE_PROGRAMS_PER_SM),
-    which runs best at 8 per SM."""
-    if group > 8 and head_dim > 64:
-        return 255
-    return 200 if off64 or wide or page_size % 4 else 168
-
-
-def resident_warps_per_sm(head_dim: int, group: int, off64: bool = False, page_size: int = 16) -> int:
-    """One-warp programs an SM holds at once (by registers; the kernel uses no shared memory)."""
-    regs = -(-max_registers(head_dim, group, off64, page_size=page_size) // 8) * 8
-    return 4 * (16384 // (32 * regs))
 
 
 @gluon.constexpr_function
@@ -361,11 +341,6 @@ def _fp8_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, 
         gl.store(mid_lse_ptr + base, lse, mask=h_mask)
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor, page_table: Tensor,
            seq_lens: Tensor, qk_scale: float, num_splits: int, out: Tensor, mid_o: Tensor, mid_lse: Tensor) -> None:
     """Arguments as checked by paged_decode (which also runs the merge when num_splits > 1);
@@ -375,7 +350,7 @@ def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale
     group = hq // hkv
     kw, vw = k_cache.view(torch.int32), v_cache.view(torch.int32)  # [P, S, Hkv, D / 4] words
     off64 = fp8_offsets_64(k_cache, k_scale)
-    wide = num_splits == 1 and B * hkv >= FP8_WIDE_PROGRAMS_PER_SM * _num_sms(q.device)
+    wide = num_splits == 1 and fp8_wide_launch(B * hkv, sm_count(q.device))
     _fp8_decode_kernel[(hkv, B, num_splits)](
         q, kw, vw, k_scale, v_scale, page_table, seq_lens, out, mid_o, mid_lse, qk_scale,
         q.stride(0), q.stride(1), kw.stride(0), kw.stride(1), kw.stride(2),

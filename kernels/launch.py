@@ -1,15 +1,18 @@
-"""Launcher helpers shared by the kernel files: device dispatch and argument checks."""
+"""Launcher helpers shared by the kernel files: tile configs, launch options, argument checks.
+
+Which kernel runs and with how many splits is dispatch.py's; the figures behind the tile tables are
+in benchmarks/RESULTS.md ("Why the kernel defaults are what they are").
+"""
 from __future__ import annotations
 
 import enum
-import functools
 import os
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from .reference import is_fp8
+from .fp8 import is_fp8
 
 LOG2E = 1.4426950408889634
 
@@ -30,16 +33,16 @@ class KernelConfig(NamedTuple):
     max_registers: int | None = None
 
 
-# GPU defaults (H200, D = 128, bf16/fp8), picked with benchmarks/kernels/bench_kernels.py's sweep;
+# GPU defaults (D = 128, bf16/fp8), picked with benchmarks/kernels/bench_kernels.py's sweep on an H200;
 # CPU (interpreter) runs use small tiles so tests stay fast.
 DECODE_GPU = KernelConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
-# FP8: 2 warps x 64-token tiles was the best of 10 configs at 64 x 16k (1001 us vs 1142 for 4 x 128),
-# and of CUDA-core and fp16-dot variants tried later (benchmarks/RESULTS.md).
+# FP8 (the Triton kernel, where paged_decode_fp8 does not run): 2 warps x 64-token tiles, the best of
+# the sweep's configs and of CUDA-core and fp16-dot variants tried later.
 DECODE_FP8_GPU = KernelConfig(block_m=16, block_n=64, num_warps=2, num_stages=2)
-# Prefill tiles by the longest row of new tokens (first whose bound holds; benchmarks/kernels/profile_extend.py,
-# 8 x 4k cached, TFLOP/s). 512 new: 256 x 64 390-392 (fp8 159); 128 x 64 capped at 128 registers (two
-# programs per SM) 378-401 (fp8 126: spills); 128 x 128 at 255 registers 339-342 (fp8 143). 64 new:
-# 64 x 64 / 4 warps 278, 128 x 64 capped 197, 256 x 64 101 (rows past the new tokens are padding).
+# Prefill tiles by the longest row of new tokens (the first whose bound holds), from
+# benchmarks/kernels/profile_extend.py at 8 x 4k cached: 64 x 64 tiles for short extends (rows past the
+# new tokens are padding in taller tiles); 128 x 64 capped at 128 registers (two programs per SM) up to
+# 128 new; 256 x 64 beyond. FP8 pages skip the capped tier (it spills there).
 PREFILL_GPU_BY_LEN = ((64, KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)),
                       (128, KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, max_registers=128)),
                       (None, KernelConfig(block_m=256, block_n=64, num_warps=8, num_stages=3)))
@@ -50,113 +53,11 @@ PREFILL_FP32_GPU = KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=
 CPU_TILES = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
 
 
-def fp8_decode_kernel_supported(device: torch.device, head_dim: int, group: int) -> bool:
-    """Whether FP8 decode on `device` runs paged_decode_fp8's one-warp Gluon kernel (else the Triton one):
-    a CUDA GPU with FP8 converts (sm_89+), head_dim 64 or 128 (at 256 the register pipeline spills),
-    a GQA group of at most 16."""
-    if device.type != "cuda" or head_dim not in (64, 128) or not 1 <= group <= 16:
-        return False
-    return _gluon_fp8_gpu(device.index if device.index is not None else torch.cuda.current_device())
-
-
-# An unsplit FP8 decode launch of at least this many programs per SM runs paged_decode_fp8 at 200
-# registers (8 resident per SM, about two whole waves): 256 x 1k and 256 x 4k took 146 and 515 us
-# so, against 179 and 547 us at 168 registers with the 3 splits that 12 resident programs need.
-FP8_WIDE_PROGRAMS_PER_SM = 15
-
-
-def fp8_offsets_64(k_cache: Tensor, k_scale: Tensor) -> bool:
-    """Whether paged_decode_fp8 needs 64-bit offsets: the largest int32-word offset of the (possibly
-    strided) FP8 cache view, or element offset of its scales, passes int32."""
-    words = k_cache.view(torch.int32)
-    return max(sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in (words, k_scale)) >= 2**31
-
-
-def fp8_decode_warps_per_sm(device: torch.device, head_dim: int, group: int, off64: bool = False,
-                            page_size: int = 16) -> int:
-    """One-warp programs of paged_decode_fp8 resident per SM where FP8 decode runs it, else 0
-    (for attention.choose_num_splits). off64: the caches need 64-bit offsets (fp8_offsets_64)."""
-    if not fp8_decode_kernel_supported(device, head_dim, group):
-        return 0
-    from .decode_fp8_gluon import resident_warps_per_sm
-
-    return resident_warps_per_sm(head_dim, group, off64, page_size)
-
-
-@functools.cache
-def _gluon_fp8_gpu(index: int) -> bool:
-    if torch.cuda.get_device_capability(index) < (8, 9) or not _gluon_tested():
-        return False
-    try:
-        from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def merge_warps(block_s: int, block_d: int) -> int:
     """Warps of a split-merge program (block_s partials of block_d values): up to 64 values a thread
-    below the cap of 8 warps.
-    The merge is latency-bound: at 3 splits of 128 dims (64 x 32 programs, H200) one warp took 3.0 us
-    alone, four 9.8, and 64 x 16k FP8 decode with its merge 524 us against 529."""
+    below the cap of 8 warps. The merge is latency-bound, so one warp beat four at a few splits
+    (benchmarks/RESULTS.md)."""
     return max(1, min(8, block_s * block_d // (32 * 64)))
-
-
-# paged_prefill_hopper's Gluon kernel (sm_90): 8 x (4k + 512) at 450 TFLOP/s against 390 for the
-# Triton kernel, bit-identical output on the GPU checks' random ragged cases (benchmarks/RESULTS.md);
-# 460 against 382 at 128 new tokens. At 64 and fewer the Triton kernel's 64-row tiles win (277 against
-# 244 TFLOP/s at 64), so those keep the tiles above. RADIXKV_HOPPER_PREFILL=0 (or false/off/no) turns it off.
-HOPPER_PREFILL_ENV = "RADIXKV_HOPPER_PREFILL"
-HOPPER_PREFILL_MIN_NEW = 64
-
-
-def hopper_prefill_enabled() -> bool:
-    return os.environ.get(HOPPER_PREFILL_ENV, "").strip().lower() not in ("0", "false", "off", "no")
-
-
-# The Gluon kernels were written against Triton 3.6 (the H200's) and 3.9 (the CPU machine's compile
-# tests); older Gluon APIs differ, so those Tritons keep the Triton kernels.
-GLUON_MIN_TRITON = (3, 6)
-
-
-@functools.cache
-def _gluon_tested() -> bool:
-    import triton
-
-    try:
-        version = tuple(int(x) for x in triton.__version__.split(".")[:2])
-    except ValueError:
-        return False
-    return version >= GLUON_MIN_TRITON
-
-
-def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor, max_q_len: int) -> bool:
-    """Whether paged_prefill runs paged_prefill_hopper's kernel: an sm_90 GPU, 16-bit q and pages of
-    the same dtype, head_dim 128, unit head-dim strides, pages whose rows cp.async can copy in 16-byte
-    pieces (strides of 16 elements, aligned base), more than HOPPER_PREFILL_MIN_NEW new tokens, and
-    RADIXKV_HOPPER_PREFILL not set to turn it off."""
-    if q.device.type != "cuda" or max_q_len <= HOPPER_PREFILL_MIN_NEW or q.shape[2] != 128:
-        return False
-    if q.dtype not in (torch.float16, torch.bfloat16) or k_cache.dtype != q.dtype:
-        return False
-    if q.stride(2) != 1 or k_cache.stride(3) != 1 or out.stride(2) != 1:
-        return False
-    if any(st % 16 for st in k_cache.stride()[:3]) or k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16:
-        return False
-    if not hopper_prefill_enabled():
-        return False
-    return _gluon_hopper_gpu(q.device.index if q.device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _gluon_hopper_gpu(index: int) -> bool:
-    if torch.cuda.get_device_capability(index) != (9, 0) or not _gluon_tested():
-        return False
-    try:
-        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class KernelKind(enum.Enum):

@@ -8,8 +8,8 @@ mask-free loop over the keys every row of its block may see, then a masked loop 
 diagonal. FP8 pages are dequantised in-kernel as in paged_decode.
 Extends of more than 64 new tokens over 16-bit pages (head_dim 128, q in the pages' dtype) on sm_90
 without an explicit config go to paged_prefill_hopper's Gluon kernel instead
-(launch.hopper_prefill_supported; 15-20% faster on an H200, same output; RADIXKV_HOPPER_PREFILL=0
-keeps them here).
+(dispatch.hopper_prefill_supported; faster, same output, figures in benchmarks/RESULTS.md;
+RADIXKV_HOPPER_PREFILL=0 keeps them here).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .dispatch import hopper_prefill_supported
 from .launch import (
     LOG2E,
     KernelConfig,
@@ -28,7 +29,6 @@ from .launch import (
     check_paged_args,
     default_config,
     for_device,
-    hopper_prefill_supported,
     launch_options,
 )
 

@@ -2,23 +2,24 @@
 
 Triton's code for paged_prefill's 256 x 64 tile (two warpgroups of one program, 255 registers, one
 program an SM) meets at a barrier every key tile, so softmax never runs under the other warpgroup's
-matrix products (~390 TFLOP/s on an H200 at 8 x (4k cached + 512 new)). Here a program of 128
-query rows is two warpgroups of 64 rows each, capped at 128 registers:
+matrix products. Here a program of 128 query rows is two warpgroups of 64 rows each, capped at 128
+registers:
 
 - K/V tiles of 64 keys are gathered page by page with cp.async into NVMMA-swizzled shared memory
   (two buffers), q stays in shared memory, q.K^T and P.V run on async wgmma with P from registers;
   each warpgroup's accumulator is 64 x 128 (64 registers a thread).
 - Two programs fit an SM (128 registers, 96 KB of shared memory each) and run independently (a
-  program's barrier spans its own eight warps), so one's softmax overlaps the other's products:
-  450 TFLOP/s against 390 for the Triton kernel in the same call. One warpgroup of 128 rows a
-  program (255 registers) made 414-423; 128 x 128 tiles at 166 registers (one program an SM) 393;
-  256 rows in 16 warps 435; 32-key tiles 364-374.
+  program's barrier spans its own eight warps), so one's softmax overlaps the other's products.
+  This shape beat the Triton kernel and the alternatives tried (one warpgroup of 128 rows at 255
+  registers, 128 x 128 tiles at one program an SM, 256 rows in 16 warps, 32-key tiles); the figures
+  are in benchmarks/RESULTS.md.
 - Blocks go heaviest first; keys below every row of the block skip the causal mask.
 
 Same contract and results as paged_prefill's Triton kernel (fp32 accumulation, qk_scale in the
 exponent): on the H200 the two gave bit-identical outputs on 40 random ragged cases (page sizes 1-64,
 GQA groups 1-8, head-major pages, strided q/out, rows of 0-1000 new tokens) and on the 16 that
-kernel_checks.py runs in every benchmark (also page sizes 3 and 24, 65-128 new tokens). paged_prefill dispatches here when launch.hopper_prefill_supported holds, unless
+kernel_checks.py runs in every benchmark (also page sizes 3 and 24, 65-128 new tokens).
+paged_prefill dispatches here when dispatch.hopper_prefill_supported holds, unless
 RADIXKV_HOPPER_PREFILL=0.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One program per new token writes all its KV heads: K and V rows [Hkv, D] go to
 `cache[slot // page_size, slot % page_size]`. For FP8 caches each (token, head) row gets its
-own absmax scale (see kernels/reference.py); values are clamped to the FP8 range before the cast.
+own absmax scale (see kernels/fp8.py); values are clamped to the FP8 range before the cast.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .launch import for_device
-from .reference import fp8_max, is_fp8, scale_range
+from .fp8 import fp8_max, is_fp8, scale_range
 
 
 @triton.jit

@@ -1,27 +1,44 @@
 """The `radixkv` command: replay a trace, generate synthetic traces, run the engine.
 
-    radixkv replay [TRACE] [--simulate] [--sequential | --concurrency N] ...
+    radixkv replay [TRACE | BUNDLED-NAME] [--simulate] [--sequential | --concurrency N] ...
     radixkv gen multi-turn|few-shot|shared-prefix -o OUT.jsonl
     radixkv generate MODEL PROMPT... / radixkv bench   (run the engine)
+    radixkv --version
 
 Without TRACE, `replay` runs the sample bundled with the package (cut from the Mooncake
-synthetic trace, Apache-2.0; see radixkv/workloads/data/README.md).
+synthetic trace, Apache-2.0); `radixkv replay mooncake-synthetic` replays the whole bundled
+trace (see radixkv/workloads/data/README.md).
+
+Exit status: 0 done; 1 a replay in which no request completed; 2 a user mistake (bad flag,
+missing or malformed file, a model the engine refuses), reported as one line
+`radixkv: error: ...` on stderr; 141 (128 + SIGPIPE) when stdout closed early (`| head`).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
+import os
 import sys
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from .config import Policy
-from radixkv.replay.replay import ReplayConfig, ReplayMode, ReplayResult, run_replay
-from .workloads import WorkloadKind
+from radixkv.config import DTYPE_ALIASES, KV_DTYPE_ALIASES, DTYPES, KV_DTYPES, Policy
+from radixkv.replay.replay import ReplayConfig, ReplayMode, run_replay
+from radixkv.replay.report import format_summary, nothing_completed
+from radixkv.workloads import WorkloadKind
+from radixkv.workloads.data import BUNDLED, DEFAULT_TRACE, bundled_trace
 from radixkv.workloads.traces import TraceError, TraceFormat, TraceRequest, load_trace
 
-SAMPLE_TRACE = "mooncake_sample.jsonl"
+if TYPE_CHECKING:  # the engine loads torch: only the engine commands and a real replay import it
+    from radixkv.engine.llm import LLM
+
+EXIT_NOTHING_COMPLETED = 1
+EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command killed by SIGPIPE
+DTYPE_CHOICES = DTYPES + tuple(DTYPE_ALIASES)
+KV_DTYPE_CHOICES = KV_DTYPES + tuple(KV_DTYPE_ALIASES)
 
 
 class CliError(Exception):
@@ -29,25 +46,56 @@ class CliError(Exception):
 
 
 def bundled_sample() -> Path:
-    """Path of the bundled sample trace (radixkv.workloads.data)."""
-    return Path(str(resources.files("radixkv.workloads.data").joinpath(SAMPLE_TRACE)))
+    """Path of the bundled default trace (the 300-request Mooncake sample)."""
+    return bundled_trace(DEFAULT_TRACE)
+
+
+def package_version() -> str:
+    """The installed distribution's version, else the package's `__version__` (a source tree)."""
+    try:
+        return importlib.metadata.version("radixkv")
+    except importlib.metadata.PackageNotFoundError:
+        import radixkv
+
+        return str(getattr(radixkv, "__version__", "unknown"))
+
+
+def one_line(message: object) -> str:
+    """A message on one line: its lines stripped and joined with spaces."""
+    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
 
 # ---------------------------------------------------------------- parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage mistakes reported as one line, `radixkv: error: ...`, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"radixkv: error: {one_line(message)}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="radixkv", description="Prefix-caching KV runtime for LLM serving.")
+    """The `radixkv` argument parser (each subcommand sets `run`, called with the namespace)."""
+    p = _Parser(prog="radixkv", description="Prefix-caching KV runtime for LLM serving.")
+    p.add_argument("--version", action="version", version=f"radixkv {package_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
+    names = ", ".join(f"{k} = {v[1]}" for k, v in BUNDLED.items())
     r = sub.add_parser("replay", help="replay a trace through scheduler + prefix cache",
                        description="Replay a trace (radixkv JSONL, Mooncake JSONL, or WEKA JSON files/folder) "
-                                   "and report prefix hit rate, peak pages and queueing delay.")
-    r.add_argument("trace", nargs="?", help="trace file or WEKA folder (default: the bundled Mooncake sample)")
+                                   "and report prefix hit rate, peak pages and queueing delay. "
+                                   "Exits 1 when no request completed.")
+    r.add_argument("trace", nargs="?", metavar="TRACE",
+                   help=f"trace file, WEKA folder, or a bundled trace (Mooncake synthetic trace, Apache-2.0) "
+                        f"by name: {names}; a file or folder of that name takes precedence "
+                        f"(default: {DEFAULT_TRACE})")
     r.add_argument("--format", choices=["auto"] + [f.value for f in TraceFormat], default="auto")
     r.add_argument("--simulate", action="store_true",
                    help="no model: a cost model stands in for the forward pass (the default without --model)")
-    r.add_argument("--model", metavar="PATH", help="run for real on this Hugging Face model folder (engine)")
+    r.add_argument("--model", metavar="PATH",
+                   help="run for real on this model (Hugging Face folder or config.json with random weights)")
+    r.add_argument("--device", help="real mode: cpu or cuda (default: cuda when available)")
     mode = r.add_mutually_exclusive_group()
     mode.add_argument("--sequential", action="store_true",
                       help="serve one request at a time in file order (exact, comparable hit rates)")
@@ -92,9 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                                 "comma-separated, e.g. 1,2,3)")
     e.add_argument("--max-tokens", type=_positive, default=32)
     e.add_argument("--temperature", type=float, default=0.0)
-    e.add_argument("--dtype", default="auto")
-    e.add_argument("--kv-dtype", default="auto")
+    e.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, metavar="DTYPE",
+                   help=f"compute dtype: {', '.join(DTYPES)} (aliases: {', '.join(DTYPE_ALIASES)})")
+    e.add_argument("--kv-dtype", default="auto", choices=KV_DTYPE_CHOICES, metavar="KV_DTYPE",
+                   help=f"KV cache dtype: {', '.join(KV_DTYPES)} (aliases: {', '.join(KV_DTYPE_ALIASES)})")
     e.add_argument("--page-size", type=_positive, default=16)
+    e.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     e.set_defaults(run=_cmd_generate)
 
     b = sub.add_parser("bench", help="end-to-end prefix-cache benchmark: k-shot prompts, cache off vs on",
@@ -128,25 +179,47 @@ def _positive(text: str) -> int:
 # ---------------------------------------------------------------- replay
 
 
+def trace_path(arg: str | None) -> Path:
+    """The trace TRACE names: the bundled default when absent, an existing file or folder, else a
+    bundled trace's name; CliError when it is neither."""
+    if arg is None:
+        return bundled_sample()
+    path = Path(arg)
+    if path.exists():
+        return path
+    if arg in BUNDLED:
+        return bundled_trace(arg)
+    raise CliError(f"trace not found: {arg} (bundled traces: {', '.join(BUNDLED)})")
+
+
 def _cmd_replay(a: argparse.Namespace) -> int:
     if a.model and a.simulate:
         raise CliError("--simulate and --model exclude each other (simulate needs no model)")
-    path = Path(a.trace) if a.trace else bundled_sample()
+    if a.device and not a.model:
+        raise CliError("--device needs --model (only a real replay runs on a device)")
+    path = trace_path(a.trace)
     fmt = None if a.format == "auto" else TraceFormat(a.format)
-    trace = load_trace(path, fmt, skip_bad=a.skip_bad)
+    try:
+        trace = load_trace(path, fmt, skip_bad=a.skip_bad)
+    except (OSError, UnicodeDecodeError) as e:  # a folder given as a file, unreadable, not text
+        raise CliError(f"{path}: cannot read the trace: {e}") from None
     requests = trace.requests[: a.limit] if a.limit else trace.requests
     if not requests:
         raise CliError(f"{path}: no requests to replay")
     cfg = ReplayConfig(page_size=a.page_size, num_pages=a.num_pages, sequential=a.sequential,
                        concurrency=a.concurrency, burst=a.burst, policy=Policy(a.policy))
     mode = ReplayMode.REAL if a.model else ReplayMode.SEQUENTIAL if a.sequential else ReplayMode.SIMULATE
+    engine = None
+    if a.model:
+        engine = build_engine(a.model, page_size=cfg.page_size, num_pages=cfg.num_pages,
+                              scheduler=cfg.scheduler_config(), device=a.device)
     bar = None
     if not a.no_progress and sys.stderr.isatty():
         from tqdm import tqdm
 
         bar = tqdm(total=len(requests), unit="req", desc=f"replay {mode.value}", file=sys.stderr)
     try:
-        result = run_replay(requests, cfg, model=a.model, progress=bar.update if bar else None)
+        result = run_replay(requests, cfg, engine=engine, progress=bar.update if bar else None)
     finally:
         if bar is not None:
             bar.close()
@@ -165,39 +238,10 @@ def _cmd_replay(a: argparse.Namespace) -> int:
         from radixkv.workloads.traces import write_trace
 
         write_trace(a.record, requests)
+    if result.completed == 0:
+        print(f"radixkv: error: {nothing_completed(result, trace.skipped)}", file=sys.stderr)
+        return EXIT_NOTHING_COMPLETED
     return 0
-
-
-def format_summary(r: ReplayResult, path: Path, fmt: TraceFormat, skipped: int) -> str:
-    """The human summary table printed by `radixkv replay`."""
-    pool = f"{r.num_pages:,} pages x {r.page_size} tokens" + (" (unlimited: never evicts)" if r.unlimited else "")
-    clock = "wall" if r.mode is ReplayMode.REAL else "simulated"
-    rows = [
-        ("trace", f"{path} ({fmt.value})"),
-        ("mode", r.mode.value),
-        ("requests", f"{r.requests} ({r.completed} completed, {r.rejected} too large for the pool, "
-                     f"{skipped} malformed skipped)"),
-        ("prompt tokens", f"{r.prompt_tokens:,}"),
-        ("cached (hit) tokens", f"{r.hit_tokens:,}"),
-        ("prefix hit rate", f"{r.hit_rate:.4f}"),
-        ("KV pool", pool),
-        ("peak pages in use", f"{r.peak_pages:,} ({r.peak_pages / r.num_pages:.1%} of pool)"),
-        ("preemptions", f"{r.preemptions}"),
-        ("queueing delay p50/p99/max", f"{r.wait_p50_s:.3f} / {r.wait_p99_s:.3f} / {r.wait_max_s:.3f} s ({clock})"),
-        ("throughput", _throughput(r)),
-        ("leaked pages", f"{r.leaked_pages}"),
-        ("replay wall time", f"{r.wall_s:.2f} s"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
-def _throughput(r: ReplayResult) -> str:
-    if r.sim_seconds <= 0:
-        return "n/a"
-    clock = "wall" if r.mode is ReplayMode.REAL else "simulated"
-    return (f"{r.completed / r.sim_seconds:.2f} req/s, {r.prompt_tokens / r.sim_seconds:,.0f} prompt tok/s, "
-            f"{r.output_tokens / r.sim_seconds:,.0f} output tok/s ({clock})")
 
 
 # ---------------------------------------------------------------- gen, engine commands
@@ -235,11 +279,21 @@ def _generate(a: argparse.Namespace) -> list[TraceRequest]:
     return reqs
 
 
-def _cmd_generate(a: argparse.Namespace) -> int:
+def build_engine(model: str, **config: Any) -> LLM:
+    """`LLM(model, **config)`, with what the engine refuses (an unsupported architecture, a
+    missing folder or config.json, an unknown dtype, a device this torch lacks) as a CliError."""
     from radixkv.engine.llm import LLM
+
+    try:
+        return LLM(model, **config)
+    except (ValueError, TypeError, OSError) as e:
+        raise CliError(f"cannot load model {model}: {one_line(e)}") from None
+
+
+def _cmd_generate(a: argparse.Namespace) -> int:
     from radixkv.engine.sampling import SamplingParams
 
-    llm = LLM(a.model, page_size=a.page_size, dtype=a.dtype, kv_dtype=a.kv_dtype)
+    llm = build_engine(a.model, page_size=a.page_size, dtype=a.dtype, kv_dtype=a.kv_dtype, device=a.device)
     prompts: list = []
     for p in a.prompts:
         if llm.tokenizer is None:
@@ -261,12 +315,14 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 
 def _cmd_bench(a: argparse.Namespace) -> int:
     from radixkv.engine import bench
-    from radixkv.engine.llm import LLM
 
     if a.model:
-        llm = LLM(a.model, page_size=a.page_size, num_pages=a.num_pages, device=a.device)
+        llm = build_engine(a.model, page_size=a.page_size, num_pages=a.num_pages, device=a.device)
     else:
-        llm = bench.byte_llama(a.hidden, a.layers, a.page_size, a.num_pages, a.device)
+        try:
+            llm = bench.byte_llama(a.hidden, a.layers, a.page_size, a.num_pages, a.device)
+        except ValueError as e:  # a device this torch build lacks
+            raise CliError(one_line(e)) from None
     prompts = bench.few_shot_prompts(llm.spec.vocab_size, a.shots, a.prompts, a.max_tokens, a.gsm8k)
     rows = bench.run_bench(llm, prompts, a.max_tokens)
     print(f"{len(prompts)} {a.shots}-shot prompts (2 templates, mean {sum(map(len, prompts)) / len(prompts):.0f} "
@@ -279,13 +335,22 @@ def _cmd_bench(a: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command `argv` (default: sys.argv[1:]); returns the exit status (see the module doc)."""
     parser = build_parser()
     a = parser.parse_args(argv)
     try:
-        return a.run(a)
+        code = a.run(a)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # the Python docs' recipe (library/signal.html, "Note on SIGPIPE"): point stdout at devnull so
+        # the flush at exit cannot fail again, and leave quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except (CliError, TraceError, FileNotFoundError) as e:
-        print(f"radixkv: error: {e}", file=sys.stderr)
-        return 2
+        print(f"radixkv: error: {one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Each component takes the config it needs; nothing reads module globals.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 
 class Policy(enum.Enum):
@@ -31,6 +31,8 @@ class SchedulerConfig:
     LPM and DFS_WEIGHT keep each candidate's last match and re-match up to this many per round.
     in_batch_sharing: a waiting request whose first uncached block is being computed this step
     by another request waits one step and then hits it, instead of computing it twice.
+    prefix_caching: False turns the prefix cache off (vLLM's enable_prefix_caching=False): no match,
+    no insert, no in-batch sharing; every prompt is computed in full (the honest cache-off baseline).
     decode_reserve: share (0..1) of every running request's remaining output tokens whose pages
     admission keeps free (at least one page per decoding request); higher means fewer
     preemptions and fewer requests running at once.
@@ -44,6 +46,7 @@ class SchedulerConfig:
     policy_window: int = 4096
     match_budget: int = 128
     in_batch_sharing: bool = True
+    prefix_caching: bool = True
     decode_reserve: float = 0.0
 
     def __post_init__(self) -> None:
@@ -66,17 +69,17 @@ class SchedulerConfig:
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
+DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
                   "half": "float16"}
 
 
 def canonical_dtype_name(dtype: object) -> str:
     """'auto' or a float dtype name ('float32', 'bfloat16', 'float16') from a name or torch.dtype."""
     name = str(dtype).removeprefix("torch.")
-    name = _DTYPE_ALIASES.get(name, name)
+    name = DTYPE_ALIASES.get(name, name)
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected a torch float dtype or one of "
-                         f"{DTYPES + tuple(_DTYPE_ALIASES)}")
+                         f"{DTYPES + tuple(DTYPE_ALIASES)}")
     return name
 
 
@@ -109,13 +112,13 @@ class KVDtype(enum.Enum):
     @classmethod
     def for_compute(cls, dtype_name: str) -> "KVDtype":
         """The KV dtype that `kv_dtype='auto'` means for a compute dtype name (DTYPES, not 'auto')."""
-        return cls(_KV_ALIASES[dtype_name])
+        return cls(KV_DTYPE_ALIASES[dtype_name])
 
 
 _KV_ITEMSIZE = {KVDtype.FP32: 4, KVDtype.BF16: 2, KVDtype.FP16: 2, KVDtype.FP8_E4M3: 1, KVDtype.FP8_E5M2: 1}
 KV_DTYPES = ("auto", *(k.value for k in KVDtype))
 # other spellings users bring from vLLM / torch ("fp8" is vLLM's name for E4M3)
-_KV_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+KV_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
                "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3",
                "float8_e5m2": "fp8_e5m2"}
 
@@ -125,11 +128,17 @@ def canonical_kv_dtype_name(kv_dtype: object) -> str:
     if isinstance(kv_dtype, KVDtype):
         return kv_dtype.value
     name = str(kv_dtype).removeprefix("torch.") if not isinstance(kv_dtype, str) else kv_dtype
-    name = _KV_ALIASES.get(name, name)
+    name = KV_DTYPE_ALIASES.get(name, name)
     if name not in KV_DTYPES:
         raise ValueError(f"unknown kv_dtype {kv_dtype!r}; expected one of {KV_DTYPES} "
-                         f"(or an alias: {', '.join(_KV_ALIASES)})")
+                         f"(or an alias: {', '.join(KV_DTYPE_ALIASES)})")
     return name
+
+
+# vLLM's names (LLM(...) keyword arguments) for radixkv's knobs of the same meaning
+VLLM_NAMES = {"block_size": "page_size", "kv_cache_dtype": "kv_dtype", "num_gpu_blocks_override": "num_pages",
+              "max_num_seqs": "max_running", "max_num_batched_tokens": "max_batch_tokens",
+              "enable_prefix_caching": "prefix_caching"}
 
 
 @dataclass(frozen=True)
@@ -142,6 +151,8 @@ class EngineConfig:
     num_pages: KV pages; None sizes the pool from `gpu_memory_utilization` of the free device
     memory left after the weights (CUDA) or a fixed token budget (CPU).
     seed: random weights (model given as a config) and the default sampling stream.
+    enforce_eager: never replay CUDA graphs (vLLM's name). max_model_len: prompt + output cap
+    below the model's own context (None: the model's).
     """
 
     page_size: int = 16
@@ -151,9 +162,37 @@ class EngineConfig:
     num_pages: int | None = None
     gpu_memory_utilization: float = 0.9
     seed: int = 0
+    enforce_eager: bool = False
+    max_model_len: int | None = None
     scheduler: SchedulerConfig = SchedulerConfig()
 
+    @classmethod
+    def from_kwargs(cls, **kwargs: object) -> "EngineConfig":
+        """An EngineConfig from LLM(...)'s keyword arguments: its own field names, the
+        SchedulerConfig fields, or vLLM's names for the same knobs (VLLM_NAMES). An unknown
+        name raises TypeError naming it; a name given twice (under two spellings) too."""
+        own = {f.name for f in fields(cls)}
+        sched_names = {f.name for f in fields(SchedulerConfig)}
+        mine: dict[str, object] = {}
+        sched: dict[str, object] = {}
+        for key, value in kwargs.items():
+            name = VLLM_NAMES.get(key, key)
+            target = mine if name in own else sched if name in sched_names else None
+            if target is None:
+                raise TypeError(f"LLM() got an unexpected keyword argument {key!r}")
+            if name in target:
+                raise TypeError(f"LLM() got {name!r} twice (as {key!r} too)")
+            target[name] = value
+        if sched:
+            base = mine.get("scheduler", SchedulerConfig())
+            if not isinstance(base, SchedulerConfig):
+                raise TypeError(f"scheduler must be a SchedulerConfig, got {base!r}")
+            mine["scheduler"] = replace(base, **sched)
+        return cls(**mine)  # type: ignore[arg-type]
+
     def __post_init__(self) -> None:
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
+            raise ValueError(f"max_model_len must be an int >= 1 or None, got {self.max_model_len!r}")
         object.__setattr__(self, "dtype", canonical_dtype_name(self.dtype))
         object.__setattr__(self, "kv_dtype", canonical_kv_dtype_name(self.kv_dtype))
         if self.page_size < 1:

@@ -41,8 +41,7 @@ SMOKE_EXTEND = (2, 32, 16)
 def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspace) -> list[dict]:
     """Every decode kernel timed two ways: L2 flushed before each call (time_fn) and round-robin over
     two pools of the same shape without a flush (time_rotated; the issue's method). Rows carry both."""
-    from radixkv.engine.attention import choose_num_splits
-    from radixkv.kernels.launch import fp8_decode_warps_per_sm
+    from radixkv.kernels.dispatch import choose_num_splits, fp8_decode_warps_per_sm
 
     rows = []
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
@@ -111,7 +110,8 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
 
 
 def bench_extend(ops, fi, dev, gen, smoke, shape, workspace) -> list[dict]:
-    from radixkv.kernels.launch import KernelKind, default_config, hopper_prefill_supported
+    from radixkv.kernels.dispatch import hopper_prefill_supported
+    from radixkv.kernels.launch import KernelKind, default_config
 
     seqs, cached, new = shape
     pool, q, qs, ql, flops = make_extend(seqs, cached, new, dev, gen)

@@ -47,7 +47,7 @@ def correctness(ops, ref, dev: torch.device, gen: torch.Generator, smoke: bool) 
             qdt = torch.float16 if kv_name == "fp16" else torch.bfloat16
             lens = torch.randint(1, max_len, (n_rows,), generator=hgen).tolist()
             q_lens = [min(n, int(x)) for n, x in zip(lens, torch.randint(1, max_new, (n_rows,), generator=hgen))]
-            kq, vq, ks, vs, table, seq = ragged_kv(ref, lens, page_size, cdt, 7, dev, gen)
+            kq, vq, ks, vs, table, seq = ragged_kv(lens, page_size, cdt, 7, dev, gen)
             ql = torch.tensor(q_lens, dtype=torch.int32, device=dev)
             qs = (torch.cumsum(ql, 0) - ql).to(torch.int32)
             q = torch.randn(sum(q_lens), HQ, D, device=dev, generator=gen).to(qdt)
@@ -83,19 +83,15 @@ def ragged_extend_cases(ops, ref, dev: torch.device, gen: torch.Generator, n_cas
     groups 1-8, head-major pages, q/out as strided views of packed tensors, rows of 0-1000 new tokens
     placed with gaps. Rows outside the batch and heads outside the view must stay NaN; on sm_90 the
     Gluon kernel must be the one that ran. bit_identical says whether it matched the Triton kernel exactly."""
-    from radixkv.kernels import launch
-    from radixkv.kernels.launch import (
-        HOPPER_PREFILL_MIN_NEW,
-        KernelConfig,
-        hopper_prefill_enabled,
-        hopper_prefill_supported,
-    )
+    from radixkv.kernels import dispatch
+    from radixkv.kernels.dispatch import HOPPER_PREFILL_MIN_NEW, hopper_prefill_enabled, hopper_prefill_supported
+    from radixkv.kernels.launch import KernelConfig
 
     from radixkv.engine.kv_store import head_major_pages
 
     rng = random.Random(3)
     triton_tile = KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
-    want_gluon = dev.type == "cuda" and hopper_prefill_enabled() and launch._gluon_hopper_gpu(dev.index or 0)
+    want_gluon = dev.type == "cuda" and hopper_prefill_enabled() and dispatch._gluon_hopper_gpu(dev.index or 0)
     results = []
     for case in range(n_cases):
         dt = rng.choice([torch.bfloat16, torch.float16])

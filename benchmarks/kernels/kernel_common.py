@@ -210,10 +210,10 @@ class RaggedKV(NamedTuple):
     seq_lens: torch.Tensor  # int32 [rows]
 
 
-def ragged_kv(ref, lens: list[int], page_size: int, cache_dtype: torch.dtype, spare_pages: int,
+def ragged_kv(lens: list[int], page_size: int, cache_dtype: torch.dtype, spare_pages: int,
               dev: torch.device, gen: torch.Generator) -> RaggedKV:
     """Random K/V for rows of `lens` tokens (plus `spare_pages` unused pages), quantised with
-    reference.py's quantize_fp8 when `cache_dtype` is an FP8 type, laid out as KVStore lays FP8
+    fp8.py's quantize_fp8 when `cache_dtype` is an FP8 type, laid out as KVStore lays FP8
     out (head-major pages, float16 scales). Draws K, V, then the page order."""
     need = [-(-n // page_size) for n in lens]
     P = sum(need) + spare_pages
@@ -221,8 +221,9 @@ def ragged_kv(ref, lens: list[int], page_size: int, cache_dtype: torch.dtype, sp
     vt = torch.randn(P, page_size, HKV, D, device=dev, generator=gen)
     if cache_dtype in FP8.values():
         from radixkv.engine.kv_store import SCALE_DTYPE, head_major_pages, head_major_scales
+        from radixkv.kernels.fp8 import quantize_fp8
 
-        (kq, ks), (vq, vs) = (ref.quantize_fp8(x, cache_dtype, SCALE_DTYPE) for x in (kt, vt))
+        (kq, ks), (vq, vs) = (quantize_fp8(x, cache_dtype, SCALE_DTYPE) for x in (kt, vt))
         kq, vq = (head_major_pages(x.shape, cache_dtype, dev).copy_(x) for x in (kq, vq))
         ks, vs = (head_major_scales(x.shape, dev).copy_(x) for x in (ks, vs))
     else:

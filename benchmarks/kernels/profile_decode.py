@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rotate", action="store_true", help="also time over two pools in turn, no L2 flush")
     args = ap.parse_args(argv)
     from radixkv import kernels as ops
-    from radixkv.engine.attention import choose_num_splits
-    from radixkv.kernels.launch import KernelConfig, fp8_decode_warps_per_sm
+    from radixkv.kernels.dispatch import choose_num_splits, fp8_decode_warps_per_sm
+    from radixkv.kernels.launch import KernelConfig
 
     dev = torch.device("cuda")
     if args.ceiling:

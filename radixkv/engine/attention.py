@@ -1,7 +1,8 @@
 """PagedAttention: the model's attention front over a KVStore. Plan once per step, run per layer.
 
 Lifetime: `plan(batch)` converts the scheduler's Batch (host lists) into device tensors and
-picks the path (decode when every row has q_len 1, else prefill) and the split-KV count.
+picks the path (decode when every row has q_len 1, else prefill) and asks radixkv.kernels.dispatch
+for the split-KV count (by the kernel that will run).
 `run(q, k, v, layer)` then stores the new K/V into the layer's pages and attends; it reads
 only tensors built by `plan`, so it does no host sync (CUDA-graph friendly on the Triton path).
 """
@@ -10,12 +11,12 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from radixkv.batch import Batch
-from radixkv.kernels import reference
-from radixkv.kernels.launch import FP8_WIDE_PROGRAMS_PER_SM
+from radixkv.kernels import dispatch, reference
 from .kv_store import KVStore
 
 
@@ -45,35 +46,6 @@ class AttentionPlan(NamedTuple):
     num_splits: int  # split-KV programs per (row, KV head) on the decode path
 
 
-def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int = 132,
-                      min_tokens_per_split: int = 256, max_splits: int = 128, warps_per_sm: int = 0) -> int:
-    """Flash-decoding split count for the decode kernel (one program per KV head, row and split).
-
-    Triton kernel (warps_per_sm 0): with at least two programs per multiprocessor the rows already
-    fill the GPU: no split (the merge would cost a launch). Below that, aim at about four programs
-    per multiprocessor, each with at least `min_tokens_per_split` tokens. On the H200 this picks 66
-    splits for 1 x 32k and 4 for 16 x 4k, the best of bench_kernels.py's sweep.
-    warps_per_sm > 0: the programs are paged_decode_fp8's single warps, that many resident per
-    multiprocessor (launch.fp8_decode_warps_per_sm). Their programs all take about as long, so
-    the count is chosen by waves: the fewest splits whose ceil(programs / resident) / splits (the
-    time in unsplit programs) is within 5% of the best. A last wave a quarter full costs nearly
-    a whole one (64 x 16k at 12 per SM: 3 or 6 splits 538 us, 4 splits 687). From
-    launch.FP8_WIDE_PROGRAMS_PER_SM programs per SM: no split (paged_decode_fp8 then runs 8 per SM).
-    """
-    programs = max(1, batch_size * num_kv_heads)
-    cap = int(max(1, min(max_splits, max_seq_len // min_tokens_per_split)))
-    if warps_per_sm > 0:
-        if programs >= FP8_WIDE_PROGRAMS_PER_SM * num_sms:
-            return 1  # paged_decode_fp8 runs such launches at 8 programs per SM: about two whole waves
-        slots = warps_per_sm * num_sms
-        cost = [-(-programs * s // slots) / s for s in range(1, cap + 1)]
-        best = min(cost)
-        return next(s for s, c in enumerate(cost, 1) if c <= best * 1.05)
-    if programs >= 2 * num_sms:
-        return 1
-    return int(max(1, min(4 * num_sms // programs, cap)))
-
-
 def _resolve(backend: Backend, device: torch.device) -> Backend:
     if not isinstance(backend, Backend):
         raise TypeError(f"backend must be a Backend, got {backend!r}")
@@ -96,22 +68,16 @@ class PagedAttention:
         self.sm_scale = float(sm_scale)
         self.backend = _resolve(backend, kv.device)
         self._plan: AttentionPlan | None = None
-        self._num_sms = 132
-        self._fp8_warps_per_sm = 0  # FP8 decode runs paged_decode_fp8's one-warp programs, this many per SM
+        self._num_sms = dispatch.DEFAULT_NUM_SMS
+        self._decode_warps_per_sm = 0  # > 0: decode runs paged_decode_fp8's one-warp programs, this many per SM
         if self.backend is Backend.TRITON:
             from radixkv import kernels  # imports Triton only when it is used
-            from radixkv.kernels.launch import fp8_decode_kernel_supported, fp8_decode_warps_per_sm, fp8_offsets_64
 
             self._ops = kernels
-            if kv.device.type == "cuda":
-                self._num_sms = torch.cuda.get_device_properties(kv.device).multi_processor_count
-                group = num_q_heads // kv.num_kv_heads
-                # fp32 q, or shapes the Gluon kernel does not take: the Triton kernel and its split rule
-                if (kv.kv_dtype.is_fp8 and kv.compute_dtype != torch.float32
-                        and fp8_decode_kernel_supported(kv.device, head_dim, group)):
-                    off64 = fp8_offsets_64(kv.k_cache[0], kv.k_scale[0])  # every layer has the same layout
-                    self._fp8_warps_per_sm = fp8_decode_warps_per_sm(kv.device, head_dim, group, off64,
-                                                                     kv.page_size)
+            self._num_sms = dispatch.sm_count(kv.device)
+            k_scale, _ = kv.scales(0)  # every layer has the same layout
+            self._decode_warps_per_sm = dispatch.decode_warps_per_sm(
+                kv.compute_dtype, kv.k_cache[0], kv.v_cache[0], k_scale, num_q_heads // kv.num_kv_heads)
         else:
             self._ops = None
 
@@ -129,18 +95,18 @@ class PagedAttention:
         if B == 0:
             raise ValueError("empty batch")
         max_pages = max(1, max(len(p) for p in batch.page_tables))
-        table = [list(p) + [0] * (max_pages - len(p)) for p in batch.page_tables]
-        for p in batch.page_tables:
-            if p and (min(p) < 0 or max(p) >= self.kv.num_pages):
-                raise ValueError(f"page id out of range [0, {self.kv.num_pages}) in page table {p}")
+        table = np.zeros((B, max_pages), dtype=np.int32)  # [B, max_pages], unused entries page 0
+        for b, p in enumerate(batch.page_tables):
+            table[b, :len(p)] = p
+        if table.min() < 0 or table.max() >= self.kv.num_pages:
+            bad = next(p for p in batch.page_tables if p and (min(p) < 0 or max(p) >= self.kv.num_pages))
+            raise ValueError(f"page id out of range [0, {self.kv.num_pages}) in page table {bad}")
         dev = self.kv.device
         max_seq = max(batch.seq_lens)
         decode = batch.is_decode_only
-        splits = (choose_num_splits(B, self.kv.num_kv_heads, max_seq, self._num_sms,
-                                    warps_per_sm=self._fp8_warps_per_sm) if decode else 1)
         self._plan = AttentionPlan(
             path=Path.DECODE if decode else Path.PREFILL,
-            page_table=torch.tensor(table, dtype=torch.int32, device=dev),
+            page_table=torch.from_numpy(table).to(dev),
             seq_lens=torch.tensor(batch.seq_lens, dtype=torch.int32, device=dev),
             q_start=torch.tensor(batch.q_start, dtype=torch.int32, device=dev),
             q_lens=torch.tensor(batch.q_lens, dtype=torch.int32, device=dev),
@@ -148,8 +114,17 @@ class PagedAttention:
             num_tokens=len(batch.slots),
             max_q_len=max(batch.q_lens),
             max_seq_len=max_seq,
-            num_splits=splits,
+            num_splits=self.decode_splits(B, max_seq) if decode else 1,
         )
+
+    def decode_splits(self, batch_size: int, max_seq_len: int) -> int:
+        """Split-KV programs per (row, KV head) of a decode step, as radixkv.kernels.dispatch chooses."""
+        return dispatch.choose_num_splits(batch_size, self.kv.num_kv_heads, max_seq_len, self._num_sms,
+                                          warps_per_sm=self._decode_warps_per_sm)
+
+    def install(self, plan: AttentionPlan) -> None:
+        """Run the next layers over a plan built elsewhere (the CUDA-graph runner's static buffers)."""
+        self._plan = plan
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, layer: int) -> Tensor:
         """q: [T, Hq, D], k/v: [T, Hkv, D] (new tokens, Batch row order) -> [T, Hq, D] in q's dtype."""

@@ -10,13 +10,13 @@ stored (amax / fp8_max rounded to float16), so the 16-bit scale costs no accurac
 amax is below 2^-14 * fp8_max (0.027 for e4m3, 3.5 for e5m2) get float16's smallest normal
 scale, 2^-14, and keep full relative precision for values above 2^-20 (e4m3) / 2^-28 (e5m2);
 scales stop at float16's 65504, so rows beyond 65504 * fp8_max saturate.
-Cost: 2 bytes per D-element row, 1.6% of an FP8 page at D = 128 (float32 scales took 4 and
-made 64 x 16k FP8 decode 1% slower).
+Cost: 2 bytes per D-element row, 1.6% of an FP8 page at D = 128 (float32 scales take 4 and made
+FP8 decode slower; figures in benchmarks/RESULTS.md).
 Non-FP8 stores have no scale tensors (empty lists).
 FP8 pages and scales are stored head-major (memory order [num_pages, Hkv, page_size, ...], shapes
 as above, strides permuted): a head's rows of a page are one contiguous run (2 KB at page 16,
-D 128), which the FP8 decode kernel reads 3% faster than rows of 128 bytes 1 KB apart, and its
-scales one 32-byte run. Non-FP8 pages are contiguous.
+D 128), which the FP8 decode kernel reads faster than rows of 128 bytes 1 KB apart (benchmarks/RESULTS.md),
+and its scales one 32-byte run. Non-FP8 pages are contiguous.
 """
 from __future__ import annotations
 

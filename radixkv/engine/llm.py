@@ -25,9 +25,10 @@ from radixkv.request import Request, RequestOutput
 from radixkv.scheduler import Scheduler
 
 from .attention import Backend, PagedAttention
+from .cuda_graphs import DecodeGraphs
 from .kv_store import KVStore
 from .model import LlamaModel
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, sample, sampling_rows
 from .session import Session
 from .weights import LoadedModel, ModelSpec, load_model
 
@@ -42,7 +43,7 @@ class _RowSampling(NamedTuple):
     """What the engine keeps in Request.sampling."""
 
     params: SamplingParams
-    generator: torch.Generator
+    seed: int  # the request's, or one drawn from the engine's seed stream
 
 
 class LLM:
@@ -57,9 +58,14 @@ class LLM:
     def __init__(self, model: Any, dtype: Any = "auto", kv_dtype: Any = "auto", page_size: int = 16,
                  device: str | torch.device | None = None, *, attention_backend: Backend = Backend.AUTO,
                  **more: Any) -> None:
-        self.config = cfg = EngineConfig(page_size=page_size, dtype=dtype, kv_dtype=kv_dtype,
-                                         device=None if device is None else str(device), **more)
-        self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        named = {"dtype": dtype, "device": None if device is None else str(device)}
+        # vLLM's spellings (block_size, kv_cache_dtype) may stand in for a default left as it is
+        if page_size != 16 or "block_size" not in more:
+            named["page_size"] = page_size
+        if kv_dtype != "auto" or "kv_cache_dtype" not in more:
+            named["kv_dtype"] = kv_dtype
+        self.config = cfg = EngineConfig.from_kwargs(**named, **more)
+        self.device = pick_device(cfg.device)
         loaded: LoadedModel = load_model(model, cfg.dtype, self.device, cfg.seed)
         self.spec, self.dtype, self.tokenizer, self.hf_config = loaded.spec, loaded.dtype, loaded.tokenizer, loaded.config
         self.eos_token_ids = loaded.eos_token_ids  # generation stops at any of these unless ignore_eos
@@ -69,9 +75,14 @@ class LLM:
                          else KVDtype(cfg.kv_dtype))
         num_pages = cfg.num_pages or default_num_pages(self.spec, cfg, self.kv_dtype, self.dtype, self.device)
         s = self.spec
-        self.kv = KVStore(s.num_layers, num_pages, cfg.page_size, s.num_kv_heads, s.head_dim, self.kv_dtype,
-                          self.device, self.dtype)
+        use_graphs = self.device.type == "cuda" and not cfg.enforce_eager and attention_backend is not Backend.REFERENCE
+        # with CUDA graphs one more page, never in the pool, takes the padding rows' K/V
+        self.kv = KVStore(s.num_layers, num_pages + use_graphs, cfg.page_size, s.num_kv_heads, s.head_dim,
+                          self.kv_dtype, self.device, self.dtype)
         self.attention = PagedAttention(self.kv, s.num_q_heads, s.head_dim, s.head_dim ** -0.5, attention_backend)
+        self.graphs = (DecodeGraphs(self.model, self.attention, cfg.scheduler.max_running,
+                                    -(-self.max_model_len // cfg.page_size), scratch_page=num_pages)
+                       if use_graphs else None)
         self.pool = PagePool(num_pages)
         self.cache = RadixCache(self.pool, page_size=cfg.page_size)
         self.scheduler = Scheduler(self.pool, self.cache, cfg.scheduler, cfg.page_size)
@@ -84,6 +95,12 @@ class LLM:
     @property
     def num_pages(self) -> int:
         return self.pool.num_pages
+
+    @property
+    def max_model_len(self) -> int:
+        """Prompt + output tokens a request may hold: the model's context, or less if configured."""
+        cap = self.config.max_model_len
+        return self.spec.max_position if cap is None else min(cap, self.spec.max_position)
 
     def reset_prefix_cache(self) -> bool:
         """Evict every cached prefix no running request holds (vLLM's name); True when the tree
@@ -117,9 +134,9 @@ class LLM:
 
     def _make_request(self, ids: list[int], params: SamplingParams, index: int) -> Request:
         total = len(ids) + params.max_tokens
-        if total > self.spec.max_position:
+        if total > self.max_model_len:
             raise ValueError(f"prompt {index}: {len(ids)} prompt tokens + max_tokens {params.max_tokens} = {total} "
-                             f"exceeds the model's context of {self.spec.max_position} tokens")
+                             f"exceeds the model's context of {self.max_model_len} tokens")
         window = self.spec.sliding_window
         if window is not None and total > window:
             raise ValueError(f"prompt {index}: {total} tokens exceed the model's sliding window of {window}; "
@@ -132,9 +149,8 @@ class LLM:
         if not params.ignore_eos:
             stop |= self.eos_token_ids
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-        gen = torch.Generator(device=self.device).manual_seed(seed)
         return Request(rid=next(self._rids), prompt=ids, max_tokens=params.max_tokens,
-                       arrival_s=self._now(), stop_token_ids=frozenset(stop), sampling=_RowSampling(params, gen))
+                       arrival_s=self._now(), stop_token_ids=frozenset(stop), sampling=_RowSampling(params, seed))
 
     def add_requests(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams]) -> list[Request]:
         """Validate every prompt, then queue them all (all or nothing)."""
@@ -178,15 +194,20 @@ class LLM:
         batch = self.scheduler.schedule(self._now())
         if batch is None:
             return []
-        self.attention.plan(batch)
         dev = self.device
         rows = [b for b, s in enumerate(batch.sample) if s]
-        last = [batch.q_start[b] + batch.q_lens[b] - 1 for b in rows]
-        logits = self.model.forward(torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
-                                    torch.tensor(batch.positions, dtype=torch.int64, device=dev),
-                                    self.attention, torch.tensor(last, dtype=torch.int64, device=dev))
-        row_sampling = [batch.requests[b].sampling for b in rows]
-        drawn = sample(logits, [r.params for r in row_sampling], [r.generator for r in row_sampling])
+        if self.graphs is not None and self.graphs.fits(batch):
+            logits = self.graphs.run(batch)  # [B, V]: every decode row samples
+        else:
+            self.attention.plan(batch)
+            last = [batch.q_start[b] + batch.q_lens[b] - 1 for b in rows]
+            logits = self.model.forward(torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
+                                        torch.tensor(batch.positions, dtype=torch.int64, device=dev),
+                                        self.attention, torch.tensor(last, dtype=torch.int64, device=dev))
+        reqs = [batch.requests[b] for b in rows]
+        sampling = sampling_rows([r.sampling.params for r in reqs], [r.sampling.seed for r in reqs],
+                                 [len(r.output) for r in reqs], self.spec.vocab_size, dev)
+        drawn = sample(logits, sampling).tolist()  # the step's one host sync
         tokens: list[int | None] = [None] * len(batch.requests)
         for b, t in zip(rows, drawn):
             tokens[b] = t
@@ -254,6 +275,23 @@ def _is_single_prompt(prompts: Any) -> bool:
         return True
     return (isinstance(prompts, Sequence) and len(prompts) > 0
             and all(_token_id(t) is not None for t in prompts))
+
+
+def pick_device(name: str | None) -> torch.device:
+    """The device `name` names (CUDA when None and available), checked to exist in this torch build."""
+    try:
+        device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as e:
+        raise ValueError(f"invalid device {name!r}: {e}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r} asked for, but this torch build ({torch.__version__}) has no "
+                             f"usable CUDA GPU; use device='cpu'")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    elif device.type != "cpu":
+        raise ValueError(f"device {name!r} is not supported; use 'cuda', 'cuda:N' or 'cpu'")
+    return device
 
 
 def default_num_pages(spec: ModelSpec, cfg: EngineConfig, kv: KVDtype, dtype: torch.dtype,

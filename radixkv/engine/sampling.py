@@ -1,80 +1,175 @@
-"""SamplingParams (validated) and the per-row sampler.
+"""SamplingParams (validated) and the batched sampler.
 
-temperature 0 is greedy (argmax). Otherwise logits are divided by the temperature, cut to
-the `top_k` largest and the smallest set whose probability reaches `top_p`, and one token is
-drawn with the request's own generator: a request with a `seed` produces the same tokens
-whatever else shares its batch.
+temperature below GREEDY_BELOW is greedy (argmax). Otherwise logits are divided by the
+temperature, cut to the `top_k` largest, the smallest set whose probability reaches `top_p`
+and the tokens at least `min_p` times as likely as the most likely one, and one token is drawn
+by the Gumbel-max trick: argmax(logits / T + g) with g = -log(-log(u)).
+
+The uniforms u come from a counter-based hash of (request seed, index of the token in the
+request's output, vocabulary id), computed on the logits' device for the whole batch at once.
+So a request with a `seed` draws the same tokens whatever else shares its batch, preemption
+and recomputation included, and no per-row Python loop, generator or host sync is needed.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+from torch import Tensor
+
+GREEDY_BELOW = 1e-5  # vLLM's epsilon: smaller temperatures overflow logits / T, so they mean greedy
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to generate for one prompt.
 
-    temperature: 0 means greedy. top_p in (0, 1]; top_k None keeps the whole vocabulary.
-    max_tokens: tokens to generate at most. stop_token_ids: generation ends after any of them
-    (the model's EOS is added unless ignore_eos). seed: per-request RNG seed (None: from the engine).
+    temperature: 0 (or below GREEDY_BELOW) means greedy. top_p in (0, 1]; top_k None (or -1,
+    vLLM's spelling) keeps the whole vocabulary; min_p in [0, 1]. max_tokens: tokens to generate
+    at most. stop_token_ids: generation ends after any of them (the model's EOS is added unless
+    ignore_eos). seed: per-request RNG seed (None: drawn from the engine's seed).
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
+    min_p: float = 0.0
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
+        _check_finite("temperature", self.temperature, 0.0, math.inf)
+        _check_finite("top_p", self.top_p, 0.0, 1.0)
+        if not self.top_p > 0.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or self.top_k < 1):
-            raise ValueError(f"top_k must be >= 1 or None, got {self.top_k}")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        _check_finite("min_p", self.min_p, 0.0, 1.0)
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", None)
+        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
+            raise ValueError(f"top_k must be an int >= 1, -1 or None, got {self.top_k!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         for t in self.stop_token_ids:
-            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            if not _is_int(t) or t < 0:
                 raise ValueError(f"stop_token_ids must be non-negative ints, got {t!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator]) -> list[int]:
-    """logits: [S, V] float32, one row per sampling request -> S token ids.
-
-    generators[i] must live on logits' device; greedy rows do not touch it.
-    """
-    S = logits.shape[0]
-    assert len(params) == len(generators) == S, f"{S} rows, {len(params)} params, {len(generators)} generators"
-    out = logits.argmax(dim=-1).tolist()  # greedy for every row; sampled rows overwrite
-    for i, p in enumerate(params):
-        if p.greedy:
-            continue
-        probs = _filtered_probs(logits[i] / p.temperature, p.top_k, p.top_p)  # [V]
-        out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
-    return out
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _filtered_probs(logits: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
-    """logits: [V] -> probabilities [V] with everything outside top-k / top-p set to 0."""
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True)
-        before = sorted_p.cumsum(-1) - sorted_p  # mass strictly above each token
-        drop = before >= top_p  # keep the smallest prefix reaching top_p (always the first token)
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return probs
+def _check_finite(name: str, x: object, lo: float, hi: float) -> None:
+    try:
+        v = float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a finite number, got {x!r}") from None
+    if isinstance(x, bool) or not math.isfinite(v) or not lo <= v <= hi:
+        raise ValueError(f"{name} must be a finite number in [{lo}, {hi}], got {x!r}")
+
+
+class SamplingRows(NamedTuple):
+    """The sampling rows of one step, as device tensors. S rows, V the vocabulary."""
+
+    temperature: Tensor  # float32 [S]; rows below GREEDY_BELOW are greedy
+    top_k: Tensor  # int64 [S]; V keeps everything
+    top_p: Tensor  # float32 [S]
+    min_p: Tensor  # float32 [S]
+    seed: Tensor  # int64 [S]
+    counter: Tensor  # int64 [S]: index of the token being drawn in its request's output
+    all_greedy: bool  # host-side: skip everything but the argmax
+    filtered: bool  # host-side: some row has top_k, top_p or min_p
+
+
+def sampling_rows(params: Sequence[SamplingParams], seeds: Sequence[int], counters: Sequence[int],
+                  vocab_size: int, device: torch.device) -> SamplingRows:
+    """Pack the per-request parameters of a step's sampling rows (one host-to-device copy each)."""
+    k = [vocab_size if p.top_k is None else min(p.top_k, vocab_size) for p in params]
+    f32 = dict(dtype=torch.float32, device=device)
+    i64 = dict(dtype=torch.int64, device=device)
+    return SamplingRows(
+        temperature=torch.tensor([p.temperature for p in params], **f32),
+        top_k=torch.tensor(k, **i64),
+        top_p=torch.tensor([p.top_p for p in params], **f32),
+        min_p=torch.tensor([p.min_p for p in params], **f32),
+        seed=torch.tensor(_as_int64(seeds), **i64),
+        counter=torch.tensor(list(counters), **i64),
+        all_greedy=all(p.greedy for p in params),
+        filtered=any(p.top_k is not None or p.top_p < 1.0 or p.min_p > 0.0 for p in params),
+    )
+
+
+def _as_int64(seeds: Sequence[int]) -> list[int]:
+    """Seeds folded into the int64 range (any Python int is a valid seed)."""
+    return [((s + 2**63) % 2**64) - 2**63 for s in seeds]
+
+
+def sample(logits: Tensor, rows: SamplingRows) -> Tensor:
+    """logits: [S, V] float32 -> token ids int64 [S] on logits' device (no host sync)."""
+    greedy = logits.argmax(dim=-1)
+    if rows.all_greedy:
+        return greedy
+    is_greedy = rows.temperature < GREEDY_BELOW
+    x = logits / torch.where(is_greedy, 1.0, rows.temperature)[:, None]  # [S, V]
+    if rows.filtered:
+        x = _filter(x, rows.top_k, rows.top_p, rows.min_p)
+    g = gumbel(rows.seed, rows.counter, x.shape[1])  # [S, V]
+    drawn = (x + g).argmax(dim=-1)
+    return torch.where(is_greedy, greedy, drawn)
+
+
+def _filter(x: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
+    """x: [S, V] scaled logits -> the same with tokens outside top-k / top-p / min-p at -inf."""
+    V = x.shape[1]
+    sorted_x, order = x.sort(dim=-1, descending=True)  # [S, V]
+    rank = torch.arange(V, device=x.device)[None, :]
+    sorted_x = sorted_x.masked_fill(rank >= top_k[:, None], float("-inf"))
+    probs = torch.softmax(sorted_x, dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
+    drop = (before >= top_p[:, None]) & (rank > 0)  # the smallest prefix reaching top_p; never the first
+    drop |= probs < min_p[:, None] * probs[:, :1]
+    sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+    return torch.empty_like(x).scatter_(1, order, sorted_x)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(h: Tensor, c: int) -> Tensor:
+    """(h * c) mod 2**32 for h in [0, 2**32) held in int64, without overflowing int64."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (h * lo + (((h * hi) & 0xFFFF) << 16)) & _M32
+
+
+def _fmix32(h: Tensor) -> Tensor:
+    """MurmurHash3's finaliser: a bijection of [0, 2**32) that mixes every bit into every bit."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def uniform_bits(seed: Tensor, counter: Tensor, vocab_size: int) -> Tensor:
+    """seed, counter: int64 [S] -> 32 hashed bits int64 [S, V], a pure function of (seed, counter, id)."""
+    lo, hi = seed & _M32, (seed >> 32) & _M32
+    key = _fmix32(lo ^ _fmix32(hi ^ _fmix32((counter & _M32) ^ 0x68E31DA4)))  # [S]
+    ids = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)  # [V]
+    return _fmix32(_fmix32(key[:, None] ^ _mul32(ids, 0x9E3779B9)[None, :]) ^ (key[:, None] >> 7))
+
+
+def gumbel(seed: Tensor, counter: Tensor, vocab_size: int) -> Tensor:
+    """Standard Gumbel noise float32 [S, V] from uniform_bits (u in (0, 1), never 0 or 1)."""
+    u = ((uniform_bits(seed, counter, vocab_size) >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return -torch.log(-torch.log(u))

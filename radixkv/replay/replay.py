@@ -14,17 +14,20 @@ import enum
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from radixkv.config import Policy, SchedulerConfig
-from .cost_model import CostModel, StepShape
-from radixkv.scheduler.metrics import TimelinePoint  # (now, hit_rate, pages_in_use)
 from radixkv.cache.pages import PagePool
 from radixkv.cache.radix_tree import RadixCache
+from radixkv.config import Policy, SchedulerConfig
 from radixkv.request import Request
+from radixkv.scheduler.metrics import SchedulerMetrics, TimelinePoint, wait_stats
 from radixkv.workloads.traces import TraceRequest
+from .cost_model import CostModel, StepShape
+
+if TYPE_CHECKING:  # real mode only; importing the engine loads torch
+    from radixkv.engine.llm import LLM
 
 Progress = Callable[[int], None]  # called with the number of requests just finished
 
@@ -61,10 +64,17 @@ class ReplayConfig:
         if not isinstance(self.policy, Policy):
             raise TypeError(f"policy must be a Policy, got {self.policy!r}")
 
+    def scheduler_config(self) -> SchedulerConfig:
+        """The scheduler settings of a simulated or real replay (policy, `concurrency` running)."""
+        return SchedulerConfig(policy=self.policy, max_running=self.concurrency)
+
 
 @dataclass
 class ReplayResult:
-    """Summary of one replay. The first twelve fields are DESIGN.md's `--json` keys."""
+    """Summary of one replay. The first twelve fields are DESIGN.md's `--json` keys.
+
+    Made by `ReplayResult.build` from what a replay driver measured (all three modes).
+    """
 
     requests: int
     completed: int
@@ -82,29 +92,42 @@ class ReplayResult:
     page_size: int
     num_pages: int  # pool size used
     unlimited: bool  # pool sized so that nothing is ever evicted
-    rejected: int = 0  # requests larger than the whole pool (or the model's context): never run
+    rejected: int = 0  # requests larger than the whole pool: never run
+    too_long: int = 0  # real mode: prompt + max_tokens longer than the model's context: never run
+    model_context: int | None = None  # real mode: the model's context in tokens (None: no model)
     sim_seconds: float = 0.0  # clock at the last finish
     output_tokens: int = 0
     timeline: list[TimelinePoint] = field(default_factory=list)
 
+    @classmethod
+    def build(cls, mode: ReplayMode, cfg: ReplayConfig, *, requests: int, metrics: SchedulerMetrics,
+              pool: PagePool, started: float, clock_s: float, output_tokens: int, rejected: int = 0,
+              too_long: int = 0, model_context: int | None = None) -> ReplayResult:
+        """The one constructor of a replay's summary, from what its driver measured.
+
+        metrics: the run's counters (prompt and hit tokens, preemptions, completed requests, peak
+        pages, per-request waits, timeline); hit_rate and the wait percentiles derive from them.
+        pool: the run's page pool once every request finished and the cache was cleared; its size
+        is `num_pages` and its pages not free are `leaked_pages`. started: `time.perf_counter()`
+        when the replay began (wall_s runs to now). clock_s: the replay clock at the last finish.
+        """
+        w = wait_stats(metrics.waits_s)
+        return cls(
+            requests=requests, completed=metrics.completed, prompt_tokens=metrics.prompt_tokens,
+            hit_tokens=metrics.hit_tokens, hit_rate=metrics.hit_rate, peak_pages=metrics.peak_pages,
+            preemptions=metrics.preemptions, wait_p50_s=w.p50, wait_p99_s=w.p99, wait_max_s=w.max,
+            leaked_pages=pool.num_pages - pool.num_free, wall_s=time.perf_counter() - started, mode=mode,
+            page_size=cfg.page_size, num_pages=pool.num_pages,
+            unlimited=mode is not ReplayMode.REAL and cfg.num_pages is None, rejected=rejected,
+            too_long=too_long, model_context=model_context, sim_seconds=clock_s, output_tokens=output_tokens,
+            timeline=list(metrics.timeline))
+
     def to_json(self) -> dict[str, Any]:
+        """Every field, JSON-ready (`mode` as its name, timeline points as lists)."""
         d = asdict(self)
         d["mode"] = self.mode.value
         d["timeline"] = [list(p) for p in self.timeline]
         return d
-
-
-class WaitPercentiles(NamedTuple):
-    p50: float
-    p99: float
-    max: float
-
-
-def wait_percentiles(waits: Sequence[float]) -> WaitPercentiles:
-    if len(waits) == 0:
-        return WaitPercentiles(0.0, 0.0, 0.0)
-    w = np.asarray(waits, dtype=np.float64)
-    return WaitPercentiles(float(np.percentile(w, 50)), float(np.percentile(w, 99)), float(w.max()))
 
 
 def unlimited_pages(requests: Sequence[TraceRequest], page_size: int, with_outputs: bool) -> int:
@@ -191,53 +214,56 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
     server = _SequentialServer(num_pages, ps)
     pool = server.pool
     service = ServiceTime(cost)
-    prompt_tokens = hit_tokens = output_tokens = peak = rejected = 0
+    m = SchedulerMetrics()  # filled per request here: no scheduler runs
+    output_tokens = rejected = 0
     clock = 0.0
-    waits: list[float] = []
-    timeline: list[TimelinePoint] = []
     for r in requests:
         tokens = r.tokens()  # int32 [L]
         hit, ran, in_use = server.serve(tokens)
-        prompt_tokens += len(tokens)
-        hit_tokens += hit
+        m.prompt_tokens += len(tokens)
+        m.hit_tokens += hit
         if not ran:
             rejected += 1
         else:
-            peak = max(peak, in_use)
+            m.peak_pages = max(m.peak_pages, in_use)
             arrival = 0.0 if cfg.burst else r.arrival_s
             start = max(clock, arrival)
             clock = start + service.serve(len(tokens), hit, r.max_tokens)
-            waits.append(start - arrival)
+            m.waits_s.append(start - arrival)
+            m.completed += 1
             output_tokens += r.max_tokens
-            timeline.append(TimelinePoint(clock, hit_tokens / prompt_tokens, pool.num_used))
+            m.timeline.append(TimelinePoint(clock, m.hit_rate, pool.num_used))
         if progress:
             progress(1)
     server.cache.evict(pool.num_pages)
-    w = wait_percentiles(waits)
-    return ReplayResult(
-        requests=len(requests), completed=len(waits), prompt_tokens=prompt_tokens,
-        hit_tokens=hit_tokens, hit_rate=hit_tokens / prompt_tokens if prompt_tokens else 0.0,
-        peak_pages=peak, preemptions=0, wait_p50_s=w.p50, wait_p99_s=w.p99, wait_max_s=w.max,
-        leaked_pages=pool.num_pages - pool.num_free, wall_s=time.perf_counter() - t0,
-        mode=ReplayMode.SEQUENTIAL, page_size=ps, num_pages=num_pages, unlimited=cfg.num_pages is None,
-        rejected=rejected, sim_seconds=clock, output_tokens=output_tokens, timeline=timeline)
+    return ReplayResult.build(ReplayMode.SEQUENTIAL, cfg, requests=len(requests), metrics=m, pool=pool,
+                              started=t0, clock_s=clock, output_tokens=output_tokens, rejected=rejected)
 
 
-def _fits(requests: Sequence[TraceRequest], page_size: int, num_pages: int | None,
-          context: int | None = None) -> tuple[list[TraceRequest], int]:
-    """Requests whose prompt + output fit the pool on their own (and the model's context, when
-    given), and how many did not. `num_pages=None`: an unlimited pool."""
-    def fits(r: TraceRequest) -> bool:
+class Admission(NamedTuple):
+    """Which requests a simulated or real replay serves, and why the others never run."""
+
+    ok: list[TraceRequest]
+    too_large: int  # prompt + output need more pages than the whole pool
+    too_long: int  # prompt + output longer than the model's context
+
+
+def admit(requests: Sequence[TraceRequest], page_size: int, num_pages: int | None,
+          context: int | None = None) -> Admission:
+    """Split `requests` into those whose prompt + output fit the model's context (when given)
+    and the pool on their own (`num_pages=None`: an unlimited pool), and count the rest; a
+    request too long for the context counts as too long whatever the pool."""
+    ok: list[TraceRequest] = []
+    too_large = too_long = 0
+    for r in requests:
         total = r.num_prompt_tokens + r.max_tokens
-        return ((num_pages is None or -(-total // page_size) <= num_pages)
-                and (context is None or total <= context))
-
-    ok = [r for r in requests if fits(r)]
-    return ok, len(requests) - len(ok)
-
-
-def _sched_config(cfg: ReplayConfig) -> SchedulerConfig:
-    return SchedulerConfig(policy=cfg.policy, max_running=cfg.concurrency)
+        if context is not None and total > context:
+            too_long += 1
+        elif num_pages is not None and -(-total // page_size) > num_pages:
+            too_large += 1
+        else:
+            ok.append(r)
+    return Admission(ok, too_large, too_long)
 
 
 def replay_simulated(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost: CostModel,
@@ -247,7 +273,7 @@ def replay_simulated(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost: 
     from .simulator import simulate
 
     t0 = time.perf_counter()
-    served, rejected = _fits(requests, cfg.page_size, cfg.num_pages)
+    served, rejected, _ = admit(requests, cfg.page_size, cfg.num_pages)
     num_pages = cfg.num_pages if cfg.num_pages is not None else unlimited_pages(served, cfg.page_size, True)
     reqs = [Request(rid=i, prompt=r.tokens(), max_tokens=r.max_tokens, arrival_s=r.arrival_s)
             for i, r in enumerate(served)]
@@ -258,25 +284,20 @@ def replay_simulated(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost: 
             progress(completed - done[0])
         done[0] = completed
 
-    sim = simulate(reqs, num_pages, cfg.page_size, _sched_config(cfg), cost, burst=cfg.burst, progress=on_done)
+    sim = simulate(reqs, num_pages, cfg.page_size, cfg.scheduler_config(), cost, burst=cfg.burst, progress=on_done)
     if progress is not None and rejected:
         progress(rejected)
-    return ReplayResult(
-        requests=len(requests), completed=sim.completed, prompt_tokens=sim.prompt_tokens,
-        hit_tokens=sim.hit_tokens, hit_rate=sim.hit_rate, peak_pages=sim.peak_pages,
-        preemptions=sim.preemptions, wait_p50_s=sim.wait_p50_s, wait_p99_s=sim.wait_p99_s,
-        wait_max_s=sim.wait_max_s, leaked_pages=sim.leaked_pages, wall_s=time.perf_counter() - t0,
-        mode=ReplayMode.SIMULATE, page_size=cfg.page_size, num_pages=num_pages,
-        unlimited=cfg.num_pages is None, rejected=rejected, sim_seconds=sim.sim_seconds,
-        output_tokens=sum(len(o) for o in sim.outputs.values()), timeline=list(sim.timeline))
+    return ReplayResult.build(ReplayMode.SIMULATE, cfg, requests=len(requests), metrics=sim.metrics, pool=sim.pool,
+                              started=t0, clock_s=sim.sim_seconds,
+                              output_tokens=sum(len(o) for o in sim.outputs.values()), rejected=rejected)
 
 
-def run_replay(requests: Sequence[TraceRequest], cfg: ReplayConfig, *, model: str | None = None,
+def run_replay(requests: Sequence[TraceRequest], cfg: ReplayConfig, *, engine: LLM | None = None,
                cost: CostModel | None = None, progress: Progress | None = None) -> ReplayResult:
-    """Replay: on the engine when `model` is given (real mode), else sequentially when
+    """Replay: on `engine` when given (real mode; see `replay_real`), else sequentially when
     `cfg.sequential`, else through the scheduler simulator. `cost` defaults to CostModel()."""
-    if model is not None:
-        return replay_real(requests, cfg, model, progress)
+    if engine is not None:
+        return replay_real(requests, cfg, engine, progress)
     cost = cost or CostModel()
     if cfg.sequential:
         return replay_sequential(requests, cfg, cost, progress)
@@ -299,26 +320,34 @@ def fit_vocab(tokens: np.ndarray, vocab: int) -> np.ndarray:
     return np.where(big, h % np.uint64(vocab), x).astype(np.int64)
 
 
-def replay_real(requests: Sequence[TraceRequest], cfg: ReplayConfig, model: str,
+def replay_real(requests: Sequence[TraceRequest], cfg: ReplayConfig, engine: LLM,
                 progress: Progress | None = None) -> ReplayResult:
-    """Run the trace on the engine; token ids are brought into the vocabulary by `fit_vocab`.
+    """Run the trace on `engine`; token ids are brought into the vocabulary by `fit_vocab`.
 
+    `engine` is a fresh `LLM` (its scheduler metrics become the replay's) built by the caller
+    with `cfg.page_size` pages and `cfg.scheduler_config()`, e.g.
+    `LLM(model, page_size=cfg.page_size, num_pages=cfg.num_pages, scheduler=cfg.scheduler_config())`.
     Requests are added when their (wall-clock) arrival time comes, all at once with `cfg.burst`,
     or one at a time in file order, each after the previous finished, with `cfg.sequential`.
-    Requests longer than the model's context or the pool are skipped and counted as rejected.
-    Hit tokens, waits, peak pages and the timeline come from the engine's scheduler metrics
-    (wall seconds).
+    Requests longer than the model's context (counted in `too_long`) or larger than the pool
+    (`rejected`) are skipped. Hit tokens, waits, peak pages and the timeline come from the
+    engine's scheduler metrics (wall seconds).
     """
-    from radixkv.engine.llm import LLM
     from radixkv.engine.sampling import SamplingParams
 
+    if engine.config.page_size != cfg.page_size:
+        raise ValueError(f"engine page_size {engine.config.page_size} != replay page_size {cfg.page_size}")
     t0 = time.perf_counter()
-    llm = LLM(model, page_size=cfg.page_size, num_pages=cfg.num_pages, scheduler=_sched_config(cfg))
+    llm = engine
     vocab = llm.spec.vocab_size
-    ok, rejected = _fits(requests, cfg.page_size, llm.num_pages, llm.spec.max_position)
+    window = llm.spec.sliding_window  # windowed attention is not implemented: sequences stay within it
+    context = llm.max_model_len if window is None else min(llm.max_model_len, window)
+    ok, rejected, too_long = admit(requests, cfg.page_size, llm.num_pages, context)
+    if progress is not None and rejected + too_long:
+        progress(rejected + too_long)
     order = list(ok) if cfg.sequential else sorted(ok, key=lambda r: 0.0 if cfg.burst else r.arrival_s)
     start = time.monotonic()
-    completed = i = 0
+    i = 0
     while i < len(order) or llm.has_work():
         now = time.monotonic() - start
         j = i
@@ -333,18 +362,12 @@ def replay_real(requests: Sequence[TraceRequest], cfg: ReplayConfig, model: str,
                              [SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in due])
         if llm.has_work():
             finished = llm.step()
-            completed += len(finished)
             if progress is not None and finished:
                 progress(len(finished))
         elif i < len(order):
             time.sleep(min(max(order[i].arrival_s - now, 0.0), 0.05))
     llm.cache.evict(llm.pool.num_pages)
-    m = llm.scheduler.metrics
-    w = m.wait_stats()
-    return ReplayResult(
-        requests=len(requests), completed=completed, prompt_tokens=m.prompt_tokens, hit_tokens=m.hit_tokens,
-        hit_rate=m.hit_rate, peak_pages=m.peak_pages, preemptions=m.preemptions, wait_p50_s=w.p50,
-        wait_p99_s=w.p99, wait_max_s=w.max, leaked_pages=llm.pool.num_pages - llm.pool.num_free,
-        wall_s=time.perf_counter() - t0, mode=ReplayMode.REAL, page_size=cfg.page_size,
-        num_pages=llm.num_pages, unlimited=False, rejected=rejected, sim_seconds=time.monotonic() - start,
-        output_tokens=sum(r.max_tokens for r in ok), timeline=list(m.timeline))
+    return ReplayResult.build(ReplayMode.REAL, cfg, requests=len(requests), metrics=llm.scheduler.metrics,
+                              pool=llm.pool, started=t0, clock_s=time.monotonic() - start,
+                              output_tokens=sum(r.max_tokens for r in ok), rejected=rejected,
+                              too_long=too_long, model_context=context)

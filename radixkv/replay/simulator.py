@@ -14,7 +14,7 @@ from typing import Any
 from radixkv.batch import Batch
 from radixkv.config import SchedulerConfig
 from .cost_model import StepTimer
-from radixkv.scheduler.metrics import TimelinePoint
+from radixkv.scheduler.metrics import SchedulerMetrics, TimelinePoint
 from radixkv.cache.pages import PagePool
 from radixkv.cache.radix_tree import RadixCache
 from radixkv.request import Request
@@ -30,7 +30,11 @@ def fake_token(rid: int, index: int) -> int:
 
 @dataclass
 class SimResult:
-    """One simulated replay. `as_json()` gives the DESIGN.md replay keys (the caller adds wall_s)."""
+    """One simulated replay. `as_json()` gives the DESIGN.md replay keys (the caller adds wall_s).
+
+    `metrics` and `pool` are the run's own scheduler counters and page pool (cache cleared), from
+    which the summary fields are taken and `ReplayResult.build` derives its own.
+    """
 
     requests: int
     completed: int
@@ -45,11 +49,13 @@ class SimResult:
     leaked_pages: int
     sim_seconds: float
     steps: int
+    metrics: SchedulerMetrics = field(repr=False)
+    pool: PagePool = field(repr=False)
     timeline: list[TimelinePoint] = field(default_factory=list, repr=False)
     outputs: dict[int, list[int]] = field(default_factory=dict, repr=False)  # rid -> tokens
 
     def as_json(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("timeline", "outputs")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("timeline", "outputs", "metrics", "pool")}
 
 
 def _fresh_copy(req: Request, arrival_s: float) -> Request:
@@ -172,4 +178,4 @@ def simulate(requests: list[Request], num_pages: int, page_size: int, sched: Sch
         preemptions=m.preemptions, wait_p50_s=waits.p50, wait_p99_s=waits.p99,
         wait_max_s=waits.max, leaked_pages=num_pages - pool.num_free, sim_seconds=now,
         steps=m.steps, timeline=m.timeline,
-        outputs={r.rid: r.output for r in arrivals})
+        outputs={r.rid: r.output for r in arrivals}, metrics=m, pool=pool)

@@ -3,7 +3,7 @@
 scheduler.py (Scheduler: queues, admission, chunked prefill, preemption), policies.py (admission
 order: fcfs, lpm, dfs-weight, with the starvation guard), metrics.py (hits, waits, pool occupancy).
 """
-from .metrics import SchedulerMetrics, TimelinePoint, WaitStats
+from .metrics import SchedulerMetrics, TimelinePoint, WaitStats, wait_stats
 from .scheduler import Scheduler
 
-__all__ = ["Scheduler", "SchedulerMetrics", "TimelinePoint", "WaitStats"]
+__all__ = ["Scheduler", "SchedulerMetrics", "TimelinePoint", "WaitStats", "wait_stats"]

@@ -5,6 +5,7 @@ requests; the simulator and the engine read it at the end of a run.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -20,11 +21,20 @@ class TimelinePoint(NamedTuple):
 
 
 class WaitStats(NamedTuple):
-    """Queueing delay percentiles in seconds (0.0 when no request finished)."""
+    """Queueing delay percentiles in seconds (0.0 when no request finished); see `wait_stats`."""
 
     p50: float
     p99: float
     max: float
+
+
+def wait_stats(waits_s: Sequence[float]) -> WaitStats:
+    """Median, 99th percentile (numpy's linear interpolation) and maximum of per-request waits
+    in seconds; all 0.0 for an empty list. The one place queueing delay statistics are computed."""
+    if len(waits_s) == 0:
+        return WaitStats(0.0, 0.0, 0.0)
+    w = np.asarray(waits_s, dtype=np.float64)
+    return WaitStats(float(np.percentile(w, 50)), float(np.percentile(w, 99)), float(w.max()))
 
 
 @dataclass
@@ -55,10 +65,8 @@ class SchedulerMetrics:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     def wait_stats(self) -> WaitStats:
-        if not self.waits_s:
-            return WaitStats(0.0, 0.0, 0.0)
-        w = np.asarray(self.waits_s, dtype=np.float64)
-        return WaitStats(float(np.percentile(w, 50)), float(np.percentile(w, 99)), float(w.max()))
+        """`wait_stats(self.waits_s)`: queueing delay of the requests finished so far."""
+        return wait_stats(self.waits_s)
 
     def record_step(self, now: float, pages_in_use: int) -> None:
         self.steps += 1

@@ -202,8 +202,12 @@ class Scheduler:
 
     def _match(self, e: _Entry) -> None:
         """Match a queued request against the tree now; the ranker orders by the result."""
-        m = self.cache.match(e.token_array(e.req.num_tokens), e.req.namespace)
+        m = self._lookup(e.token_array(e.req.num_tokens), e.req.namespace)
         e.score, e.node = m.num_tokens, m.node
+
+    def _lookup(self, tokens: np.ndarray, namespace: str | None) -> MatchResult:
+        """The cached prefix of tokens; with prefix caching off, always the empty one."""
+        return self.cache.match(tokens if self.config.prefix_caching else tokens[:0], namespace)
 
     def _admit(self, rows: BatchBuilder, budget: int, shared: set[_ShareKey], now: float) -> None:
         cfg, pool, cache, ps = self.config, self.pool, self.cache, self.page_size
@@ -220,9 +224,9 @@ class Scheduler:
             req = e.req
             total = req.num_tokens
             tokens = e.token_array(total)
-            m = cache.match(tokens, req.namespace)
+            m = self._lookup(tokens, req.namespace)
             usable = min(m.num_tokens, (total - 1) // ps * ps)  # leave >= 1 token to compute
-            if (cfg.in_batch_sharing and shared and usable == m.num_tokens
+            if (cfg.in_batch_sharing and cfg.prefix_caching and shared and usable == m.num_tokens
                     and _share_key(m, tokens, ps) in shared):
                 # Another row computes this block now: hit it next step instead. The starved
                 # head defers too (one step), but then nothing that arrived later is admitted.
@@ -276,7 +280,7 @@ class Scheduler:
     def _add_row(self, rows: BatchBuilder, e: _Entry, start: int, q_len: int,
                  shared: set[_ShareKey]) -> None:
         rows.add(e.req, start, q_len)
-        if not self.config.in_batch_sharing or q_len == 1:
+        if not (self.config.in_batch_sharing and self.config.prefix_caching) or q_len == 1:
             return
         ps, base = self.page_size, e.locked.num_tokens
         if start + q_len >= base + ps:  # this chunk completes the first block past the cached path
@@ -334,7 +338,7 @@ class Scheduler:
     def _release(self, e: _Entry) -> None:
         req, ps = e.req, self.page_size
         full = req.num_computed // ps * ps
-        if full > e.locked.num_tokens:
+        if full > e.locked.num_tokens and self.config.prefix_caching:
             self.cache.insert(e.token_array(full), req.pages[: full // ps], req.namespace)
         self.cache.unlock(e.locked)
         e.locked = None
@@ -347,7 +351,7 @@ class Scheduler:
         req, ps, cache = e.req, self.page_size, self.cache
         old = e.locked
         full = req.num_computed // ps * ps
-        if full <= old.num_tokens:
+        if full <= old.num_tokens or not self.config.prefix_caching:
             return
         tokens = e.token_array(full)
         cache.insert(tokens, req.pages[: full // ps], req.namespace)

@@ -1,5 +1,6 @@
-"""The `radixkv` command end to end: replay (bundled sample, JSON, plot, malformed input),
-gen, the engine commands, and real-mode replay on a tiny random model."""
+"""The `radixkv` command end to end: replay (bundled sample and full trace, JSON, plot, malformed
+input), gen, the engine commands, real-mode replay on a tiny random model, --version, and the
+front door: every ordinary mistake is one `radixkv: error:` line with exit status 2."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,9 @@ import pytest
 
 from radixkv.cli import main
 
+TINY_LLAMA = {"model_type": "llama", "vocab_size": 160, "hidden_size": 32, "intermediate_size": 64,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "max_position_embeddings": 256, "bos_token_id": 1, "eos_token_id": 2}
 DESIGN_KEYS = {"requests", "completed", "prompt_tokens", "hit_tokens", "hit_rate", "peak_pages", "preemptions",
                "wait_p50_s", "wait_p99_s", "wait_max_s", "leaked_pages", "wall_s"}
 
@@ -230,3 +234,154 @@ def test_python_dash_m_radixkv_is_the_command(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "prefix hit rate             0.4000" in out.stdout  # 32 of 80 tokens (two full pages of 16)
+
+
+# ---------------------------------------------------------------- the front door
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str, str]:
+    """main(argv) in this process: (exit status, stdout, stderr), argparse's SystemExit included."""
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("radixkv: error: "), err
+    assert "Traceback" not in err and "usage:" not in err
+    return lines[0]
+
+
+def test_version():
+    out = subprocess.run([sys.executable, "-m", "radixkv", "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr == ""
+    name, version = out.stdout.split()
+    assert name == "radixkv" and version[0].isdigit()
+
+
+@pytest.fixture
+def models(tmp_path):
+    """A tiny Llama config.json, a tiny GPT-2 config.json, a folder holding it, an empty folder."""
+    llama = tmp_path / "llama.json"
+    llama.write_text(json.dumps(TINY_LLAMA))
+    gpt2 = {"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 64, "n_positions": 64,
+            "bos_token_id": 0, "eos_token_id": 0}
+    (tmp_path / "gpt2.json").write_text(json.dumps(gpt2))
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps(gpt2))
+    (tmp_path / "empty").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["generate", "{d}/llama.json", "1,2", "--kv-dtype", "int8"], "argument --kv-dtype: invalid choice: 'int8'"),
+    (["generate", "{d}/llama.json", "1,2", "--dtype", "fp64"], "argument --dtype: invalid choice: 'fp64'"),
+    (["replay", "--num-pages", "0"], "argument --num-pages: expected a positive integer"),
+    (["replay", "--policy", "random"], "argument --policy: invalid choice"),
+    (["replay", "--bogus"], "unrecognized arguments: --bogus"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ([], "required: COMMAND"),
+    (["replay", "{d}/missing.jsonl"], "trace not found"),
+    (["replay", "{d}/bad.jsonl"], "bad.jsonl:2: line 2, field 'hash_ids'"),
+    (["replay", "{d}/empty", "--format", "mooncake"], "cannot read the trace"),
+    (["replay", "--device", "cpu"], "--device needs --model"),
+])
+def test_usage_and_input_mistakes_are_one_line(argv, needle, models, capsys):
+    (models / "bad.jsonl").write_text('{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [0, 1]}\n'
+                                      '{"timestamp": 5, "input_length": 600, "output_length": 2}\n')
+    code, out, err = _run([a.format(d=models) for a in argv], capsys)
+    assert code == 2 and out == ""
+    assert needle in _one_error_line(err)
+
+
+@pytest.mark.parametrize("model, needle", [("gpt2.json", "gpt2"), ("gpt2", "gpt2"), ("empty", "config.json"),
+                                           ("nowhere", "nowhere")])
+def test_models_the_engine_refuses_are_one_line(model, needle, models, capsys):
+    pytest.importorskip("torch")
+    for argv in (["generate", str(models / model), "1,2"], ["replay", "--model", str(models / model)]):
+        code, out, err = _run(argv, capsys)
+        assert code == 2 and out == ""
+        assert needle in _one_error_line(err)
+
+
+def test_cuda_on_a_cpu_build_is_one_line(models, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this torch build has CUDA")
+    code, _, err = _run(["generate", str(models / "llama.json"), "1,2", "--device", "cuda"], capsys)
+    assert code == 2 and "cuda" in _one_error_line(err)
+
+
+def test_errors_from_a_real_process_have_no_traceback(tmp_path):
+    for argv, needle in ((["replay", str(tmp_path / "nope.jsonl")], "trace not found"),
+                         (["generate", "x.json", "hi", "--kv-dtype", "int8"], "invalid choice")):
+        out = subprocess.run([sys.executable, "-m", "radixkv", *argv], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and out.stdout == ""
+        assert needle in _one_error_line(out.stderr)
+
+
+def test_stdout_closed_early_exits_quietly():
+    """`radixkv replay | head -1`: the reader is gone before the summary is written."""
+    p = subprocess.Popen([sys.executable, "-m", "radixkv", "replay", "--sequential"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.stderr.close()
+    assert p.wait(timeout=60) == 141 and err == ""
+    shell = subprocess.run(f"{sys.executable} -m radixkv replay --sequential | head -1", shell=True,
+                           capture_output=True, text=True, timeout=60)
+    assert shell.stdout.startswith("trace ") and "Traceback" not in shell.stderr
+
+
+def test_bundled_full_trace_by_name(tmp_path, monkeypatch, capsys):
+    """README's full-trace command, from a folder with no ../shared: 0.6512 at page 16."""
+    monkeypatch.chdir(tmp_path)
+    js = tmp_path / "full.json"
+    assert main(["replay", "mooncake-synthetic", "--sequential", "--json", "full.json"]) == 0
+    assert "mooncake_synthetic_trace.jsonl (mooncake)" in capsys.readouterr().out
+    d = json.loads(js.read_text())
+    assert (d["requests"], d["completed"], d["leaked_pages"], round(d["hit_rate"], 4)) == (3993, 3993, 0, 0.6512)
+    assert d["prompt_tokens"] == 61_194_628
+    # a file of that name in the current folder takes precedence over the bundled trace
+    (tmp_path / "mooncake-synthetic").write_text('{"timestamp": 0, "input_length": 40, "output_length": 1, '
+                                                 '"hash_ids": [7]}\n')
+    assert main(["replay", "mooncake-synthetic", "--sequential", "--json", "full.json"]) == 0
+    assert json.loads(js.read_text())["requests"] == 1
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    assert "mooncake-synthetic" in capsys.readouterr().out
+
+
+def test_replay_nothing_completed_exits_1(tmp_path, capsys):
+    trace = tmp_path / "big.jsonl"
+    trace.write_text('{"arrival_s": 0, "tokens": [1, 2, 3, 4, 5, 6, 7, 8, 9], "max_tokens": 1}\n')
+    for extra in (["--sequential"], []):
+        code, out, err = _run(["replay", str(trace), "--num-pages", "1", "--page-size", "4", *extra], capsys)
+        assert code == 1 and "0 completed, 1 too large for the pool" in out
+        assert "no request completed of 1: 1 too large for the pool" in _one_error_line(err)
+
+
+def test_real_replay_counts_requests_longer_than_the_context(tmp_path, capsys):
+    pytest.importorskip("torch")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**TINY_LLAMA, "max_position_embeddings": 64}))
+    trace = tmp_path / "mixed.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": 0, "tokens": list(range(n)), "max_tokens": 2}) + "\n"
+                             for n in (40, 100, 40, 63)))  # 102 and 65 tokens exceed the 64-token context
+    js = tmp_path / "real.json"
+    assert main(["replay", str(trace), "--model", str(cfg), "--burst", "--json", str(js)]) == 0
+    assert "2 longer than the model's context of 64 tokens" in capsys.readouterr().out
+    d = json.loads(js.read_text())
+    assert DESIGN_KEYS <= d.keys()
+    assert (d["requests"], d["completed"], d["too_long"], d["rejected"], d["model_context"]) == (4, 2, 2, 0, 64)
+    assert (d["prompt_tokens"], d["hit_tokens"], d["leaked_pages"]) == (80, 32, 0)
+
+    trace.write_text(json.dumps({"arrival_s": 0, "tokens": list(range(100)), "max_tokens": 2}) + "\n")
+    code, out, err = _run(["replay", str(trace), "--model", str(cfg), "--sequential", "--json", str(js)], capsys)
+    assert code == 1 and "0 completed" in out
+    assert "1 longer than the model's context of 64 tokens" in _one_error_line(err)
+    assert json.loads(js.read_text())["too_long"] == 1

@@ -6,7 +6,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from radixkv.kernels.reference import quantize_fp8
+from radixkv.kernels.fp8 import quantize_fp8
 
 
 class PagedKV(NamedTuple):

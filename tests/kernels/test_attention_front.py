@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kv_fixtures import dense_attention
-from radixkv.engine.attention import Backend, PagedAttention, Path, choose_num_splits
+from radixkv.engine.attention import Backend, PagedAttention, Path
 from radixkv.batch import Batch
 from radixkv.engine.kv_store import KVStore
 from radixkv.request import Request
@@ -106,24 +106,22 @@ def test_run_before_plan_and_bad_shapes():
         PagedAttention(KVStore(1, 4, 2, 2, 8, "fp32", "cpu"), 3, 8, 0.5)
 
 
-def test_split_choice():
-    assert choose_num_splits(1, 8, 32768, 132) > 8  # one long sequence: split it
-    assert choose_num_splits(256, 8, 4096, 132) == 1  # many rows fill the GPU already
-    assert choose_num_splits(1, 8, 100, 132) == 1  # too short to split
-    # One-warp FP8 programs need more of them to fill the GPU (bench_kernels.py's shapes).
-    assert choose_num_splits(64, 8, 16384, 132) == 1
-    # one-warp FP8 programs, 12 resident per SM: whole waves (512 programs x 3 = 1536 <= 1584)
-    assert choose_num_splits(64, 8, 16384, 132, warps_per_sm=12) == 3
-    assert choose_num_splits(16, 8, 4096, 132, warps_per_sm=12) == 12
-    assert choose_num_splits(128, 8, 4096, 132, warps_per_sm=12) == 3  # 1 split: 0.65 of a wave
-    assert choose_num_splits(256, 8, 4096, 132, warps_per_sm=12) == 1  # >= 15 per SM: run 8 per SM unsplit
-    assert choose_num_splits(1, 8, 32768, 132, warps_per_sm=12) >= 100
-    assert choose_num_splits(1, 8, 100, 132, warps_per_sm=12) == 1
+def test_plan_takes_the_split_count_from_dispatch(monkeypatch):
+    """plan() asks dispatch.choose_num_splits on decode-only steps (with the warps per SM that
+    dispatch.decode_warps_per_sm gave at construction) and uses one split otherwise."""
+    from radixkv.kernels import dispatch
 
+    calls = []
 
-def test_fp8_decode_kernel_needs_a_cuda_gpu():
-    from radixkv.kernels.launch import fp8_decode_kernel_supported
+    def fake(batch_size, num_kv_heads, max_seq_len, num_sms=dispatch.DEFAULT_NUM_SMS, warps_per_sm=0, **kw):
+        calls.append((batch_size, num_kv_heads, max_seq_len, num_sms, warps_per_sm))
+        return 3
 
-    assert not fp8_decode_kernel_supported(torch.device("cpu"), 128, 4)
-    assert not fp8_decode_kernel_supported(torch.device("cuda"), 256, 4)  # head_dim must be 64 or 128
-    assert not fp8_decode_kernel_supported(torch.device("cuda"), 128, 32)  # group > 16
+    monkeypatch.setattr(dispatch, "choose_num_splits", fake)
+    kv = KVStore(1, 8, 4, 2, 16, "fp8_e4m3", "cpu")
+    attn = PagedAttention(kv, 4, 16, 0.25, backend=Backend.TRITON)  # CPU: not the Gluon kernel
+    attn.plan(make_batch([[1, 2], [3, 4]], [0, 0], [5, 2], 4))
+    assert attn.current_plan.num_splits == 1 and calls == []  # prefill
+    attn.plan(make_batch([[1, 2], [3, 4]], [5, 2], [1, 1], 4))
+    assert attn.current_plan.num_splits == 3
+    assert calls == [(2, 2, 6, dispatch.DEFAULT_NUM_SMS, 0)]

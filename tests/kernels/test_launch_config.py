@@ -33,13 +33,3 @@ def test_merge_warps_by_partials():
     # one warp up to 64 partial values a thread (3 or 16 splits of 128 dims), at most 8 warps
     assert [merge_warps(s, 128) for s in (2, 4, 16, 32, 128)] == [1, 1, 1, 2, 8]
     assert merge_warps(256, 256) == 8
-
-
-def test_fp8_offsets_64_by_reach_of_kvstore_layout():
-    from radixkv.kernels.launch import fp8_offsets_64
-    from radixkv.engine.kv_store import head_major_pages, head_major_scales
-
-    meta = torch.device("meta")  # layouts only, nothing allocated
-    for pages, want in ((1 << 10, False), (1 << 19, False), ((1 << 19) + 1, True)):  # 2^12 words a page
-        shape = (pages, 16, 8, 128)
-        assert fp8_offsets_64(head_major_pages(shape, torch.float8_e4m3fn, meta), head_major_scales(shape, meta)) is want

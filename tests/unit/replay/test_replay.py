@@ -15,11 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from radixkv.cache.pages import PagePool
 from radixkv.config import Policy
 from radixkv.replay.cost_model import CostModel
 from radixkv.replay.replay import (
-    ReplayConfig, ReplayMode, ServiceTime, fit_vocab, replay_sequential, replay_simulated, run_replay,
+    ReplayConfig, ReplayMode, ReplayResult, ServiceTime, admit, fit_vocab, replay_sequential, replay_simulated,
+    run_replay,
 )
+from radixkv.scheduler.metrics import SchedulerMetrics, TimelinePoint, wait_stats
 from radixkv.workloads.few_shot import FewShotConfig, few_shot
 from radixkv.workloads.multi_turn import MultiTurnConfig, multi_turn
 from radixkv.workloads.shared_prefix import SharedPrefixConfig, shared_prefix
@@ -221,3 +224,38 @@ def test_fit_vocab_keeps_distinct_blocks_distinct():
     pages = {mapped[i:i + 16].tobytes() for i in range(0, len(mapped), 16)}
     assert len(pages) == len(mapped) // 16  # no two 16-token pages became equal (modulo would: 125 apart)
     assert np.array_equal(toks[:16] % 32000, toks[125 * 512:125 * 512 + 16] % 32000)
+
+
+def test_build_derives_rates_waits_and_leaks():
+    m = SchedulerMetrics(prompt_tokens=200, hit_tokens=50, preemptions=3, completed=4, peak_pages=9,
+                         waits_s=[0.0, 1.0, 2.0, 10.0], timeline=[TimelinePoint(1.0, 0.25, 9)])
+    pool = PagePool(12)
+    pool.alloc(2)  # two pages still held: leaked
+    r = ReplayResult.build(ReplayMode.SIMULATE, ReplayConfig(page_size=8), requests=6, metrics=m, pool=pool,
+                           started=0.0, clock_s=5.0, output_tokens=7, rejected=2)
+    w = wait_stats(m.waits_s)
+    assert (r.requests, r.completed, r.prompt_tokens, r.hit_tokens, r.hit_rate) == (6, 4, 200, 50, 0.25)
+    assert (r.wait_p50_s, r.wait_p99_s, r.wait_max_s) == (w.p50, w.p99, w.max) == (1.5, w.p99, 10.0)
+    assert (r.leaked_pages, r.num_pages, r.page_size, r.unlimited, r.rejected, r.too_long) == (2, 12, 8, True, 2, 0)
+    assert (r.peak_pages, r.preemptions, r.sim_seconds, r.output_tokens) == (9, 3, 5.0, 7)
+    assert r.timeline == m.timeline and r.timeline is not m.timeline and r.wall_s > 0
+    real = ReplayResult.build(ReplayMode.REAL, ReplayConfig(), requests=1, metrics=SchedulerMetrics(),
+                              pool=PagePool(4), started=0.0, clock_s=0.0, output_tokens=0, too_long=1,
+                              model_context=64)
+    assert (real.hit_rate, real.wait_max_s, real.unlimited, real.too_long, real.model_context) == (0.0, 0.0, False, 1, 64)
+    assert {"too_long", "model_context", "rejected"} <= real.to_json().keys()
+
+
+def test_every_mode_reports_waits_through_wait_stats():
+    reqs = _generated()["multi_turn"]
+    for r in (replay_sequential(reqs, ReplayConfig(sequential=True, burst=True), CostModel()),
+              replay_simulated(reqs, ReplayConfig(burst=True, concurrency=4), CostModel())):
+        assert r.completed == len(reqs) and r.wait_max_s > 0
+        assert r.wait_p50_s <= r.wait_p99_s <= r.wait_max_s
+
+
+def test_admit_counts_too_long_before_too_large():
+    reqs = [TraceRequest(0, np.arange(n, dtype=np.int32), 4) for n in (10, 60, 100, 200)]
+    ok, too_large, too_long = admit(reqs, page_size=8, num_pages=10, context=150)  # 10 pages = 80 tokens
+    assert [r.num_prompt_tokens for r in ok] == [10, 60] and (too_large, too_long) == (1, 1)
+    assert admit(reqs, 8, None).too_large == 0 and len(admit(reqs, 8, None).ok) == 4

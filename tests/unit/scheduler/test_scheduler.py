@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from radixkv import PagePool, Policy, RadixCache, SchedulerConfig
-from radixkv.scheduler.metrics import SchedulerMetrics
+from radixkv.scheduler.metrics import SchedulerMetrics, WaitStats, wait_stats
 from radixkv.scheduler.policies import AdmissionRanker, policy_order
 from radixkv.request import Request, Status
 from radixkv.scheduler.scheduler import Scheduler
@@ -296,7 +296,8 @@ def test_metrics_record_waits_occupancy_and_hits():
     assert m.hit_tokens == 16 and m.prompt_tokens == 27  # the 2nd and 3rd hit 8 tokens each
     assert m.hit_rate == pytest.approx(16 / 27)
     assert sorted(m.waits_s) == [0.0, 2.0, 4.0]  # each waits for the ones before (2 steps each)
-    assert m.wait_stats().max == 4.0 and m.wait_stats().p50 == 2.0
+    assert m.wait_stats() == wait_stats(m.waits_s) == WaitStats(2.0, pytest.approx(3.96), 4.0)
+    assert wait_stats([]) == WaitStats(0.0, 0.0, 0.0)
     assert len(m.timeline) == m.steps == 6
     assert m.peak_pages == max(p.pages_in_use for p in m.timeline) <= 32
     assert m.timeline[-1].hit_rate == pytest.approx(16 / 27)

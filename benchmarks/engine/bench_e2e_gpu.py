@@ -1,0 +1,185 @@
+"""End-to-end engine benchmark for the GPU: checks first, then the decode sweep against the floor.
+
+    python benchmarks/engine/bench_e2e_gpu.py --json OUT.json            # on the H200, one call
+    python benchmarks/engine/bench_e2e_gpu.py --smoke                    # tiny shapes, CPU: checks the script
+
+1. Checks (small random Llama, bf16 and fp8_e4m3 KV): a decode step replayed from a CUDA graph
+   gives the same logits as the eager step on the same batch (bit for bit), and greedy generate
+   with graphs equals generate with enforce_eager=True.
+2. Decode sweep (Part A): a Llama-3-8B-shaped model (random bf16 weights built from a config),
+   batch 1/16/64/256 at prompt 512 + 128 new tokens. Each row: the median wall time of a whole
+   `LLM.step()` (scheduling, planning, forward, sampling, update), with CUDA graphs and eager,
+   against the floor = (weight bytes + KV bytes read) / streaming-read bandwidth measured in the
+   same run. Sampled decoding (temperature 0.8, top_p 0.95) at batch 64 beside greedy.
+Rows go to --json (a list of objects, keys as benchmarks/results/e2e.json) and a table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_engine_check import llama3_8b_config, small_config  # noqa: E402
+
+from radixkv import LLM, SamplingParams  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=128, ignore_eos=True)
+
+
+def read_bandwidth(device: torch.device, smoke: bool) -> float:
+    """Streaming-read bandwidth in bytes/s: the best of several sums over a 4 GiB bf16 tensor."""
+    n = (1 << 20) if smoke else (2 << 30)
+    x = torch.ones(n, dtype=torch.bfloat16, device=device)
+    best = float("inf")
+    for _ in range(3 if smoke else 10):
+        _sync(device)
+        t = time.perf_counter()
+        x.sum(dtype=torch.float32)
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    del x
+    return 2 * n / best
+
+
+def weight_bytes(llm: LLM) -> int:
+    """Bytes a decode step reads of the weights: every layer, the final norm and the LM head."""
+    m = llm.model
+    layer = sum(t.numel() * t.element_size() for L in m.layers for t in vars(L).values()
+                if isinstance(t, torch.Tensor))
+    return layer + m.norm.numel() * m.norm.element_size() + m.lm_head.numel() * m.lm_head.element_size()
+
+
+def kv_bytes_per_token(llm: LLM) -> int:
+    s = llm.spec
+    return llm.kv.bytes_per_page(1, s.num_layers, s.num_kv_heads, s.head_dim, llm.kv_dtype)
+
+
+def check_graph_equals_eager(device: torch.device, kv: str, smoke: bool) -> dict:
+    """Same batch through the graph and eagerly: identical logits; then generate with and without."""
+    cfg = small_config("llama", smoke)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in (37, 150, 64)]
+    out: dict[str, Any] = dict(check=f"graph == eager ({kv})")
+    llm = LLM(cfg, dtype="bfloat16", kv_dtype=kv, device=device, num_pages=512)
+    eager = LLM(cfg, dtype="bfloat16", kv_dtype=kv, device=device, num_pages=512, enforce_eager=True)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    a = [o.token_ids for o in llm.generate(prompts, params)]
+    b = [o.token_ids for o in eager.generate(prompts, params)]
+    out["generate_equal"] = a == b
+    out["graph_replays"] = 0 if llm.graphs is None else llm.graphs.replays
+    if llm.graphs is not None:  # one decode step, both ways, on the same state
+        llm.add_requests(prompts, params)
+        while True:
+            batch = llm.scheduler.schedule(llm._now())
+            if batch.is_decode_only:
+                break
+            llm.attention.plan(batch)
+            _eager_logits(llm, batch)
+            llm.scheduler.update(batch, [1] * len(batch.requests), llm._now())
+        graph = llm.graphs.run(batch).clone()
+        llm.attention.plan(batch)
+        ref = _eager_logits(llm, batch)
+        out["logits_bit_identical"] = bool(torch.equal(graph, ref))
+        out["logits_max_abs_diff"] = float((graph - ref).abs().max())
+        llm.scheduler.update(batch, graph.argmax(-1).tolist(), llm._now())
+    out["ok"] = out["generate_equal"] and out.get("logits_bit_identical", True)
+    return out
+
+
+def _eager_logits(llm: LLM, batch: Any) -> torch.Tensor:
+    dev = llm.device
+    rows = [b for b, s in enumerate(batch.sample) if s]
+    last = [batch.q_start[b] + batch.q_lens[b] - 1 for b in rows]
+    return llm.model.forward(torch.tensor(batch.input_ids, device=dev), torch.tensor(batch.positions, device=dev),
+                             llm.attention, torch.tensor(last, device=dev))
+
+
+def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, graphs: bool, bw: float,
+                 smoke: bool) -> dict:
+    """Median whole-step time of decode-only steps for `batch` rows of `prompt` + up to 128 tokens."""
+    saved = llm.graphs
+    llm.graphs = saved if graphs else None
+    g = torch.Generator().manual_seed(batch)
+    reqs = llm.add_requests([torch.randint(3, llm.spec.vocab_size, (prompt,), generator=g).tolist()
+                             for _ in range(batch)], params)
+    times, ctx = [], []
+    with torch.inference_mode():
+        while llm.has_work():
+            decode = all(r.num_computed >= len(r.prompt) for r in reqs)
+            t = time.perf_counter()
+            llm.step()
+            dt = time.perf_counter() - t
+            if decode:
+                times.append(dt)
+                ctx.append(sum(r.num_tokens for r in reqs))
+    llm.graphs = saved
+    llm.reset_prefix_cache()
+    steps = times[4:] or times  # the first decode steps capture graphs
+    ms = statistics.median(steps) * 1e3
+    kv_read = statistics.median(ctx[4:] or ctx) * kv_bytes_per_token(llm)
+    floor_ms = (weight_bytes(llm) + kv_read) / bw * 1e3
+    return dict(workload="decode-sweep", config=f"cache-on-{llm.kv_dtype.value}", batch=batch,
+                graphs=graphs, sampled=not params.greedy, step_ms=round(ms, 3), floor_ms=round(floor_ms, 3),
+                fraction_of_floor=round(floor_ms / ms, 3), output_tokens_per_s=round(batch / ms * 1e3, 1),
+                steps_timed=len(steps))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU when no GPU): checks the script")
+    ap.add_argument("--batches", default="1,16,64,256")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--skip-checks", action="store_true")
+    a = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if a.json:
+            Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
+
+    if not a.skip_checks:
+        for kv in ("auto", "fp8_e4m3"):
+            emit(check_graph_equals_eager(device, kv, a.smoke))
+    bw = read_bandwidth(device, a.smoke)
+    emit(dict(check="streaming read", tb_per_s=round(bw / 1e12, 3)))
+    batches = [int(b) for b in a.batches.split(",")]
+    prompt = 32 if a.smoke else a.prompt
+    per_row = -(-(prompt + 128) // 16) + 1
+    llm = LLM(llama3_8b_config(a.smoke), dtype="bfloat16", device=device, num_pages=max(batches) * per_row + 64)
+    emit(dict(check="8B model", weight_gb=round(weight_bytes(llm) / 1e9, 3), pool_pages=llm.num_pages,
+              graphs=llm.graphs is not None))
+    for b in batches:
+        for graphs in ((True, False) if llm.graphs is not None else (False,)):
+            emit(decode_sweep(llm, b, prompt, GREEDY, graphs, bw, a.smoke))
+    if 64 in batches:
+        emit(decode_sweep(llm, 64, prompt, SAMPLED, llm.graphs is not None, bw, a.smoke))
+    print(f"\n{'batch':>5} {'graphs':>6} {'sampled':>7} {'step ms':>8} {'floor ms':>8} {'of floor':>8}")
+    for r in rows:
+        if r.get("workload") == "decode-sweep":
+            print(f"{r['batch']:>5} {str(r['graphs']):>6} {str(r['sampled']):>7} {r['step_ms']:>8.2f} "
+                  f"{r['floor_ms']:>8.2f} {r['fraction_of_floor']:>8.2f}")
+    for r in rows:
+        if "check" in r:
+            print(r)
+    return 0 if all(r.get("ok", True) for r in rows) else 1
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

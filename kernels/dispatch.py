@@ -1,0 +1,242 @@
+"""Which kernel runs, with how many splits: the dispatch rules of the attention launchers
+(decode.py, prefill.py) and of the engine's plan (radixkv.engine.attention), in one place.
+
+- FP8 decode runs paged_decode_fp8's one-warp Gluon kernel (decode_fp8_gluon.py) where
+  fp8_decode_gluon holds, else decode.py's Triton kernel. That kernel's register cap
+  (max_registers) and the programs an SM holds (resident_warps_per_sm) are plain arithmetic kept
+  here, so this module never imports a Gluon file: decode_fp8_gluon imports from here, never the reverse.
+- Extends run paged_prefill_hopper's Gluon kernel (prefill_hopper_gluon.py) where
+  hopper_prefill_supported holds, else prefill.py's Triton kernel.
+- choose_num_splits: the flash-decoding split count PagedAttention.plan passes to paged_decode,
+  by the kernel that will run (decode_warps_per_sm).
+
+Environment switches, each read once (at its first use, then cached for the process; a test that
+changes one calls its reader's cache_clear()):
+    RADIXKV_HOPPER_PREFILL=0 (or false/off/no): extends never take paged_prefill_hopper's kernel.
+
+Imports torch only: Triton is imported inside the GPU checks, at their first call. The figures behind
+each threshold are in benchmarks/RESULTS.md ("Why the kernel defaults are what they are").
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+from torch import Tensor
+
+from .fp8 import is_fp8
+
+# ----------------------------------------------------------------------------- environment switches
+HOPPER_PREFILL_ENV = "RADIXKV_HOPPER_PREFILL"
+_OFF = ("0", "false", "off", "no")
+
+
+def switch_on(value: str | None) -> bool:
+    """An on/off environment value: off when 0, false, off or no (any case, surrounding spaces
+    ignored); on when unset, empty or anything else."""
+    return (value or "").strip().lower() not in _OFF
+
+
+@functools.cache
+def hopper_prefill_enabled() -> bool:
+    """RADIXKV_HOPPER_PREFILL, read once: False when it turns paged_prefill_hopper off."""
+    return switch_on(os.environ.get(HOPPER_PREFILL_ENV))
+
+
+# ----------------------------------------------------------------------------- the GPU
+DEFAULT_NUM_SMS = 132  # an H200's: what launches off a CUDA device (the interpreter) plan for
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device; DEFAULT_NUM_SMS for any other (CPU runs split as an H200 would)."""
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+# The Gluon kernels were written against Triton 3.6 (the GPU's) and 3.9 (the CPU machine's compile
+# tests); older Gluon APIs differ, so those Tritons keep the Triton kernels.
+GLUON_MIN_TRITON = (3, 6)
+
+
+@functools.cache
+def _gluon_tested() -> bool:
+    import triton
+
+    try:
+        version = tuple(int(x) for x in triton.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return version >= GLUON_MIN_TRITON
+
+
+@functools.cache
+def _gluon_fp8_gpu(index: int) -> bool:
+    """GPU `index` has FP8 converts (sm_89+) and this Triton has the Gluon API decode_fp8_gluon uses."""
+    if torch.cuda.get_device_capability(index) < (8, 9) or not _gluon_tested():
+        return False
+    try:
+        from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.cache
+def _gluon_hopper_gpu(index: int) -> bool:
+    """GPU `index` is sm_90 and this Triton has the Gluon API prefill_hopper_gluon uses."""
+    if torch.cuda.get_device_capability(index) != (9, 0) or not _gluon_tested():
+        return False
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- FP8 decode
+# An unsplit FP8 decode launch of at least this many programs per SM fills the GPU by itself: it runs
+# unsplit at 200 registers (8 resident per SM, about two whole waves) rather than split into whole
+# waves of 12 at 168 registers (measured on the H200; benchmarks/RESULTS.md).
+FP8_WIDE_PROGRAMS_PER_SM = 15
+
+
+def fp8_wide_launch(programs: int, num_sms: int) -> bool:
+    """Whether `programs` one-warp programs of paged_decode_fp8, unsplit, are a wide launch
+    (FP8_WIDE_PROGRAMS_PER_SM or more per SM): no split, and max_registers(wide=True)."""
+    return programs >= FP8_WIDE_PROGRAMS_PER_SM * num_sms
+
+
+def fp8_decode_kernel_supported(device: torch.device, head_dim: int, group: int) -> bool:
+    """Whether FP8 decode on `device` can run paged_decode_fp8's one-warp Gluon kernel (else the Triton
+    one): a CUDA GPU with FP8 converts (sm_89+), a Triton with the Gluon API it was written for, head_dim
+    64 or 128 (at 256 the register pipeline spills), a GQA group of at most 16."""
+    if device.type != "cuda" or head_dim not in (64, 128) or not 1 <= group <= 16:
+        return False
+    return _gluon_fp8_gpu(_index(device))
+
+
+def fp8_offsets_64(k_cache: Tensor, k_scale: Tensor) -> bool:
+    """Whether paged_decode_fp8 needs 64-bit offsets: the largest int32-word offset of the (possibly
+    strided) FP8 cache view, or element offset of its scales, passes int32."""
+    words = k_cache.view(torch.int32)
+    return max(sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in (words, k_scale)) >= 2**31
+
+
+def max_registers(head_dim: int, group: int, off64: bool = False, wide: bool = False, page_size: int = 16) -> int:
+    """Register cap (maxnreg) of a paged_decode_fp8 program. Each of an SM's four sub-partitions holds
+    16K registers: 168 a thread fits three one-warp programs there (12 per SM), 200 or 255 two. 168
+    does not spill with 32-bit offsets, a group <= 8 (or head_dim 64) and pages of a multiple of 4
+    tokens; 64-bit offsets or other page sizes (a page id per token) need 200, 16 heads of 128 dims
+    255. 168 with more splits beat the earlier kernel at 200 (benchmarks/RESULTS.md). wide: an
+    unsplit launch that fills the GPU by itself (fp8_wide_launch), which runs best at 8 per SM."""
+    if group > 8 and head_dim > 64:
+        return 255
+    return 200 if off64 or wide or page_size % 4 else 168
+
+
+def resident_warps_per_sm(head_dim: int, group: int, off64: bool = False, page_size: int = 16) -> int:
+    """One-warp paged_decode_fp8 programs an SM holds at once (by registers; the kernel uses no shared
+    memory), at the cap of a split launch."""
+    regs = -(-max_registers(head_dim, group, off64, page_size=page_size) // 8) * 8
+    return 4 * (16384 // (32 * regs))
+
+
+def fp8_decode_warps_per_sm(device: torch.device, head_dim: int, group: int, off64: bool = False,
+                            page_size: int = 16) -> int:
+    """One-warp programs of paged_decode_fp8 resident per SM where FP8 decode of this shape can run it,
+    else 0 (choose_num_splits' warps_per_sm). off64: the caches need 64-bit offsets (fp8_offsets_64)."""
+    if not fp8_decode_kernel_supported(device, head_dim, group):
+        return 0
+    return resident_warps_per_sm(head_dim, group, off64, page_size)
+
+
+def _fp8_gluon_caches(q_dtype: torch.dtype, k_cache: Tensor, v_cache: Tensor, group: int) -> bool:
+    # The Gluon kernel takes 16-bit q and reads the caches as int32 words: unit head-dim stride,
+    # word-aligned rows.
+    if not is_fp8(k_cache.dtype) or q_dtype == torch.float32:
+        return False
+    words = (k_cache.stride(3) == 1 and all(st % 4 == 0 for st in k_cache.stride()[:3])
+             and k_cache.data_ptr() % 4 == 0 and v_cache.data_ptr() % 4 == 0)
+    return words and fp8_decode_kernel_supported(k_cache.device, k_cache.shape[3], group)
+
+
+def fp8_decode_gluon(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor) -> bool:
+    """Whether paged_decode (given no explicit config) runs paged_decode_fp8's Gluon kernel for these
+    checked arguments: FP8 pages it can read as words, fp16/bf16 q, unit head-dim strides of q and
+    out, and fp8_decode_kernel_supported."""
+    if q.stride(2) != 1 or out.stride(2) != 1:
+        return False
+    return _fp8_gluon_caches(q.dtype, k_cache, v_cache, q.shape[1] // k_cache.shape[2])
+
+
+def decode_warps_per_sm(q_dtype: torch.dtype, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
+                        group: int) -> int:
+    """choose_num_splits' warps_per_sm for decode of q_dtype queries (GQA group `group`) over caches of
+    this layout (one layer's; every layer shares it): paged_decode_fp8's programs resident per SM
+    where paged_decode runs that kernel, else 0 (the Triton kernel's split rule)."""
+    if not _fp8_gluon_caches(q_dtype, k_cache, v_cache, group):
+        return 0
+    return resident_warps_per_sm(k_cache.shape[3], group, fp8_offsets_64(k_cache, k_scale), k_cache.shape[1])
+
+
+# ----------------------------------------------------------------------------- splits
+def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int = DEFAULT_NUM_SMS,
+                      min_tokens_per_split: int = 256, max_splits: int = 128, warps_per_sm: int = 0) -> int:
+    """Flash-decoding split count for the decode kernel (one program per KV head, row and split).
+
+    Triton kernel (warps_per_sm 0): with at least two programs per multiprocessor the rows already
+    fill the GPU: no split (the merge would cost a launch). Below that, aim at about four programs
+    per multiprocessor, each with at least `min_tokens_per_split` tokens (1 x 32k gets 66 splits,
+    16 x 4k 4 on 132 SMs: the best of benchmarks/kernels/bench_kernels.py's sweep).
+    warps_per_sm > 0: the programs are paged_decode_fp8's single warps, that many resident per
+    multiprocessor (decode_warps_per_sm). Their programs all take about as long, so the count is
+    chosen by waves: the fewest splits whose ceil(programs / resident) / splits (the time in
+    unsplit programs) is within 5% of the best, since a last wave a quarter full costs nearly a
+    whole one. A wide launch (fp8_wide_launch) is not split (paged_decode_fp8 then runs 8 per SM).
+    """
+    programs = max(1, batch_size * num_kv_heads)
+    cap = int(max(1, min(max_splits, max_seq_len // min_tokens_per_split)))
+    if warps_per_sm > 0:
+        if fp8_wide_launch(programs, num_sms):
+            return 1  # paged_decode_fp8 runs such launches at 8 programs per SM: about two whole waves
+        slots = warps_per_sm * num_sms
+        cost = [-(-programs * s // slots) / s for s in range(1, cap + 1)]
+        best = min(cost)
+        return next(s for s, c in enumerate(cost, 1) if c <= best * 1.05)
+    if programs >= 2 * num_sms:
+        return 1
+    return int(max(1, min(4 * num_sms // programs, cap)))
+
+
+# ----------------------------------------------------------------------------- extends
+# paged_prefill_hopper's Gluon kernel (sm_90) is faster than the Triton kernel on long extends (measured
+# at 128 and 512 new tokens) with the same output; at 64 and fewer the Triton kernel's 64-row tiles win,
+# so those keep launch.PREFILL_GPU_BY_LEN's tiles (figures in benchmarks/RESULTS.md).
+# RADIXKV_HOPPER_PREFILL=0 (or false/off/no) turns it off.
+HOPPER_PREFILL_MIN_NEW = 64
+
+
+def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor, max_q_len: int) -> bool:
+    """Whether paged_prefill (given no explicit config) runs paged_prefill_hopper's kernel: an sm_90 GPU,
+    16-bit q and pages of the same dtype, head_dim 128, unit head-dim strides, pages whose rows cp.async
+    can copy in 16-byte pieces (strides of 16 elements, aligned base), more than HOPPER_PREFILL_MIN_NEW
+    new tokens, a Triton with the Gluon API it was written for, and RADIXKV_HOPPER_PREFILL not set to
+    turn it off."""
+    if q.device.type != "cuda" or max_q_len <= HOPPER_PREFILL_MIN_NEW or q.shape[2] != 128:
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or k_cache.dtype != q.dtype:
+        return False
+    if q.stride(2) != 1 or k_cache.stride(3) != 1 or out.stride(2) != 1:
+        return False
+    if any(st % 16 for st in k_cache.stride()[:3]) or k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16:
+        return False
+    if not hopper_prefill_enabled():
+        return False
+    return _gluon_hopper_gpu(_index(q.device))

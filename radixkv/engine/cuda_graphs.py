@@ -1,0 +1,141 @@
+"""DecodeGraphs: decode-only steps replayed from CUDA graphs, one per batch bucket and split count.
+
+A decode step launches a few hundred small kernels (32 layers x norms, matmuls, RoPE, store,
+attention); launched one by one from Python the GPU waits on the CPU between them. Captured once
+in a CUDA graph, the whole forward is one launch.
+
+Static inputs, one int32 device buffer filled by one host-to-device copy from a pinned twin:
+    ids [R], positions [R], seq_lens [R], slots [R], page_table [R, W]
+with R = the largest bucket (max_running rounded up) and W = pages of the longest sequence the
+engine admits. A step of B rows runs the graph of the smallest bucket >= B; rows B.. of the
+bucket are padding: token 0 at position 0 of a one-token sequence whose K/V go to the scratch
+page (a page of the KVStore the pool never hands out), so they touch nothing real.
+
+The decode kernel's split count is a launch parameter, frozen in a graph: graphs are keyed by
+(bucket, splits) with the split count PagedAttention would choose rounded up to a power of two,
+and captured on first use (an eager run of the same step first, so Triton has compiled and
+the step's K/V are stored; storing them again on replay writes the same values).
+Graphs share one memory pool and run one at a time. Sampling runs after the graph, eagerly.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from radixkv.batch import Batch
+
+from .attention import AttentionPlan, PagedAttention, Path
+from .model import LlamaModel
+
+
+def batch_buckets(max_rows: int) -> list[int]:
+    """1, 2, 4, 8, then steps of 8 to 64, then of 16, up to max_rows (itself the last)."""
+    out, b = [], 1
+    while b < max_rows:
+        out.append(b)
+        b = b * 2 if b < 8 else b + (8 if b < 64 else 16)
+    return out + [max_rows]
+
+
+class DecodeGraphs:
+    """Decode steps of up to `max_rows` rows of up to `max_pages` pages, replayed from CUDA graphs."""
+
+    def __init__(self, model: LlamaModel, attention: PagedAttention, max_rows: int, max_pages: int,
+                 scratch_page: int) -> None:
+        kv = attention.kv
+        if kv.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        if not 0 <= scratch_page < kv.num_pages:
+            raise ValueError(f"scratch page {scratch_page} outside the KVStore's {kv.num_pages} pages")
+        self.model, self.attention = model, attention
+        self.buckets = batch_buckets(max_rows)
+        self.max_rows, self.max_pages = max_rows, max_pages
+        self.scratch_page = scratch_page
+        R, W = max_rows, max_pages
+        self._n = 4 * R + R * W
+        self._host = torch.zeros(self._n, dtype=torch.int32, pin_memory=True)
+        self._host_np = self._host.numpy()
+        self._dev = torch.zeros(self._n, dtype=torch.int32, device=kv.device)
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self._pool = torch.cuda.graph_pool_handle()
+        self.replays = 0  # steps served from a graph (for tests and benchmarks)
+
+    def fits(self, batch: Batch) -> bool:
+        """Whether this step can be replayed: decode-only, every row samples, within the buffers."""
+        return (batch.is_decode_only and len(batch.requests) <= self.max_rows and all(batch.sample)
+                and max(len(p) for p in batch.page_tables) <= self.max_pages)
+
+    def run(self, batch: Batch) -> Tensor:
+        """The step's logits [B, V] float32 (a view into the graph's output: use before the next step)."""
+        B = len(batch.requests)
+        bucket = next(b for b in self.buckets if b >= B)
+        splits = _pow2_at_least(self.attention.decode_splits(bucket, max(batch.seq_lens)))
+        self._fill(batch, bucket)
+        self._dev[: self._used(bucket)].copy_(self._host[: self._used(bucket)], non_blocking=True)
+        key = (bucket, splits)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(bucket, splits)
+        graph, logits = self._graphs[key]
+        graph.replay()
+        self.replays += 1
+        return logits[:B]
+
+    # ------------------------------------------------------------------ buffers
+
+    def _used(self, bucket: int) -> int:
+        return 4 * self.max_rows + bucket * self.max_pages
+
+    def _views(self, bucket: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """ids, positions, seq_lens, slots [bucket] and page_table [bucket, W] of the device buffer."""
+        R, W, d = self.max_rows, self.max_pages, self._dev
+        return (d[:bucket], d[R:R + bucket], d[2 * R:2 * R + bucket], d[3 * R:3 * R + bucket],
+                d[4 * R:4 * R + bucket * W].view(bucket, W))
+
+    def _fill(self, batch: Batch, bucket: int) -> None:
+        """Write the step's rows (and the padding rows up to bucket) into the pinned host buffer."""
+        R, W, h, B = self.max_rows, self.max_pages, self._host_np, len(batch.requests)
+        ps = batch.page_size
+        pad = slice(B, bucket)
+        h[:B] = batch.input_ids
+        h[pad] = 0
+        h[R:R + B] = batch.positions
+        h[R + B:R + bucket] = 0
+        h[2 * R:2 * R + B] = batch.seq_lens
+        h[2 * R + B:2 * R + bucket] = 1
+        h[3 * R:3 * R + B] = batch.slots
+        h[3 * R + B:3 * R + bucket] = self.scratch_page * ps
+        table = h[4 * R:4 * R + bucket * W].reshape(bucket, W)
+        _fill_table(table, batch.page_tables, self.scratch_page)
+
+    # ------------------------------------------------------------------ capture
+
+    def _capture(self, bucket: int, splits: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        ids, pos, seq_lens, slots, table = self._views(bucket)
+        plan = AttentionPlan(path=Path.DECODE, page_table=table, seq_lens=seq_lens,
+                             q_start=torch.arange(bucket, dtype=torch.int32, device=ids.device),
+                             q_lens=torch.ones(bucket, dtype=torch.int32, device=ids.device),
+                             slots=slots, num_tokens=bucket, max_q_len=1, max_seq_len=0, num_splits=splits)
+        rows = torch.arange(bucket, dtype=torch.int64, device=ids.device)
+        self.attention.install(plan._replace(slots=slots.long()))
+        self.model.forward(ids.long(), pos.long(), self.attention, rows)  # eager warm-up, real inputs
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            slots64 = slots.long()
+            self.attention.install(plan._replace(slots=slots64))
+            logits = self.model.forward(ids.long(), pos.long(), self.attention, rows)
+        return graph, logits
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _fill_table(table: np.ndarray, page_tables: Sequence[Sequence[int]], scratch: int) -> None:
+    """table: [bucket, W] int32 view; rows past the batch (and columns past a row's pages) -> scratch."""
+    table.fill(scratch)
+    for b, pages in enumerate(page_tables):
+        table[b, :len(pages)] = pages

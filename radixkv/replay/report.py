@@ -1,0 +1,54 @@
+"""What `radixkv replay` prints: the summary table, and why nothing completed. No torch."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from radixkv.workloads.traces import TraceFormat
+from .replay import ReplayMode, ReplayResult
+
+
+def nothing_completed(r: ReplayResult, skipped: int) -> str:
+    """Why a replay completed no request, in one line."""
+    why = []
+    if r.too_long:
+        why.append(f"{r.too_long} longer than the model's context of {r.model_context:,} tokens")
+    if r.rejected:
+        why.append(f"{r.rejected} too large for the pool of {r.num_pages:,} pages x {r.page_size} tokens")
+    if skipped:
+        why.append(f"{skipped} malformed skipped")
+    return f"no request completed of {r.requests}: " + ("; ".join(why) or "none ran")
+
+
+def format_summary(r: ReplayResult, path: Path, fmt: TraceFormat, skipped: int) -> str:
+    """The human summary table printed by `radixkv replay`."""
+    pool = f"{r.num_pages:,} pages x {r.page_size} tokens" + (" (unlimited: never evicts)" if r.unlimited else "")
+    clock = "wall" if r.mode is ReplayMode.REAL else "simulated"
+    rows = [
+        ("trace", f"{path} ({fmt.value})"),
+        ("mode", r.mode.value),
+        ("requests", f"{r.requests} ({r.completed} completed, {r.rejected} too large for the pool, "
+                     + (f"{r.too_long} longer than the model's context of {r.model_context:,} tokens, "
+                        if r.model_context is not None else "")
+                     + f"{skipped} malformed skipped)"),
+        ("prompt tokens", f"{r.prompt_tokens:,}"),
+        ("cached (hit) tokens", f"{r.hit_tokens:,}"),
+        ("prefix hit rate", f"{r.hit_rate:.4f}"),
+        ("KV pool", pool),
+        ("peak pages in use", f"{r.peak_pages:,} ({r.peak_pages / r.num_pages:.1%} of pool)"),
+        ("preemptions", f"{r.preemptions}"),
+        ("queueing delay p50/p99/max", f"{r.wait_p50_s:.3f} / {r.wait_p99_s:.3f} / {r.wait_max_s:.3f} s ({clock})"),
+        ("throughput", throughput(r)),
+        ("leaked pages", f"{r.leaked_pages}"),
+        ("replay wall time", f"{r.wall_s:.2f} s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def throughput(r: ReplayResult) -> str:
+    """Completed requests and tokens per second of the replay clock (wall in real mode)."""
+    if r.sim_seconds <= 0:
+        return "n/a"
+    clock = "wall" if r.mode is ReplayMode.REAL else "simulated"
+    return (f"{r.completed / r.sim_seconds:.2f} req/s, {r.prompt_tokens / r.sim_seconds:,.0f} prompt tok/s, "
+            f"{r.output_tokens / r.sim_seconds:,.0f} output tok/s ({clock})")
