@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--simulate", action="store_true",
                    help="no model: a cost model stands in for the forward pass (the default without --model)")
     r.add_argument("--model", metavar="PATH",
-                   help="run for real on this model (Hugging Face folder or config.json with random weights)")
+                   help="run for real on this model (Hugging Face folder, .gguf, cached hub id, "
+                        "or config.json with random weights)")
     r.add_argument("--device", help="real mode: cpu or cuda (default: cuda when available)")
     mode = r.add_mutually_exclusive_group()
     mode.add_argument("--sequential", action="store_true",
@@ -135,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(run=_cmd_gen)
 
     e = sub.add_parser("generate", help="generate text with a model (the engine)")
-    e.add_argument("model", help="Hugging Face model folder, or a config.json (random weights)")
+    e.add_argument("model", help="Hugging Face model folder, a .gguf file, a hub id in the local cache, "
+                                  "or a config.json (random weights)")
     e.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt text (token ids if the model has no tokenizer: "
                                                                 "comma-separated, e.g. 1,2,3)")
     e.add_argument("--max-tokens", type=_positive, default=32)
@@ -151,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="end-to-end prefix-cache benchmark: k-shot prompts, cache off vs on",
                        description="Serve k-shot prompts with the prefix cache off, on, and batched; "
                                    "print wall time, hit rate and tokens/s (greedy output must agree).")
-    b.add_argument("--model", metavar="PATH", help="model folder or config.json (default: a random byte-level Llama)")
+    b.add_argument("--model", metavar="PATH", help="model folder, .gguf or config.json (default: a random byte-level Llama)")
     b.add_argument("--gsm8k", metavar="DIR", help="GSM8K folder (train.jsonl, test.jsonl); default: random tokens")
     b.add_argument("--shots", type=_positive, default=3)
     b.add_argument("--prompts", type=_positive, default=4, help="prompts per template (2 templates)")
@@ -286,7 +288,7 @@ def build_engine(model: str, **config: Any) -> LLM:
 
     try:
         return LLM(model, **config)
-    except (ValueError, TypeError, OSError) as e:
+    except (ValueError, TypeError, OSError, ImportError) as e:  # ImportError: a .gguf without gguf
         raise CliError(f"cannot load model {model}: {one_line(e)}") from None
 
 

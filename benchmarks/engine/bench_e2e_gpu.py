@@ -83,7 +83,7 @@ def check_graph_equals_eager(device: torch.device, kv: str, smoke: bool) -> dict
                 break
             llm.attention.plan(batch)
             _eager_logits(llm, batch)
-            llm.scheduler.update(batch, [1] * len(batch.requests), llm._now())
+            llm.scheduler.update(batch, [1 if s else None for s in batch.sample], llm._now())
         graph = llm.graphs.run(batch).clone()
         llm.attention.plan(batch)
         ref = _eager_logits(llm, batch)
@@ -132,6 +132,35 @@ def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, grap
                 steps_timed=len(steps))
 
 
+def profile_steps(llm: LLM, batch: int, prompt: int, out: str | None, steps: int = 12) -> None:
+    """torch.profiler over `steps` decode steps of `batch` rows: the top ops by CPU and by GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.Generator().manual_seed(7)
+    reqs = llm.add_requests([torch.randint(3, llm.spec.vocab_size, (prompt,), generator=g).tolist()
+                             for _ in range(batch)], SamplingParams(temperature=0.0, max_tokens=16 + steps,
+                                                                     ignore_eos=True))
+    while not all(r.num_computed >= len(r.prompt) for r in reqs):
+        llm.step()
+    for _ in range(4):
+        llm.step()  # graphs captured
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if llm.device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            llm.step()
+    while llm.has_work():
+        llm.step()
+    llm.reset_prefix_cache()
+    text = [f"== batch {batch}, {steps} decode steps, graphs {llm.graphs is not None}"]
+    text.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
+    if llm.device.type == "cuda":
+        text.append(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12))
+    print("\n".join(text))
+    if out:
+        with open(out, "a") as f:
+            f.write("\n".join(text) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", default=None)
@@ -139,6 +168,7 @@ def main() -> int:
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--profile", default=None, help="append torch.profiler tables (batch 1 and 64) to this file")
     a = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows: list[dict] = []
@@ -165,6 +195,9 @@ def main() -> int:
             emit(decode_sweep(llm, b, prompt, GREEDY, graphs, bw, a.smoke))
     if 64 in batches:
         emit(decode_sweep(llm, 64, prompt, SAMPLED, llm.graphs is not None, bw, a.smoke))
+    if a.profile:
+        for b in (1, 64):
+            profile_steps(llm, b, prompt, a.profile)
     print(f"\n{'batch':>5} {'graphs':>6} {'sampled':>7} {'step ms':>8} {'floor ms':>8} {'of floor':>8}")
     for r in rows:
         if r.get("workload") == "decode-sweep":

@@ -59,6 +59,10 @@ class DecodeGraphs:
         self._host = torch.zeros(self._n, dtype=torch.int32, pin_memory=True)
         self._host_np = self._host.numpy()
         self._dev = torch.zeros(self._n, dtype=torch.int32, device=kv.device)
+        # Everything a graph reads must outlive it: these are sliced per bucket, never reallocated.
+        self._rows = torch.arange(R, dtype=torch.int64, device=kv.device)  # sample index: every row
+        self._q_start = torch.arange(R, dtype=torch.int32, device=kv.device)
+        self._q_lens = torch.ones(R, dtype=torch.int32, device=kv.device)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
         self.replays = 0  # steps served from a graph (for tests and benchmarks)
@@ -114,11 +118,10 @@ class DecodeGraphs:
 
     def _capture(self, bucket: int, splits: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         ids, pos, seq_lens, slots, table = self._views(bucket)
-        plan = AttentionPlan(path=Path.DECODE, page_table=table, seq_lens=seq_lens,
-                             q_start=torch.arange(bucket, dtype=torch.int32, device=ids.device),
-                             q_lens=torch.ones(bucket, dtype=torch.int32, device=ids.device),
-                             slots=slots, num_tokens=bucket, max_q_len=1, max_seq_len=0, num_splits=splits)
-        rows = torch.arange(bucket, dtype=torch.int64, device=ids.device)
+        plan = AttentionPlan(path=Path.DECODE, page_table=table, seq_lens=seq_lens, q_start=self._q_start[:bucket],
+                             q_lens=self._q_lens[:bucket], slots=slots, num_tokens=bucket, max_q_len=1,
+                             max_seq_len=0, num_splits=splits)
+        rows = self._rows[:bucket]
         self.attention.install(plan._replace(slots=slots.long()))
         self.model.forward(ids.long(), pos.long(), self.attention, rows)  # eager warm-up, real inputs
         torch.cuda.synchronize()

@@ -49,7 +49,8 @@ class _RowSampling(NamedTuple):
 class LLM:
     """A Llama-family model served from a paged, prefix-cached KV pool.
 
-    model: a local Hugging Face folder, or a transformers PretrainedConfig (seeded random weights).
+    model: a local Hugging Face folder, a .gguf file (converted once, cached), a hub id already in the
+    local Hugging Face cache, a config.json or a transformers PretrainedConfig (seeded random weights).
     attention_backend: Backend.AUTO runs Triton on CUDA and the PyTorch reference on CPU;
     Backend.TRITON on CPU needs TRITON_INTERPRET=1 (tests).
     Other keyword arguments are EngineConfig fields (num_pages, seed, scheduler, ...).

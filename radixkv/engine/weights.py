@@ -6,12 +6,15 @@ reads a local folder saved with `save_pretrained` (safetensors or .bin, sharded 
 `random_checkpoint(config, seed)` builds seeded random weights through transformers' own
 initialiser, so `LLM(config, seed=s)` holds the same weights as
 `torch.manual_seed(s); AutoModelForCausalLM.from_config(config)`.
+`load_model(model, ...)` also takes a `.gguf` file (converted once to a cached folder, see
+gguf.py) and a hub id already in the local Hugging Face cache (never downloaded).
 """
 from __future__ import annotations
 
 import enum
 import glob
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -159,7 +162,12 @@ def load_checkpoint(path: str) -> Checkpoint:
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"model folder {path!r} does not exist (nothing is downloaded)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        ggufs = sorted(f for f in os.listdir(path) if f.lower().endswith(".gguf"))
+        hint = f"; pass the GGUF file itself: {os.path.join(path, ggufs[0])!r}" if ggufs else ""
+        raise FileNotFoundError(f"model folder {path!r} has no config.json{hint}")
     config = AutoConfig.from_pretrained(path, local_files_only=True)
+    ModelSpec.from_hf(config)  # an unsupported architecture is refused before the weights are read
     state = _read_weights(path)
     tokenizer = None
     if any(os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES):
@@ -226,21 +234,67 @@ class LoadedModel(NamedTuple):
 
 
 def load_model(model: Any, dtype_name: str, device: torch.device, seed: int) -> LoadedModel:
-    """The model an `LLM(model, ...)` names: a local Hugging Face folder, a config.json file or a
-    transformers PretrainedConfig (both: seeded random weights). dtype_name: config.DTYPES."""
+    """The model an `LLM(model, ...)` names; dtype_name: config.DTYPES.
+
+    model: a local Hugging Face folder; a `.gguf` file (converted once into a cached folder,
+    see gguf.py); a hub id ("org/name") already in the local Hugging Face cache; a config.json
+    file or a transformers PretrainedConfig (both: seeded random weights). An existing path
+    wins over a hub id. Nothing is ever downloaded. Raises FileNotFoundError for a missing
+    path, folder without config.json or uncached hub id, ValueError for an unsupported
+    architecture (before the weights are read) and TypeError for anything else."""
     if isinstance(model, str) or hasattr(model, "__fspath__"):
         path = os.fspath(model)
-        if os.path.isfile(path) and os.path.basename(path).endswith(".json"):
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if os.path.isfile(path) and path.lower().endswith(".json"):
             model = config_from_json(path)
         else:
-            ckpt = load_checkpoint(path)
+            ckpt = load_checkpoint(resolve_model_path(path))
             dtype = resolve_dtype(dtype_name, ckpt.config, device)
             return _loaded(ckpt, dtype)
     if not hasattr(model, "model_type"):
-        raise TypeError(f"model must be a folder path, a config.json or a transformers PretrainedConfig, "
-                        f"got {model!r}")
+        raise TypeError(f"model must be a folder path, a .gguf file, a hub id, a config.json or a transformers "
+                        f"PretrainedConfig, got {model!r}")
+    ModelSpec.from_hf(model)  # refuse an unsupported architecture before building its weights
     dtype = resolve_dtype(dtype_name, model, device)
     return _loaded(random_checkpoint(model, seed, dtype, device), dtype)
+
+
+# "org/name" as the hub spells repo ids: one slash, no path-like parts
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def resolve_model_path(name: str) -> str:
+    """The local folder `name` stands for: an existing folder as is, a `.gguf` file's cached
+    conversion, or the snapshot of hub id `name` in the local Hugging Face cache."""
+    if os.path.isdir(name):
+        return name
+    if os.path.isfile(name):
+        if name.lower().endswith(".gguf"):
+            from .gguf import cached_hf_folder
+
+            return cached_hf_folder(name, check_config=ModelSpec.from_hf)
+        raise ValueError(f"{name!r} is a file but not a .gguf or config.json; pass a model folder, "
+                         f"a .gguf file or a config.json")
+    if _HUB_ID.fullmatch(name) and not name.lower().endswith((".gguf", ".json")):
+        return _cached_snapshot(name)
+    raise FileNotFoundError(f"model path {name!r} does not exist")
+
+
+def _cached_snapshot(repo_id: str) -> str:
+    """The local snapshot folder of hub repo `repo_id`; never downloads."""
+    try:
+        from huggingface_hub import constants, snapshot_download
+    except ImportError:  # transformers depends on it, but be clear if it is missing
+        raise FileNotFoundError(f"model {repo_id!r} is not a local path, and huggingface_hub is not installed "
+                                f"to look it up in the Hugging Face cache (nothing is downloaded)") from None
+    try:
+        return snapshot_download(repo_id, local_files_only=True)
+    except Exception as e:  # LocalEntryNotFoundError, HFValidationError, offline-mode errors
+        raise FileNotFoundError(
+            f"model {repo_id!r} is neither a local path nor a hub id in the local Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}); nothing is downloaded: fetch it once "
+            f"(`hf download {repo_id}`) or pass a local folder or .gguf file") from e
 
 
 def _loaded(ckpt: Checkpoint, dtype: torch.dtype) -> LoadedModel:

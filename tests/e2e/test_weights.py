@@ -79,3 +79,99 @@ def test_generation_config_eos_ids_also_stop(tmp_path) -> None:
     out = LLM(str(tmp_path), page_size=4, num_pages=64).generate([[5, 6, 7]], SamplingParams(temperature=0.0,
                                                                                            max_tokens=8))[0]
     assert out.token_ids == free[:free.index(stop_id) + 1] and out.finish_reason == "stop"
+
+
+def test_nonexistent_path_is_named(tmp_path) -> None:
+    from radixkv import LLM
+
+    for missing in (str(tmp_path / "nope"), str(tmp_path / "model.gguf"), "./not/here"):
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            LLM(missing)
+
+
+def test_folder_without_config_is_named(tmp_path) -> None:
+    from radixkv import LLM
+
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path}.*has no config.json"):
+        LLM(str(tmp_path))
+    (tmp_path / "m.Q4_0.gguf").write_bytes(b"GGUF")
+    with pytest.raises(FileNotFoundError, match="pass the GGUF file itself"):
+        LLM(str(tmp_path))
+
+
+def test_uncached_hub_id_fails_without_downloading(tmp_path, monkeypatch) -> None:
+    from huggingface_hub import constants
+
+    from radixkv import LLM
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # an empty cache
+    with pytest.raises(FileNotFoundError, match="'radixkv-test/not-cached'.*nothing is downloaded"):
+        LLM("radixkv-test/not-cached")
+    assert not any(tmp_path.rglob("*.safetensors"))  # nothing was fetched
+
+
+def test_cached_hub_id_resolves_to_its_snapshot(tmp_path, monkeypatch) -> None:
+    from huggingface_hub import constants
+
+    from radixkv import LLM
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--radixkv-test--tiny"
+    snap = repo / "snapshots" / ("0" * 40)
+    hf_model(tiny_config("llama")).save_pretrained(snap)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    llm = LLM("radixkv-test/tiny", page_size=4, num_pages=64)
+    assert llm.spec.num_layers == 2 and llm.spec.vocab_size == tiny_config("llama").vocab_size
+
+
+def test_existing_path_wins_over_hub_id(tmp_path, monkeypatch) -> None:
+    from radixkv import LLM
+
+    hf_model(tiny_config("qwen2")).save_pretrained(tmp_path / "org" / "name")
+    monkeypatch.chdir(tmp_path)
+    assert LLM("org/name", page_size=4, num_pages=64).spec.arch is Arch.QWEN2
+
+
+def test_unsupported_architecture_is_refused_before_weights(tmp_path) -> None:
+    from transformers import GPT2Config
+
+    from radixkv import LLM
+
+    GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path)  # no weights: refused first
+    for model in (str(tmp_path), str(tmp_path / "config.json"), GPT2Config(n_layer=1, n_embd=32, n_head=2)):
+        with pytest.raises(ValueError, match="unsupported model_type 'gpt2'; supported: \\['llama'"):
+            LLM(model)
+
+
+def test_bad_gguf_and_other_files_are_named(tmp_path) -> None:
+    from radixkv import LLM
+
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf")
+    with pytest.raises(ValueError, match="is not a GGUF file"):
+        LLM(str(tmp_path / "bad.gguf"))
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="not a .gguf or config.json"):
+        LLM(str(tmp_path / "weights.bin"))
+
+
+def test_unsupported_gguf_architecture_is_refused_before_conversion(tmp_path, monkeypatch) -> None:
+    gguf = pytest.importorskip("gguf", reason="gguf not installed: pip install gguf accelerate")
+    import numpy as np
+
+    from radixkv import LLM
+
+    monkeypatch.setenv("RADIXKV_CACHE_DIR", str(tmp_path / "cache"))
+    w = gguf.GGUFWriter(str(tmp_path / "tiny-gpt2.gguf"), "gpt2")
+    for add, value in ((w.add_context_length, 64), (w.add_embedding_length, 32), (w.add_feed_forward_length, 64),
+                       (w.add_block_count, 1), (w.add_head_count, 2), (w.add_layer_norm_eps, 1e-5)):
+        add(value)
+    w.add_tensor("token_embd.weight", np.zeros((16, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="tiny-gpt2.gguf: unsupported model_type 'gpt2'; supported: \\['llama'"):
+        LLM(str(tmp_path / "tiny-gpt2.gguf"))
+    assert os.listdir(tmp_path / "cache" / "gguf") == []  # no half-written folder left behind
