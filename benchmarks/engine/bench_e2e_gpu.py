@@ -132,6 +132,79 @@ def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, grap
                 steps_timed=len(steps))
 
 
+class _Timed:
+    """Wraps a scheduler method, adding its wall time to `total` (CPU time of scheduler + tree)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.total = fn, 0.0
+
+    def __call__(self, *args: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return self.fn(*args)
+        finally:
+            self.total += time.perf_counter() - t
+
+
+def workload(llm: LLM, name: str, config: str, prompts: list[list[int]], max_tokens: int) -> dict:
+    """All prompts arrive at once; step to the end. TTFT = first token's time after arrival."""
+    llm.reset_prefix_cache()
+    sched = llm.scheduler
+    schedule, update = _Timed(sched.schedule), _Timed(sched.update)
+    sched.schedule, sched.update = schedule, update
+    m0 = (sched.metrics.prompt_tokens, sched.metrics.hit_tokens)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    _sync(llm.device)
+    t0 = time.perf_counter()
+    reqs = llm.add_requests(prompts, params)
+    first: dict[int, float] = {}
+    steps = peak = concurrency = 0
+    while llm.has_work():
+        llm.step()
+        steps += 1
+        now = time.perf_counter() - t0
+        running = [r for r in reqs if r.output]
+        for r in running:
+            first.setdefault(r.rid, now)
+        peak = max(peak, llm.pool.num_used)
+        concurrency = max(concurrency, sched.num_running)
+    wall = time.perf_counter() - t0
+    del sched.schedule, sched.update  # back to the class's methods
+    ttft = sorted(first.values())
+    prompt_tokens = sched.metrics.prompt_tokens - m0[0]
+    return dict(workload=name, config=config, requests=len(prompts), wall_s=round(wall, 3),
+                output_tokens_per_s=round(len(prompts) * max_tokens / wall, 1),
+                requests_per_s=round(len(prompts) / wall, 2),
+                ttft_p50_s=round(ttft[len(ttft) // 2], 3), ttft_p99_s=round(ttft[min(len(ttft) - 1, int(len(ttft) * .99))], 3),
+                hit_rate=round((sched.metrics.hit_tokens - m0[1]) / max(1, prompt_tokens), 4),
+                peak_pages=peak, pool_pages=llm.num_pages, steps=steps,
+                cpu_frac_per_step=round((schedule.total + update.total) / wall, 4), max_concurrency=concurrency)
+
+
+def workloads_part(device: torch.device, gsm8k: str | None, smoke: bool, emit: Any) -> None:
+    """Part B: few-shot (k-shot GSM8K prompts sharing their examples) and a no-sharing control,
+    cache on / off in bf16 and cache on in fp8_e4m3 at the same KV byte budget."""
+    from radixkv.engine.bench import few_shot_prompts
+
+    cfg = llama3_8b_config(smoke)
+    n, new = (8, 8) if smoke else (128, 64)
+    shots = 2 if smoke else 8
+    fs = few_shot_prompts(cfg.vocab_size, shots, n // 4, new, gsm8k, templates=4)
+    g = torch.Generator().manual_seed(3)
+    unique = [torch.randint(3, cfg.vocab_size, (64 if smoke else 512,), generator=g).tolist() for _ in range(n)]
+    pages = (max(map(len, fs)) + new) // 16 * n + 256
+    for config, kw in (("cache-on-bf16", {}), ("cache-off-bf16", dict(enable_prefix_caching=False)),
+                       ("cache-on-fp8", dict(kv_dtype="fp8_e4m3"))):
+        num_pages = pages if "fp8" not in config else 2 * pages  # same KV bytes (scales aside)
+        llm = LLM(cfg, dtype="bfloat16", device=device, num_pages=num_pages, **kw)
+        llm.generate([fs[0][:64]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
+        for name, prompts in (("few-shot", fs), ("no-sharing", unique)):
+            emit(workload(llm, name, config, prompts, new))
+        del llm
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 def profile_steps(llm: LLM, batch: int, prompt: int, out: str | None, steps: int = 12) -> None:
     """torch.profiler over `steps` decode steps of `batch` rows: the top ops by CPU and by GPU time."""
     from torch.profiler import ProfilerActivity, profile
@@ -168,6 +241,8 @@ def main() -> int:
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--workloads", action="store_true", help="also Part B (few-shot, no-sharing)")
+    ap.add_argument("--gsm8k", default=None, help="GSM8K folder (train.jsonl) for the few-shot prompts")
     ap.add_argument("--profile", default=None, help="append torch.profiler tables (batch 1 and 64) to this file")
     a = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -198,11 +273,23 @@ def main() -> int:
     if a.profile:
         for b in (1, 64):
             profile_steps(llm, b, prompt, a.profile)
+    if a.workloads:
+        del llm
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        workloads_part(device, a.gsm8k, a.smoke, emit)
     print(f"\n{'batch':>5} {'graphs':>6} {'sampled':>7} {'step ms':>8} {'floor ms':>8} {'of floor':>8}")
     for r in rows:
         if r.get("workload") == "decode-sweep":
             print(f"{r['batch']:>5} {str(r['graphs']):>6} {str(r['sampled']):>7} {r['step_ms']:>8.2f} "
                   f"{r['floor_ms']:>8.2f} {r['fraction_of_floor']:>8.2f}")
+    print(f"\n{'workload':>10} {'config':>15} {'out tok/s':>10} {'req/s':>7} {'ttft p50':>8} {'hit':>6} "
+          f"{'peak/pool':>11} {'cpu frac':>8}")
+    for r in rows:
+        if r.get("workload") in ("few-shot", "no-sharing"):
+            print(f"{r['workload']:>10} {r['config']:>15} {r['output_tokens_per_s']:>10.1f} {r['requests_per_s']:>7.2f} "
+                  f"{r['ttft_p50_s']:>8.3f} {r['hit_rate']:>6.3f} {r['peak_pages']:>5}/{r['pool_pages']:<5} "
+                  f"{r['cpu_frac_per_step']:>8.3f}")
     for r in rows:
         if "check" in r:
             print(r)

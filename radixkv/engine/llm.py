@@ -206,9 +206,13 @@ class LLM:
                                         torch.tensor(batch.positions, dtype=torch.int64, device=dev),
                                         self.attention, torch.tensor(last, dtype=torch.int64, device=dev))
         reqs = [batch.requests[b] for b in rows]
-        sampling = sampling_rows([r.sampling.params for r in reqs], [r.sampling.seed for r in reqs],
-                                 [len(r.output) for r in reqs], self.spec.vocab_size, dev)
-        drawn = sample(logits, sampling).tolist()  # the step's one host sync
+        params = [r.sampling.params for r in reqs]
+        if all(p.greedy for p in params):
+            drawn = logits.argmax(dim=-1).tolist()  # the step's one host sync
+        else:
+            sampling = sampling_rows(params, [r.sampling.seed for r in reqs], [len(r.output) for r in reqs],
+                                     self.spec.vocab_size, dev)
+            drawn = sample(logits, sampling).tolist()
         tokens: list[int | None] = [None] * len(batch.requests)
         for b, t in zip(rows, drawn):
             tokens[b] = t

@@ -94,20 +94,14 @@ class SamplingRows(NamedTuple):
 
 def sampling_rows(params: Sequence[SamplingParams], seeds: Sequence[int], counters: Sequence[int],
                   vocab_size: int, device: torch.device) -> SamplingRows:
-    """Pack the per-request parameters of a step's sampling rows (one host-to-device copy each)."""
+    """Pack the per-request parameters of a step's sampling rows: two host-to-device copies."""
     k = [vocab_size if p.top_k is None else min(p.top_k, vocab_size) for p in params]
-    f32 = dict(dtype=torch.float32, device=device)
-    i64 = dict(dtype=torch.int64, device=device)
-    return SamplingRows(
-        temperature=torch.tensor([p.temperature for p in params], **f32),
-        top_k=torch.tensor(k, **i64),
-        top_p=torch.tensor([p.top_p for p in params], **f32),
-        min_p=torch.tensor([p.min_p for p in params], **f32),
-        seed=torch.tensor(_as_int64(seeds), **i64),
-        counter=torch.tensor(list(counters), **i64),
-        all_greedy=all(p.greedy for p in params),
-        filtered=any(p.top_k is not None or p.top_p < 1.0 or p.min_p > 0.0 for p in params),
-    )
+    floats = torch.tensor([[p.temperature for p in params], [p.top_p for p in params], [p.min_p for p in params]],
+                          dtype=torch.float32).to(device, non_blocking=True)  # [3, S]
+    ints = torch.tensor([k, _as_int64(seeds), list(counters)], dtype=torch.int64).to(device, non_blocking=True)
+    return SamplingRows(temperature=floats[0], top_k=ints[0], top_p=floats[1], min_p=floats[2], seed=ints[1],
+                        counter=ints[2], all_greedy=all(p.greedy for p in params),
+                        filtered=any(p.top_k is not None or p.top_p < 1.0 or p.min_p > 0.0 for p in params))
 
 
 def _as_int64(seeds: Sequence[int]) -> list[int]:
