@@ -1,10 +1,15 @@
-"""radixkv.kernels: Triton paged-attention kernels (and their PyTorch twins in `reference`).
+"""radixkv.kernels: Triton paged-attention and fused layer kernels (and their PyTorch twins in `reference`).
 
     store_kv(k, v, k_cache, v_cache, slots, k_scale=None, v_scale=None)
     paged_decode(q, k_cache, v_cache, page_table, seq_lens, sm_scale=None, k_scale=None, v_scale=None)
     paged_prefill(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale=None, ...)
+    rms_norm(x, weight, eps, residual=None, *, out=None) -> (out, new_residual)   # residual updated in place
+    silu_and_mul(gate_up, *, out=None) -> out                                    # [T, 2 I] -> [T, I]
+    apply_rope_(qk, cos, sin) -> qk                                              # in place
+    gumbel_argmax(x, inv_temperature, seed, counter, *, splits=None) -> tokens   # [S, V] -> int64 [S]
 
-One kernel a file: store.py, decode.py, decode_fp8_gluon.py, prefill.py, prefill_hopper_gluon.py.
+One kernel a file: store.py, decode.py, decode_fp8_gluon.py, prefill.py, prefill_hopper_gluon.py,
+norm.py, activation.py, rope.py, sample.py (the sampler's hash + Gumbel-max draw).
 Beside them: dispatch.py (which kernel runs, with how many splits; environment switches read once),
 launch.py (tile configs, argument checks), fp8.py (quantisation helpers) and reference.py (the
 plain-PyTorch twins, the ground truth).
@@ -14,14 +19,18 @@ never imports Triton. Tests that run the kernels on CPU must set TRITON_INTERPRE
 is first imported.
 
 GPU-only checks (the interpreter gets them wrong): bf16 q/pages and the bit-exactness of
-in-kernel FP8 quantisation are verified by benchmarks/kernels/bench_kernels.py's correctness phase.
+in-kernel FP8 quantisation are verified by benchmarks/kernels/bench_kernels.py's correctness phase;
+bf16 layer kernels (and libdevice's exp/rsqrt, which the interpreter lacks) by
+benchmarks/kernels/bench_layer_kernels.py's.
 """
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-_LAUNCHERS = {"store_kv": ".store", "paged_decode": ".decode", "paged_prefill": ".prefill"}
+_LAUNCHERS = {"store_kv": ".store", "paged_decode": ".decode", "paged_prefill": ".prefill",
+              "rms_norm": ".norm", "silu_and_mul": ".activation", "apply_rope_": ".rope",
+              "gumbel_argmax": ".sample"}
 
 __all__ = list(_LAUNCHERS)
 

@@ -175,7 +175,8 @@ def workload(llm: LLM, name: str, config: str, prompts: list[list[int]], max_tok
     return dict(workload=name, config=config, requests=len(prompts), wall_s=round(wall, 3),
                 output_tokens_per_s=round(len(prompts) * max_tokens / wall, 1),
                 requests_per_s=round(len(prompts) / wall, 2),
-                ttft_p50_s=round(ttft[len(ttft) // 2], 3), ttft_p99_s=round(ttft[min(len(ttft) - 1, int(len(ttft) * .99))], 3),
+                ttft_p50_s=round(ttft[len(ttft) // 2], 3),
+                ttft_p99_s=round(ttft[min(len(ttft) - 1, int(len(ttft) * .99))], 3),
                 hit_rate=round((sched.metrics.hit_tokens - m0[1]) / max(1, prompt_tokens), 4),
                 peak_pages=peak, pool_pages=llm.num_pages, steps=steps,
                 cpu_frac_per_step=round((schedule.total + update.total) / wall, 4), max_concurrency=concurrency)
@@ -197,7 +198,12 @@ def workloads_part(device: torch.device, gsm8k: str | None, smoke: bool, emit: A
                        ("cache-on-fp8", dict(kv_dtype="fp8_e4m3"))):
         num_pages = pages if "fp8" not in config else 2 * pages  # same KV bytes (scales aside)
         llm = LLM(cfg, dtype="bfloat16", device=device, num_pages=num_pages, **kw)
-        llm.generate([fs[0][:64]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
+        # warm-up: Triton compiles each prefill tile config on first use; graphs are captured at start-up
+        warm = [torch.randint(3, cfg.vocab_size, (n_tok,), generator=g).tolist()
+                for n_tok in (len(fs[0]), len(fs[0]), 40, 100, len(unique[0]))]
+        llm.generate(warm, SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True))
+        llm.generate([w[:-3] + [5, 6, 7] for w in warm], SamplingParams(temperature=0.0, max_tokens=4,
+                                                                          ignore_eos=True))  # cached-prefix extends
         for name, prompts in (("few-shot", fs), ("no-sharing", unique)):
             emit(workload(llm, name, config, prompts, new))
         del llm
@@ -205,14 +211,15 @@ def workloads_part(device: torch.device, gsm8k: str | None, smoke: bool, emit: A
             torch.cuda.empty_cache()
 
 
-def profile_steps(llm: LLM, batch: int, prompt: int, out: str | None, steps: int = 12) -> None:
+def profile_steps(llm: LLM, batch: int, prompt: int, out: str | None, sampled: bool = False,
+                  steps: int = 12) -> None:
     """torch.profiler over `steps` decode steps of `batch` rows: the top ops by CPU and by GPU time."""
     from torch.profiler import ProfilerActivity, profile
 
     g = torch.Generator().manual_seed(7)
     reqs = llm.add_requests([torch.randint(3, llm.spec.vocab_size, (prompt,), generator=g).tolist()
-                             for _ in range(batch)], SamplingParams(temperature=0.0, max_tokens=16 + steps,
-                                                                     ignore_eos=True))
+                             for _ in range(batch)], SamplingParams(temperature=0.8 if sampled else 0.0, top_p=0.95,
+                                                                     max_tokens=16 + steps, ignore_eos=True))
     while not all(r.num_computed >= len(r.prompt) for r in reqs):
         llm.step()
     for _ in range(4):
@@ -224,7 +231,7 @@ def profile_steps(llm: LLM, batch: int, prompt: int, out: str | None, steps: int
     while llm.has_work():
         llm.step()
     llm.reset_prefix_cache()
-    text = [f"== batch {batch}, {steps} decode steps, graphs {llm.graphs is not None}"]
+    text = [f"== batch {batch}, {steps} decode steps, graphs {llm.graphs is not None}, sampled {sampled}"]
     text.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
     if llm.device.type == "cuda":
         text.append(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12))
@@ -243,7 +250,7 @@ def main() -> int:
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--workloads", action="store_true", help="also Part B (few-shot, no-sharing)")
     ap.add_argument("--gsm8k", default=None, help="GSM8K folder (train.jsonl) for the few-shot prompts")
-    ap.add_argument("--profile", default=None, help="append torch.profiler tables (batch 1 and 64) to this file")
+    ap.add_argument("--profile", default=None, help="append torch.profiler tables (batch 1, 256; 64 sampled) to this file")
     a = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows: list[dict] = []
@@ -271,8 +278,8 @@ def main() -> int:
     if 64 in batches:
         emit(decode_sweep(llm, 64, prompt, SAMPLED, llm.graphs is not None, bw, a.smoke))
     if a.profile:
-        for b in (1, 64):
-            profile_steps(llm, b, prompt, a.profile)
+        for b, sampled in ((1, False), (256, False), (64, True)):
+            profile_steps(llm, b, prompt, a.profile, sampled)
     if a.workloads:
         del llm
         if device.type == "cuda":
@@ -287,7 +294,8 @@ def main() -> int:
           f"{'peak/pool':>11} {'cpu frac':>8}")
     for r in rows:
         if r.get("workload") in ("few-shot", "no-sharing"):
-            print(f"{r['workload']:>10} {r['config']:>15} {r['output_tokens_per_s']:>10.1f} {r['requests_per_s']:>7.2f} "
+            print(f"{r['workload']:>10} {r['config']:>15} {r['output_tokens_per_s']:>10.1f} "
+                  f"{r['requests_per_s']:>7.2f} "
                   f"{r['ttft_p50_s']:>8.3f} {r['hit_rate']:>6.3f} {r['peak_pages']:>5}/{r['pool_pages']:<5} "
                   f"{r['cpu_frac_per_step']:>8.3f}")
     for r in rows:

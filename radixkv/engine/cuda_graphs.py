@@ -54,6 +54,7 @@ class DecodeGraphs:
         self.buckets = batch_buckets(max_rows)
         self.max_rows, self.max_pages = max_rows, max_pages
         self.scratch_page = scratch_page
+        self.scratch_slot = scratch_page * kv.page_size  # where padding rows store their K/V
         R, W = max_rows, max_pages
         self._n = 4 * R + R * W
         self._host = torch.zeros(self._n, dtype=torch.int32, pin_memory=True)
@@ -76,21 +77,31 @@ class DecodeGraphs:
         """The step's logits [B, V] float32 (a view into the graph's output: use before the next step)."""
         B = len(batch.requests)
         bucket = next(b for b in self.buckets if b >= B)
-        splits = _pow2_at_least(self.attention.decode_splits(bucket, max(batch.seq_lens)))
-        self._fill(batch, bucket)
-        self._dev[: self._used(bucket)].copy_(self._host[: self._used(bucket)], non_blocking=True)
-        key = (bucket, splits)
-        if key not in self._graphs:
-            self._graphs[key] = self._capture(bucket, splits)
-        graph, logits = self._graphs[key]
+        self._fill(bucket, batch.input_ids, batch.positions, batch.seq_lens, batch.slots, batch.page_tables)
+        graph, logits = self._graph(bucket, max(batch.seq_lens))
         graph.replay()
         self.replays += 1
         return logits[:B]
 
-    # ------------------------------------------------------------------ buffers
+    def capture_all(self) -> None:
+        """Capture every bucket now (at the split count of short sequences), as vLLM does at start-up,
+        so the first steps of a workload do not pay for captures. Longer contexts that choose more
+        splits are captured on first use."""
+        for bucket in self.buckets:
+            self._fill(bucket, [], [], [], [], [])  # padding rows only: they write the scratch page
+            self._graph(bucket, 1)
+        torch.cuda.synchronize()
 
-    def _used(self, bucket: int) -> int:
-        return 4 * self.max_rows + bucket * self.max_pages
+    def _graph(self, bucket: int, max_seq_len: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """The graph of (bucket, splits), captured first if needed, after the inputs are on the device."""
+        used = 4 * self.max_rows + bucket * self.max_pages
+        self._dev[:used].copy_(self._host[:used], non_blocking=True)
+        key = (bucket, _pow2_at_least(self.attention.decode_splits(bucket, max_seq_len)))
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(*key)
+        return self._graphs[key]
+
+    # ------------------------------------------------------------------ buffers
 
     def _views(self, bucket: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """ids, positions, seq_lens, slots [bucket] and page_table [bucket, W] of the device buffer."""
@@ -98,21 +109,14 @@ class DecodeGraphs:
         return (d[:bucket], d[R:R + bucket], d[2 * R:2 * R + bucket], d[3 * R:3 * R + bucket],
                 d[4 * R:4 * R + bucket * W].view(bucket, W))
 
-    def _fill(self, batch: Batch, bucket: int) -> None:
-        """Write the step's rows (and the padding rows up to bucket) into the pinned host buffer."""
-        R, W, h, B = self.max_rows, self.max_pages, self._host_np, len(batch.requests)
-        ps = batch.page_size
-        pad = slice(B, bucket)
-        h[:B] = batch.input_ids
-        h[pad] = 0
-        h[R:R + B] = batch.positions
-        h[R + B:R + bucket] = 0
-        h[2 * R:2 * R + B] = batch.seq_lens
-        h[2 * R + B:2 * R + bucket] = 1
-        h[3 * R:3 * R + B] = batch.slots
-        h[3 * R + B:3 * R + bucket] = self.scratch_page * ps
-        table = h[4 * R:4 * R + bucket * W].reshape(bucket, W)
-        _fill_table(table, batch.page_tables, self.scratch_page)
+    def _fill(self, bucket: int, ids: Sequence[int], positions: Sequence[int], seq_lens: Sequence[int],
+              slots: Sequence[int], page_tables: Sequence[Sequence[int]]) -> None:
+        """Write B rows (and padding rows up to bucket) into the pinned host buffer."""
+        R, W, h, B = self.max_rows, self.max_pages, self._host_np, len(ids)
+        for i, (rows, pad) in enumerate(((ids, 0), (positions, 0), (seq_lens, 1), (slots, self.scratch_slot))):
+            h[i * R:i * R + B] = rows
+            h[i * R + B:i * R + bucket] = pad
+        _fill_table(h[4 * R:4 * R + bucket * W].reshape(bucket, W), page_tables, self.scratch_page)
 
     # ------------------------------------------------------------------ capture
 
@@ -138,7 +142,10 @@ def _pow2_at_least(n: int) -> int:
 
 
 def _fill_table(table: np.ndarray, page_tables: Sequence[Sequence[int]], scratch: int) -> None:
-    """table: [bucket, W] int32 view; rows past the batch (and columns past a row's pages) -> scratch."""
-    table.fill(scratch)
+    """table: [bucket, W] int32 view; rows past the batch and columns past a row's pages up to the
+    longest row -> scratch. Columns past the longest row keep stale ids: no kernel reads a page past
+    a row's sequence length (padding rows have one token, in column 0)."""
+    width = max(1, max((len(p) for p in page_tables), default=1))
+    table[:, :width] = scratch
     for b, pages in enumerate(page_tables):
         table[b, :len(pages)] = pages

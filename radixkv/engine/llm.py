@@ -70,7 +70,8 @@ class LLM:
         loaded: LoadedModel = load_model(model, cfg.dtype, self.device, cfg.seed)
         self.spec, self.dtype, self.tokenizer, self.hf_config = loaded.spec, loaded.dtype, loaded.tokenizer, loaded.config
         self.eos_token_ids = loaded.eos_token_ids  # generation stops at any of these unless ignore_eos
-        self.model = LlamaModel(loaded.spec, loaded.state_dict, loaded.dtype, self.device)
+        fused = attention_backend is Backend.TRITON or (attention_backend is Backend.AUTO and self.device.type == "cuda")
+        self.model = LlamaModel(loaded.spec, loaded.state_dict, loaded.dtype, self.device, fused=fused)
         del loaded
         self.kv_dtype = (KVDtype.for_compute(str(self.dtype).removeprefix("torch.")) if cfg.kv_dtype == "auto"
                          else KVDtype(cfg.kv_dtype))
@@ -84,6 +85,8 @@ class LLM:
         self.graphs = (DecodeGraphs(self.model, self.attention, cfg.scheduler.max_running,
                                     -(-self.max_model_len // cfg.page_size), scratch_page=num_pages)
                        if use_graphs else None)
+        if self.graphs is not None:
+            self.graphs.capture_all()
         self.pool = PagePool(num_pages)
         self.cache = RadixCache(self.pool, page_size=cfg.page_size)
         self.scheduler = Scheduler(self.pool, self.cache, cfg.scheduler, cfg.page_size)

@@ -11,7 +11,8 @@ SiLU-gated MLP), so greedy output matches `generate` token for token in fp32.
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -47,16 +48,24 @@ def rope_inv_freq(rope: RopeSpec, head_dim: int) -> torch.Tensor:
     return torch.where(medium, blended, scaled)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(dtype)
+class LayerOps(NamedTuple):
+    """The elementwise steps of a layer: Triton kernels on the GPU, their PyTorch twins on the CPU
+    (radixkv.kernels.reference; the same semantics, transformers' numerics)."""
+
+    rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]  # (x, w, eps, residual=None, *, out=None)
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor]  # [T, 2I] -> [T, I]
+    apply_rope_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # in place on [T, N, D]
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def layer_ops(fused: bool) -> LayerOps:
+    """fused: the Triton kernels (imports Triton); else the reference twins."""
+    if fused:
+        from radixkv import kernels
+
+        return LayerOps(kernels.rms_norm, kernels.silu_and_mul, kernels.apply_rope_)
+    from radixkv.kernels import reference
+
+    return LayerOps(reference.rms_norm_ref, reference.silu_and_mul_ref, reference.apply_rope_ref)
 
 
 class _Layer:
@@ -89,7 +98,8 @@ class LlamaModel:
     """Forward pass of a Llama-family causal LM held as plain tensors on one device."""
 
     def __init__(self, spec: ModelSpec, state_dict: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, fused: bool = False) -> None:
+        """fused: run norms, RoPE and SiLU-and-multiply as Triton kernels (CUDA, or the interpreter)."""
         missing = [k for k in ("model.embed_tokens.weight", "model.norm.weight") if k not in state_dict]
         if missing:
             raise ValueError(f"checkpoint lacks {missing}; is this a Llama-family causal LM?")
@@ -104,6 +114,7 @@ class LlamaModel:
         self.norm = state_dict["model.norm.weight"].to(device=device, dtype=dtype)
         self.layers = [_Layer(spec, state_dict, i, dtype, device) for i in range(spec.num_layers)]
         self.inv_freq = rope_inv_freq(spec.rope, spec.head_dim).to(device)  # [D/2] fp32
+        self.ops = layer_ops(fused)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [T] int -> cos, sin: [T, 1, D] in the compute dtype."""
@@ -119,23 +130,25 @@ class LlamaModel:
         sample_index: [S] int64 indices into T (each sampling row's last token).
         Returns logits: [S, V] float32.
         """
-        s = self.spec
+        s, ops, eps = self.spec, self.ops, self.spec.rms_norm_eps
         T = input_ids.shape[0]
         Hq, Hkv, D = s.num_q_heads, s.num_kv_heads, s.head_dim
         cos, sin = self.rope(positions)
-        h = F.embedding(input_ids, self.embed)  # h: [T, H]
+        h = F.embedding(input_ids, self.embed)  # h: [T, H], the residual stream (updated in place)
+        x, _ = ops.rms_norm(h, self.layers[0].ln_attn, eps)
         for i, L in enumerate(self.layers):
-            x = _rms_norm(h, L.ln_attn, s.rms_norm_eps)
             qkv = F.linear(x, L.w_qkv, L.b_qkv).view(T, Hq + 2 * Hkv, D)
             qk, v = qkv[:, :Hq + Hkv], qkv[:, Hq + Hkv:]  # qk: [T, Hq + Hkv, D], v: [T, Hkv, D] (views)
             if L.qk_norm is not None:
-                qk = _rms_norm(qk, L.qk_norm, s.rms_norm_eps)
-            qk = qk * cos + _rotate_half(qk) * sin  # q and k rotated together
+                ops.rms_norm(qk, L.qk_norm, eps, out=qk)
+            ops.apply_rope_(qk, cos, sin)  # q and k rotated together, in place
             q, k = qk[:, :Hq], qk[:, Hq:]  # q: [T, Hq, D], k: [T, Hkv, D] (strided views)
             o = attn.run(q, k, v, i)  # o: [T, Hq, D]
-            h = h + F.linear(o.reshape(T, Hq * D), L.w_o, L.b_o)
-            x = _rms_norm(h, L.ln_mlp, s.rms_norm_eps)
-            gate, up = F.linear(x, L.w_gate_up).chunk(2, dim=-1)  # [T, I] each
-            h = h + F.linear(F.silu(gate) * up, L.w_down)
-        h = _rms_norm(h[sample_index], self.norm, s.rms_norm_eps)  # [S, H]
-        return F.linear(h, self.lm_head).float()  # [S, V]
+            x, h = ops.rms_norm(F.linear(o.reshape(T, Hq * D), L.w_o, L.b_o), L.ln_mlp, eps, h)  # h += attn
+            down = F.linear(ops.silu_and_mul(F.linear(x, L.w_gate_up)), L.w_down)  # [T, H]
+            if i + 1 < len(self.layers):
+                x, h = ops.rms_norm(down, self.layers[i + 1].ln_attn, eps, h)  # h += mlp, next layer's norm
+            else:
+                h = h + down
+        x, _ = ops.rms_norm(h[sample_index], self.norm, eps)  # [S, H]
+        return F.linear(x, self.lm_head).float()  # [S, V]

@@ -13,7 +13,7 @@ and recomputation included, and no per-row Python loop, generator or host sync i
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -110,17 +110,33 @@ def _as_int64(seeds: Sequence[int]) -> list[int]:
 
 
 def sample(logits: Tensor, rows: SamplingRows) -> Tensor:
-    """logits: [S, V] float32 -> token ids int64 [S] on logits' device (no host sync)."""
+    """logits: [S, V] float32 -> token ids int64 [S] on logits' device (no host sync).
+
+    The draw is argmax(x / T + gumbel) in one pass over the vocabulary: the Triton kernel
+    kernels/sample.py on the GPU, its twin on the CPU. Filters (top-k, top-p, min-p) sort first."""
     greedy = logits.argmax(dim=-1)
     if rows.all_greedy:
         return greedy
     is_greedy = rows.temperature < GREEDY_BELOW
-    x = logits / torch.where(is_greedy, 1.0, rows.temperature)[:, None]  # [S, V]
+    temperature = torch.where(is_greedy, 1.0, rows.temperature)  # [S]
     if rows.filtered:
-        x = _filter(x, rows.top_k, rows.top_p, rows.min_p)
-    g = gumbel(rows.seed, rows.counter, x.shape[1])  # [S, V]
-    drawn = (x + g).argmax(dim=-1)
-    return torch.where(is_greedy, greedy, drawn)
+        x = _filter(logits / temperature[:, None], rows.top_k, rows.top_p, rows.min_p)  # [S, V]
+        inv_temperature = torch.ones_like(temperature)
+    else:
+        x, inv_temperature = logits, 1.0 / temperature
+    draw = _gumbel_argmax(x.device)
+    return torch.where(is_greedy, greedy, draw(x, inv_temperature, rows.seed, rows.counter))
+
+
+def _gumbel_argmax(device: torch.device) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+    """The Triton kernel on CUDA (imports Triton), else its PyTorch twin."""
+    if device.type == "cuda":
+        from radixkv.kernels import gumbel_argmax
+
+        return gumbel_argmax
+    from radixkv.kernels.reference import gumbel_argmax_ref
+
+    return gumbel_argmax_ref
 
 
 def _filter(x: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
@@ -135,35 +151,3 @@ def _filter(x: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
     drop |= probs < min_p[:, None] * probs[:, :1]
     sorted_x = sorted_x.masked_fill(drop, float("-inf"))
     return torch.empty_like(x).scatter_(1, order, sorted_x)
-
-
-_M32 = 0xFFFFFFFF
-
-
-def _mul32(h: Tensor, c: int) -> Tensor:
-    """(h * c) mod 2**32 for h in [0, 2**32) held in int64, without overflowing int64."""
-    lo, hi = c & 0xFFFF, c >> 16
-    return (h * lo + (((h * hi) & 0xFFFF) << 16)) & _M32
-
-
-def _fmix32(h: Tensor) -> Tensor:
-    """MurmurHash3's finaliser: a bijection of [0, 2**32) that mixes every bit into every bit."""
-    h = h ^ (h >> 16)
-    h = _mul32(h, 0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = _mul32(h, 0xC2B2AE35)
-    return h ^ (h >> 16)
-
-
-def uniform_bits(seed: Tensor, counter: Tensor, vocab_size: int) -> Tensor:
-    """seed, counter: int64 [S] -> 32 hashed bits int64 [S, V], a pure function of (seed, counter, id)."""
-    lo, hi = seed & _M32, (seed >> 32) & _M32
-    key = _fmix32(lo ^ _fmix32(hi ^ _fmix32((counter & _M32) ^ 0x68E31DA4)))  # [S]
-    ids = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)  # [V]
-    return _fmix32(_fmix32(key[:, None] ^ _mul32(ids, 0x9E3779B9)[None, :]) ^ (key[:, None] >> 7))
-
-
-def gumbel(seed: Tensor, counter: Tensor, vocab_size: int) -> Tensor:
-    """Standard Gumbel noise float32 [S, V] from uniform_bits (u in (0, 1), never 0 or 1)."""
-    u = ((uniform_bits(seed, counter, vocab_size) >> 8).float() + 0.5) * (1.0 / (1 << 24))
-    return -torch.log(-torch.log(u))
