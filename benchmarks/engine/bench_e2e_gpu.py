@@ -94,6 +94,34 @@ def check_graph_equals_eager(device: torch.device, kv: str, smoke: bool) -> dict
     return out
 
 
+def check_sampler(device: torch.device, smoke: bool) -> dict:
+    """The fused Gumbel-max kernel against its twin on this device: same tokens; time of each."""
+    from radixkv import kernels
+    from radixkv.kernels.reference import gumbel_argmax_ref
+
+    V = 1000 if smoke else 128256
+    out: dict[str, Any] = dict(check="gumbel_argmax == twin", vocab=V)
+    same = True
+    for S in (1, 4, 64):
+        g = torch.Generator(device=device).manual_seed(S)
+        x = torch.randn(S, V, generator=g, device=device) * 3
+        inv = torch.full((S,), 1 / 0.8, device=device)
+        seed = torch.randint(-2**62, 2**62, (S,), generator=g, device=device)
+        ctr = torch.randint(0, 4096, (S,), generator=g, device=device)
+        fused = kernels.gumbel_argmax if device.type == "cuda" else gumbel_argmax_ref
+        a, b = fused(x, inv, seed, ctr), gumbel_argmax_ref(x, inv, seed, ctr)
+        same &= bool(torch.equal(a, b))
+        for name, fn in (("fused", fused), ("twin", gumbel_argmax_ref)):
+            _sync(device)
+            t = time.perf_counter()
+            for _ in range(20):
+                fn(x, inv, seed, ctr)
+            _sync(device)
+            out[f"{name}_us_S{S}"] = round((time.perf_counter() - t) / 20 * 1e6, 1)
+    out["ok"] = same
+    return out
+
+
 def _eager_logits(llm: LLM, batch: Any) -> torch.Tensor:
     dev = llm.device
     rows = [b for b, s in enumerate(batch.sample) if s]
@@ -262,6 +290,7 @@ def main() -> int:
             Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
 
     if not a.skip_checks:
+        emit(check_sampler(device, a.smoke))
         for kv in ("auto", "fp8_e4m3"):
             emit(check_graph_equals_eager(device, kv, a.smoke))
     bw = read_bandwidth(device, a.smoke)
