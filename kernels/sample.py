@@ -26,8 +26,8 @@ Grid (S, splits): each program scans a chunk of whole BLOCK_V tiles of one row, 
 (value, id) per lane, and reduces its lanes at the end. With one split it writes the token; with
 more, partial (value, id) pairs go to a [S, splits] scratch and _merge_kernel reduces them in split
 order (same rules). Splits are picked so that about two programs run per multiprocessor: one
-program per row would leave most of an H200 idle below ~130 rows (a 128k row on one SM is an
-estimated 30-50 us: ~60 integer and float operations per logit; not yet measured).
+program per row would leave most of an H200 idle below ~130 rows (about 60 integer and float
+operations per logit; timings in benchmarks/RESULTS.md, "Engine at the floor").
 """
 from __future__ import annotations
 
