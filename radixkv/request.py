@@ -19,6 +19,7 @@ class Status(enum.Enum):
 class FinishReason(str, enum.Enum):
     LENGTH = "length"  # max_tokens generated
     STOP = "stop"  # a stop token (EOS unless ignore_eos) was generated
+    ABORT = "abort"  # withdrawn before it finished (Scheduler.abort)
 
 
 @dataclass(eq=False)

@@ -23,7 +23,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from radixkv.config import KVDtype
+from radixkv.config import EngineConfig, KVDtype
+
+from .weights import ModelSpec
 
 
 _TORCH = {
@@ -109,3 +111,30 @@ class KVStore:
         if budget_bytes < 0:
             raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
         return int(budget_bytes) // KVStore.bytes_per_page(page_size, num_layers, num_kv_heads, head_dim, kv_dtype)
+
+
+# CPU pools without an explicit num_pages: room for this many tokens, capped at this many bytes.
+_CPU_DEFAULT_TOKENS = 65536
+_CPU_DEFAULT_BYTES = 1 << 30
+
+
+def default_num_pages(spec: ModelSpec, cfg: EngineConfig, kv: KVDtype, dtype: torch.dtype,
+                      device: torch.device) -> int:
+    """KV pages when `num_pages` is not given: on CUDA, `gpu_memory_utilization` of the device memory
+    free after the weights, less a step's activations and logits; elsewhere a fixed token budget."""
+    ps = cfg.page_size
+    per_page = KVStore.bytes_per_page(ps, spec.num_layers, spec.num_kv_heads, spec.head_dim, kv)
+    if device.type != "cuda":
+        return max(1, min(-(-_CPU_DEFAULT_TOKENS // ps), _CPU_DEFAULT_BYTES // per_page))
+    torch.cuda.empty_cache()  # blocks freed while loading weights count as used otherwise
+    free, _ = torch.cuda.mem_get_info(device)
+    sched = cfg.scheduler
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    # activations of a full step (MLP is the widest) + fp32 logits of every sampling row
+    reserve = sched.max_batch_tokens * (4 * spec.intermediate_size + 8 * spec.hidden_size) * itemsize
+    reserve += min(sched.max_running, sched.max_batch_tokens) * spec.vocab_size * 8
+    pages = KVStore.pages_for_budget(max(0, int(free * cfg.gpu_memory_utilization) - reserve),
+                                     ps, spec.num_layers, spec.num_kv_heads, spec.head_dim, kv)
+    if pages < 1:
+        raise RuntimeError(f"no device memory left for KV pages ({free / 2**30:.1f} GiB free after weights)")
+    return pages

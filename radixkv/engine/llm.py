@@ -11,14 +11,17 @@ requests already in flight untouched.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 import operator
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
 
+from radixkv.batch import Batch
 from radixkv.cache import PagePool, RadixCache
 from radixkv.config import EngineConfig, KVDtype
 from radixkv.request import Request, RequestOutput
@@ -26,17 +29,13 @@ from radixkv.scheduler import Scheduler
 
 from .attention import Backend, PagedAttention
 from .cuda_graphs import DecodeGraphs
-from .kv_store import KVStore
+from .kv_store import KVStore, default_num_pages
 from .model import LlamaModel
 from .sampling import SamplingParams, sample, sampling_rows
 from .session import Session
-from .weights import LoadedModel, ModelSpec, load_model
+from .weights import LoadedModel, load_model
 
 Prompt = str | Sequence[int]
-
-# CPU pools without an explicit num_pages: room for this many tokens, capped at this many bytes.
-_CPU_DEFAULT_TOKENS = 65536
-_CPU_DEFAULT_BYTES = 1 << 30
 
 
 class _RowSampling(NamedTuple):
@@ -73,6 +72,8 @@ class LLM:
         fused = attention_backend is Backend.TRITON or (attention_backend is Backend.AUTO and self.device.type == "cuda")
         self.model = LlamaModel(loaded.spec, loaded.state_dict, loaded.dtype, self.device, fused=fused)
         del loaded
+        # token ids must index the embedding (a config may claim more rows than the checkpoint holds)
+        self.vocab_size = min(self.spec.vocab_size, self.model.embed.shape[0], self.model.lm_head.shape[0])
         self.kv_dtype = (KVDtype.for_compute(str(self.dtype).removeprefix("torch.")) if cfg.kv_dtype == "auto"
                          else KVDtype(cfg.kv_dtype))
         num_pages = cfg.num_pages or default_num_pages(self.spec, cfg, self.kv_dtype, self.dtype, self.device)
@@ -95,6 +96,7 @@ class LLM:
         self._t0 = time.monotonic()
         self.num_steps = 0
         self._recorded: list[Request] | None = None  # requests added while recording
+        self._busy = threading.Lock()  # held by the one call running (generate, step, add_requests)
 
     @property
     def num_pages(self) -> int:
@@ -115,7 +117,17 @@ class LLM:
     # ------------------------------------------------------------------ requests
 
     def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
-        """Token ids of one prompt, validated (ValueError/TypeError naming the prompt and problem)."""
+        """Token ids of one prompt, validated (ValueError/TypeError naming the prompt and problem).
+
+        prompt: text, token ids, or vLLM's {"prompt": text} / {"prompt_token_ids": ids}."""
+        if isinstance(prompt, dict):
+            keys = set(prompt) & {"prompt", "prompt_token_ids"}
+            if len(keys) != 1:
+                raise ValueError(f"prompt {index}: a dict prompt needs exactly one of 'prompt' or "
+                                 f"'prompt_token_ids', got keys {sorted(prompt)}")
+            prompt = prompt[keys.pop()]
+            if prompt is None or isinstance(prompt, dict):
+                raise TypeError(f"prompt {index}: the dict's value must be text or token ids, got {prompt!r}")
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError(f"prompt {index} is text but the model has no tokenizer; pass token ids")
@@ -130,13 +142,14 @@ class LLM:
                 raise TypeError(f"prompt {index} holds a token id that is not an integer")
         if not ids:
             raise ValueError(f"prompt {index} is empty")
-        V = self.spec.vocab_size
+        V = self.vocab_size
         bad = [t for t in ids if not 0 <= t < V]
         if bad:
             raise ValueError(f"prompt {index}: token id {bad[0]} is outside the vocabulary [0, {V})")
         return ids
 
-    def _make_request(self, ids: list[int], params: SamplingParams, index: int) -> Request:
+    def _check_fits(self, ids: list[int], params: SamplingParams, index: int) -> None:
+        """ValueError naming the prompt when prompt + max_tokens exceed the context, window or pool."""
         total = len(ids) + params.max_tokens
         if total > self.max_model_len:
             raise ValueError(f"prompt {index}: {len(ids)} prompt tokens + max_tokens {params.max_tokens} = {total} "
@@ -149,6 +162,9 @@ class LLM:
         if -(-total // ps) > self.num_pages:
             raise ValueError(f"prompt {index}: {total} tokens need {-(-total // ps)} KV pages, "
                              f"more than the pool's {self.num_pages}")
+
+    def _make_request(self, ids: list[int], params: SamplingParams) -> Request:
+        """A Request for validated ids: takes the next request id and, unseeded, the next seed."""
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop |= self.eos_token_ids
@@ -157,19 +173,37 @@ class LLM:
                        arrival_s=self._now(), stop_token_ids=frozenset(stop), sampling=_RowSampling(params, seed))
 
     def add_requests(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams]) -> list[Request]:
-        """Validate every prompt, then queue them all (all or nothing)."""
+        """Validate every prompt, then queue them all (all or nothing: a refused call consumes no
+        request id and no seed, so later outputs equal a fresh engine's)."""
+        with self._exclusive("add_requests"):
+            return self._add_requests(prompts, params)
+
+    def _add_requests(self, prompts: Any, params: Any) -> list[Request]:
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise TypeError(f"prompts must be a list of prompts (str, token ids or dicts), got {type(prompts).__name__}")
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        if not isinstance(params, Sequence) or len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params) if isinstance(params, Sequence) else params!r} "
+                             f"SamplingParams")
         for i, p in enumerate(params):
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"params {i} must be a SamplingParams, got {p!r}")
-        reqs = [self._make_request(self.encode(p, i), sp, i) for i, (p, sp) in enumerate(zip(prompts, params))]
+        ids = [self.encode(p, i) for i, p in enumerate(prompts)]
+        for i, (tokens, sp) in enumerate(zip(ids, params)):
+            self._check_fits(tokens, sp, i)
+        reqs = [self._make_request(tokens, sp) for tokens, sp in zip(ids, params)]
+        added: list[Request] = []
+        try:
+            for r in reqs:
+                self.scheduler.add(r, r.arrival_s)
+                added.append(r)
+        except BaseException:
+            for r in added:
+                self.scheduler.abort(r.rid)
+            raise
         if self._recorded is not None:
             self._recorded.extend(reqs)
-        for r in reqs:
-            self.scheduler.add(r, r.arrival_s)
         return reqs
 
     def start_recording(self) -> None:
@@ -192,12 +226,31 @@ class LLM:
 
     # ------------------------------------------------------------------ the step
 
-    @torch.inference_mode()
     def step(self) -> list[Request]:
-        """Run one scheduler step; returns the requests that finished in it."""
+        """Run one scheduler step; returns the requests that finished in it. A step is failure-
+        atomic: if anything raises before its tokens are applied (a kernel, an out-of-memory, a
+        KeyboardInterrupt), the batch goes back to the scheduler as if it never ran, the exception
+        propagates, and the next step recomputes the same work."""
+        with self._exclusive("step"):
+            return self._step()
+
+    @torch.inference_mode()
+    def _step(self) -> list[Request]:
         batch = self.scheduler.schedule(self._now())
         if batch is None:
             return []
+        try:
+            tokens = self._run(batch)
+            finished = self.scheduler.update(batch, tokens, self._now())
+        except BaseException:
+            if self.scheduler.in_flight is batch:  # update() refuses before it changes anything
+                self.scheduler.abandon(batch)
+            raise
+        self.num_steps += 1
+        return finished
+
+    def _run(self, batch: Batch) -> list[int | None]:
+        """The forward pass and the sampler: one token per sampling row (None for the others)."""
         dev = self.device
         rows = [b for b, s in enumerate(batch.sample) if s]
         if self.graphs is not None and self.graphs.fits(batch):
@@ -214,13 +267,24 @@ class LLM:
             drawn = logits.argmax(dim=-1).tolist()  # the step's one host sync
         else:
             sampling = sampling_rows(params, [r.sampling.seed for r in reqs], [len(r.output) for r in reqs],
-                                     self.spec.vocab_size, dev)
+                                     logits.shape[1], dev)
             drawn = sample(logits, sampling).tolist()
         tokens: list[int | None] = [None] * len(batch.requests)
         for b, t in zip(rows, drawn):
             tokens[b] = t
-        self.num_steps += 1
-        return self.scheduler.update(batch, tokens, self._now())
+        return tokens
+
+    @contextlib.contextmanager
+    def _exclusive(self, what: str) -> Iterator[None]:
+        """One caller at a time: a second thread, or a re-entrant call, is refused before it
+        touches any state. (Many callers share an engine through one loop that owns the LLM.)"""
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(f"LLM.{what}() refused: this LLM is busy with another call (another thread, "
+                               f"or a call from inside one of its own); an LLM serves one caller at a time")
+        try:
+            yield
+        finally:
+            self._busy.release()
 
     def output_of(self, req: Request) -> RequestOutput:
         assert req.finish_reason is not None, f"request {req.rid} has not finished"
@@ -238,7 +302,18 @@ class LLM:
         if _is_single_prompt(prompts):
             prompts = [prompts]  # one prompt given bare: text, token ids, or a 1-D array
         params = SamplingParams() if sampling_params is None else sampling_params
-        reqs = self.add_requests(list(prompts), params)
+        with self._exclusive("generate"):
+            reqs = self._add_requests(list(prompts) if isinstance(prompts, Iterable) else prompts, params)
+            try:
+                self._run_until_done(reqs, use_tqdm)
+            except BaseException:  # withdraw our own requests; anyone else's stay queued
+                for r in reqs:
+                    if not r.finished:
+                        self.scheduler.abort(r.rid)
+                raise
+        return [self.output_of(r) for r in reqs]
+
+    def _run_until_done(self, reqs: list[Request], use_tqdm: bool) -> None:
         pending = {r.rid for r in reqs}
         bar = None
         if use_tqdm:
@@ -247,16 +322,15 @@ class LLM:
             bar = tqdm(total=len(reqs), unit="prompt", desc="generate")
         try:
             while pending:
-                if not self.has_work():
+                if not self.scheduler.has_work():
                     raise RuntimeError(f"scheduler idle with requests {sorted(pending)} unfinished")
-                done = [r.rid for r in self.step() if r.rid in pending]
+                done = [r.rid for r in self._step() if r.rid in pending]
                 pending.difference_update(done)
                 if bar is not None:
                     bar.update(len(done))
         finally:
             if bar is not None:
                 bar.close()
-        return [self.output_of(r) for r in reqs]
 
     def session(self, system: str | Sequence[int] | None = None, params: SamplingParams | None = None) -> "Session":
         """A multi-turn chat whose every turn reuses the KV of all earlier turns.
@@ -300,25 +374,3 @@ def pick_device(name: str | None) -> torch.device:
     elif device.type != "cpu":
         raise ValueError(f"device {name!r} is not supported; use 'cuda', 'cuda:N' or 'cpu'")
     return device
-
-
-def default_num_pages(spec: ModelSpec, cfg: EngineConfig, kv: KVDtype, dtype: torch.dtype,
-                      device: torch.device) -> int:
-    """KV pages when `num_pages` is not given: on CUDA, `gpu_memory_utilization` of the device memory
-    free after the weights, less a step's activations and logits; elsewhere a fixed token budget."""
-    ps = cfg.page_size
-    per_page = KVStore.bytes_per_page(ps, spec.num_layers, spec.num_kv_heads, spec.head_dim, kv)
-    if device.type != "cuda":
-        return max(1, min(-(-_CPU_DEFAULT_TOKENS // ps), _CPU_DEFAULT_BYTES // per_page))
-    torch.cuda.empty_cache()  # blocks freed while loading weights count as used otherwise
-    free, _ = torch.cuda.mem_get_info(device)
-    sched = cfg.scheduler
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    # activations of a full step (MLP is the widest) + fp32 logits of every sampling row
-    reserve = sched.max_batch_tokens * (4 * spec.intermediate_size + 8 * spec.hidden_size) * itemsize
-    reserve += min(sched.max_running, sched.max_batch_tokens) * spec.vocab_size * 8
-    pages = KVStore.pages_for_budget(max(0, int(free * cfg.gpu_memory_utilization) - reserve),
-                                     ps, spec.num_layers, spec.num_kv_heads, spec.head_dim, kv)
-    if pages < 1:
-        raise RuntimeError(f"no device memory left for KV pages ({free / 2**30:.1f} GiB free after weights)")
-    return pages

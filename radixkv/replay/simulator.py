@@ -18,7 +18,8 @@ from radixkv.scheduler.metrics import SchedulerMetrics, TimelinePoint
 from radixkv.cache.pages import PagePool
 from radixkv.cache.radix_tree import RadixCache
 from radixkv.request import Request
-from radixkv.scheduler.scheduler import Scheduler, worst_case_pages
+from radixkv.scheduler.entry import worst_case_pages
+from radixkv.scheduler.scheduler import Scheduler
 
 FAKE_VOCAB = 32000
 

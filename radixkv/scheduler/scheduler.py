@@ -13,7 +13,7 @@ and finishes requests.
 Page lifetime (the contract with RadixCache and PagePool):
 - A running request holds one pool reference on every page in `req.pages` (one page per block
   of its computed tokens, the last possibly partial and private) and a lock on its cached path
-  (`_Entry.locked`), so `cache.num_evictable_pages` counts exactly the pages eviction can free.
+  (`Entry.locked`), so `cache.num_evictable_pages` counts exactly the pages eviction can free.
 - Completed full blocks are inserted into the tree after each prefill chunk and at finish; the
   request then re-matches and locks the longer path and unlocks the old one. Blocks another
   request cached first are swapped for the tree's pages (same tokens, same K/V) and ours freed.
@@ -31,53 +31,17 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
-from dataclasses import dataclass
 
 import numpy as np
 
 from radixkv.batch import Batch, BatchBuilder
+from radixkv.cache import MatchResult, PagePool, RadixCache
 from radixkv.config import Policy, SchedulerConfig
+from radixkv.request import FinishReason, Request, Status
+
+from .entry import Entry, ShareKey, share_key, worst_case_pages
 from .metrics import SchedulerMetrics
-from radixkv.cache.pages import PagePool
 from .policies import AdmissionRanker
-from radixkv.cache.radix_tree import MatchResult, Node, RadixCache
-from radixkv.request import Request, Status
-
-_ShareKey = tuple[int, int, bytes]  # (id(end node of the cached path), its tokens, next block's bytes)
-
-
-@dataclass(eq=False)
-class _Entry:
-    """Scheduler-side state of one live (waiting or running) request."""
-
-    req: Request
-    seq: int  # add order; breaks ties between equal arrivals
-    arrival: float  # `now` at add()
-    arrival_step: int  # steps scheduled before add()
-    prompt_arr: np.ndarray  # int32 [len(prompt)], what the tree is given
-    wait_since: float  # start of the current waiting episode
-    wait_s: float = 0.0  # finished waiting episodes
-    admit_seq: int = 0  # larger: admitted more recently
-    locked: MatchResult | None = None  # the cached path this request locks while running
-    admitted_once: bool = False
-    score: int | None = None  # cached tokens at its last match (None: not matched yet)
-    node: Node | None = None  # where that match ended (DFS_WEIGHT's grouping)
-
-    def order_key(self) -> tuple[float, int]:
-        return (self.arrival, self.seq)
-
-    def token_array(self, n: int) -> np.ndarray:
-        """The first n tokens of prompt + output as int32."""
-        p = self.prompt_arr
-        if n <= len(p):
-            return p[:n]
-        return np.concatenate((p, np.asarray(self.req.output[: n - len(p)], dtype=np.int32)))
-
-
-def worst_case_pages(req: Request, page_size: int) -> int:
-    """Pages a request holds at most: K/V of its prompt and all outputs but the last."""
-    return -(-(len(req.prompt) + req.max_tokens - 1) // page_size)
-
 
 class Scheduler:
     """Decides each step's work; see the module docstring for the page lifetime rules."""
@@ -93,9 +57,9 @@ class Scheduler:
         self.config = config
         self.page_size = page_size
         self.metrics = SchedulerMetrics()
-        self.waiting: list[_Entry] = []  # sorted by (arrival, seq)
-        self.running: list[_Entry] = []  # admission order, oldest first
-        self._entries: dict[int, _Entry] = {}  # rid -> live entry
+        self.waiting: list[Entry] = []  # sorted by (arrival, seq)
+        self.running: list[Entry] = []  # admission order, oldest first
+        self._entries: dict[int, Entry] = {}  # rid -> live entry
         self._seq = itertools.count()
         self._admit_seq = itertools.count()
         self._step = 0
@@ -123,14 +87,39 @@ class Scheduler:
             raise ValueError(f"request {req.rid}: prompt tokens must be int32 ids: {err}") from None
         if arr.ndim != 1 or (arr.size and int(arr.min()) < 0):
             raise ValueError(f"request {req.rid}: prompt must be a flat list of non-negative ids")
-        e = _Entry(req, next(self._seq), now, self._step, arr, wait_since=now)
+        e = Entry(req, next(self._seq), now, self._step, arr, wait_since=now)
         if self.config.policy is not Policy.FCFS:
             self._match(e)  # a score from the start: rounds then only refresh
         self._entries[req.rid] = e
-        bisect.insort(self.waiting, e, key=_Entry.order_key)
+        bisect.insort(self.waiting, e, key=Entry.order_key)
+
+    def abort(self, rid: int) -> Request | None:
+        """Withdraw a waiting or running request now: its computed full blocks are cached, its
+        pages and lock released; it ends FINISHED with FinishReason.ABORT. None when rid is not
+        live. Refused (RuntimeError, nothing changed) for a row of the batch in flight: `update`
+        or `abandon` that batch first."""
+        if self._inflight is not None and any(r.rid == rid for r in self._inflight.requests):
+            raise RuntimeError(f"request {rid} is in the batch in flight; update() or abandon() it first")
+        e = self._entries.pop(rid, None)
+        if e is None:
+            return None
+        req = e.req
+        if req.status is Status.RUNNING:
+            self._release(e)
+            self.running.remove(e)
+        else:
+            self.waiting.remove(e)
+        req.status = Status.FINISHED
+        req.finish_reason = FinishReason.ABORT
+        return req
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def in_flight(self) -> Batch | None:
+        """The batch `schedule` returned that has not been updated or abandoned yet."""
+        return self._inflight
 
     @property
     def num_waiting(self) -> int:
@@ -147,7 +136,7 @@ class Scheduler:
             raise RuntimeError("schedule() called again before update() of the previous batch")
         self._step += 1
         rows = BatchBuilder(self.page_size)
-        shared: set[_ShareKey] = set()
+        shared: set[ShareKey] = set()
         budget = self.config.max_batch_tokens
         i = 0
         while i < len(self.running) and budget > 0:
@@ -166,6 +155,15 @@ class Scheduler:
             return None
         self._inflight = rows.build()
         return self._inflight
+
+    def abandon(self, batch: Batch) -> None:
+        """The step of `batch` failed before `update`: it never happened. Its rows keep their
+        pages and computed tokens; the K/V the failed step may have stored lies past each row's
+        computed tokens, in pages the row owns alone (never a cached block), and is written again
+        when the next `schedule` offers the same work."""
+        if batch is not self._inflight:
+            raise ValueError("abandon() takes the batch returned by the last schedule()")
+        self._inflight = None
 
     def update(self, batch: Batch, tokens: list[int | None], now: float) -> list[Request]:
         """Apply a step's results: tokens[b] is row b's sampled token when batch.sample[b]
@@ -194,13 +192,13 @@ class Scheduler:
         return finished
 
     # ---- admission ----------------------------------------------------------------------------
-    def _starved(self, e: _Entry, now: float) -> bool:
+    def _starved(self, e: Entry, now: float) -> bool:
         cfg = self.config
         return ((cfg.starvation_s is not None and now - e.arrival > cfg.starvation_s)
                 or (cfg.starvation_steps is not None
                     and self._step - e.arrival_step > cfg.starvation_steps))
 
-    def _match(self, e: _Entry) -> None:
+    def _match(self, e: Entry) -> None:
         """Match a queued request against the tree now; the ranker orders by the result."""
         m = self._lookup(e.token_array(e.req.num_tokens), e.req.namespace)
         e.score, e.node = m.num_tokens, m.node
@@ -209,7 +207,7 @@ class Scheduler:
         """The cached prefix of tokens; with prefix caching off, always the empty one."""
         return self.cache.match(tokens if self.config.prefix_caching else tokens[:0], namespace)
 
-    def _admit(self, rows: BatchBuilder, budget: int, shared: set[_ShareKey], now: float) -> None:
+    def _admit(self, rows: BatchBuilder, budget: int, shared: set[ShareKey], now: float) -> None:
         cfg, pool, cache, ps = self.config, self.pool, self.cache, self.page_size
         reserve = sum(self._decode_reserve(r) for r in self.running)
         admitted: set[int] = set()
@@ -227,7 +225,7 @@ class Scheduler:
             m = self._lookup(tokens, req.namespace)
             usable = min(m.num_tokens, (total - 1) // ps * ps)  # leave >= 1 token to compute
             if (cfg.in_batch_sharing and cfg.prefix_caching and shared and usable == m.num_tokens
-                    and _share_key(m, tokens, ps) in shared):
+                    and share_key(m, tokens, ps) in shared):
                 # Another row computes this block now: hit it next step instead. The starved
                 # head defers too (one step), but then nothing that arrived later is admitted.
                 if head_starved and e is order[0]:
@@ -268,7 +266,7 @@ class Scheduler:
         if admitted:
             self.waiting = [e for e in self.waiting if id(e) not in admitted]
 
-    def _decode_reserve(self, e: _Entry) -> int:
+    def _decode_reserve(self, e: Entry) -> int:
         """Pages admission keeps free for a running request's coming decode tokens: a share
         (`decode_reserve`) of its remaining output, and at least one page while it decodes."""
         req = e.req
@@ -277,14 +275,14 @@ class Scheduler:
         decoding = req.num_tokens - req.num_computed == 1 and req.status is Status.RUNNING
         return max(pages, 1 if decoding else 0)
 
-    def _add_row(self, rows: BatchBuilder, e: _Entry, start: int, q_len: int,
-                 shared: set[_ShareKey]) -> None:
+    def _add_row(self, rows: BatchBuilder, e: Entry, start: int, q_len: int,
+                 shared: set[ShareKey]) -> None:
         rows.add(e.req, start, q_len)
         if not (self.config.in_batch_sharing and self.config.prefix_caching) or q_len == 1:
             return
         ps, base = self.page_size, e.locked.num_tokens
         if start + q_len >= base + ps:  # this chunk completes the first block past the cached path
-            shared.add(_share_key(e.locked, e.token_array(base + ps), ps))
+            shared.add(share_key(e.locked, e.token_array(base + ps), ps))
 
     # ---- pages --------------------------------------------------------------------------------
     def _room(self, pages: int) -> int:
@@ -295,7 +293,7 @@ class Scheduler:
             free = self.pool.num_free
         return free
 
-    def _grow(self, e: _Entry, want: int, index: int, now: float) -> int:
+    def _grow(self, e: Entry, want: int, index: int, now: float) -> int:
         """Give running[index] pages for up to `want` more tokens; returns how many it got.
 
         A prefill chunk shrinks to the pages there are; when not even one token fits, newer
@@ -314,7 +312,7 @@ class Scheduler:
                 return 0
             self._preempt(self.running[-1], now)
 
-    def _preempt(self, e: _Entry, now: float) -> None:
+    def _preempt(self, e: Entry, now: float) -> None:
         """Release a running request's pages (caching its computed blocks) and requeue it."""
         req = e.req
         self._release(e)
@@ -323,10 +321,10 @@ class Scheduler:
         e.wait_since = now
         e.score = e.node = None
         self.running.remove(e)
-        bisect.insort(self.waiting, e, key=_Entry.order_key)
+        bisect.insort(self.waiting, e, key=Entry.order_key)
         self.metrics.preemptions += 1
 
-    def _finish(self, e: _Entry) -> None:
+    def _finish(self, e: Entry) -> None:
         req = e.req
         self._release(e)
         req.status = Status.FINISHED
@@ -335,7 +333,7 @@ class Scheduler:
         self.metrics.completed += 1
         self.metrics.waits_s.append(e.wait_s)
 
-    def _release(self, e: _Entry) -> None:
+    def _release(self, e: Entry) -> None:
         req, ps = e.req, self.page_size
         full = req.num_computed // ps * ps
         if full > e.locked.num_tokens and self.config.prefix_caching:
@@ -345,7 +343,7 @@ class Scheduler:
         self.pool.decref(req.pages)
         req.pages = []
 
-    def _cache_progress(self, e: _Entry) -> None:
+    def _cache_progress(self, e: Entry) -> None:
         """Insert the full blocks a prefill chunk completed, lock the longer path, and swap in
         the tree's pages where another request cached a block first."""
         req, ps, cache = e.req, self.page_size, self.cache
@@ -370,13 +368,3 @@ class Scheduler:
         if ours:
             self.pool.incref(theirs)
             self.pool.decref(ours)
-
-
-def _share_key(m: MatchResult, tokens: np.ndarray, ps: int) -> _ShareKey | None:
-    """Identity of the first block past m's cached path (None when tokens lack a full one).
-
-    The end node of a path identifies the path, so equal keys mean equal prefixes."""
-    n = m.num_tokens
-    if len(tokens) < n + ps:
-        return None
-    return (id(m.node), n, tokens[n: n + ps].tobytes())

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from radixkv import PagePool, Policy, RadixCache, SchedulerConfig
 from radixkv.request import Request, Status
-from radixkv.scheduler.scheduler import Scheduler, worst_case_pages
+from radixkv.scheduler.entry import worst_case_pages
+from radixkv.scheduler.scheduler import Scheduler
 from radixkv.replay.simulator import KVShadow, fake_token
 
 PREFIXES = ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9], [5, 5, 5, 5, 5])
