@@ -67,10 +67,12 @@ class LLM:
         self.config = cfg = EngineConfig.from_kwargs(**named, **more)
         self.device = pick_device(cfg.device)
         loaded: LoadedModel = load_model(model, cfg.dtype, self.device, cfg.seed)
-        self.spec, self.dtype, self.tokenizer, self.hf_config = loaded.spec, loaded.dtype, loaded.tokenizer, loaded.config
+        self.spec, self.dtype, self.tokenizer = loaded.spec, loaded.dtype, loaded.tokenizer
+        self.hf_config = loaded.config
         self.eos_token_ids = loaded.eos_token_ids  # generation stops at any of these unless ignore_eos
-        fused = attention_backend is Backend.TRITON or (attention_backend is Backend.AUTO and self.device.type == "cuda")
-        self.model = LlamaModel(loaded.spec, loaded.state_dict, loaded.dtype, self.device, fused=fused)
+        auto_triton = attention_backend is Backend.AUTO and self.device.type == "cuda"
+        triton = attention_backend is Backend.TRITON or auto_triton
+        self.model = LlamaModel(loaded.spec, loaded.state_dict, loaded.dtype, self.device, fused=triton)
         del loaded
         # token ids must index the embedding (a config may claim more rows than the checkpoint holds)
         self.vocab_size = min(self.spec.vocab_size, self.model.embed.shape[0], self.model.lm_head.shape[0])
@@ -78,7 +80,7 @@ class LLM:
                          else KVDtype(cfg.kv_dtype))
         num_pages = cfg.num_pages or default_num_pages(self.spec, cfg, self.kv_dtype, self.dtype, self.device)
         s = self.spec
-        use_graphs = self.device.type == "cuda" and not cfg.enforce_eager and attention_backend is not Backend.REFERENCE
+        use_graphs = triton and self.device.type == "cuda" and not cfg.enforce_eager
         # with CUDA graphs one more page, never in the pool, takes the padding rows' K/V
         self.kv = KVStore(s.num_layers, num_pages + use_graphs, cfg.page_size, s.num_kv_heads, s.head_dim,
                           self.kv_dtype, self.device, self.dtype)
@@ -172,7 +174,8 @@ class LLM:
         return Request(rid=next(self._rids), prompt=ids, max_tokens=params.max_tokens,
                        arrival_s=self._now(), stop_token_ids=frozenset(stop), sampling=_RowSampling(params, seed))
 
-    def add_requests(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams]) -> list[Request]:
+    def add_requests(self, prompts: Sequence[Prompt],
+                     params: SamplingParams | Sequence[SamplingParams]) -> list[Request]:
         """Validate every prompt, then queue them all (all or nothing: a refused call consumes no
         request id and no seed, so later outputs equal a fresh engine's)."""
         with self._exclusive("add_requests"):
@@ -180,7 +183,8 @@ class LLM:
 
     def _add_requests(self, prompts: Any, params: Any) -> list[Request]:
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-            raise TypeError(f"prompts must be a list of prompts (str, token ids or dicts), got {type(prompts).__name__}")
+            raise TypeError(f"prompts must be a list of prompts (str, token ids or dicts), "
+                            f"got {type(prompts).__name__}")
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if not isinstance(params, Sequence) or len(params) != len(prompts):
