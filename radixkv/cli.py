@@ -252,11 +252,14 @@ def _cmd_replay(a: argparse.Namespace) -> int:
 def _cmd_gen(a: argparse.Namespace) -> int:
     try:
         reqs = _generate(a)
-    except ValueError as e:  # a bad generator setting (e.g. --rate 0)
-        raise CliError(str(e)) from None
+    except ValueError as e:  # a bad generator setting (e.g. --rate 0 or nan), named by its config
+        raise CliError(one_line(e)) from None
     from radixkv.workloads.traces import write_trace
 
-    n = write_trace(a.output, reqs)
+    try:
+        n = write_trace(a.output, reqs)
+    except OSError as e:  # -o names a folder, an unwritable or missing place
+        raise CliError(f"{a.output}: cannot write the trace: {e.strerror or e}") from None
     print(f"wrote {n} requests ({sum(r.num_prompt_tokens for r in reqs):,} prompt tokens) to {a.output}")
     return 0
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from . import poisson_arrivals, random_tokens
+from .multi_turn import _check_int, _check_rate
 from .traces import TraceError, TraceRequest, byte_tokenize
 
 INSTRUCTION = "Solve the grade-school math problem. Show your reasoning, then the answer after '####'.\n\n"
@@ -27,13 +28,14 @@ class FewShotConfig:
     example_len: int = 160  # synthetic tokens per example (without GSM8K)
     question_len: int = 48  # synthetic tokens per question (without GSM8K)
     max_tokens: int = 256
-    rate: float = 4.0
+    rate: float = 4.0  # Poisson arrivals per second (inf: all at 0)
     seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("templates", "shots", "prompts_per_template", "example_len", "question_len", "max_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            _check_int(name, getattr(self, name), 1)
+        _check_rate(self.rate)
+        _check_int("seed", self.seed, 0, None)  # numpy takes any non-negative int
 
 
 def _read_gsm8k(path: Path, n: int) -> list[dict]:

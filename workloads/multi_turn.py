@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,16 +31,42 @@ class MultiTurnConfig:
     user_len: int = 64  # mean tokens of a user turn (without ShareGPT)
     reply_len: int = 128  # mean tokens of a reply (without ShareGPT)
     max_reply: int = 1024  # replies (max_tokens) are capped here
-    rate: float = 1.0  # sessions started per second (Poisson)
+    rate: float = 1.0  # sessions started per second (Poisson; inf: all at 0)
     think_s: float = 10.0  # mean user think time between a turn and the next
     seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("sessions", "max_turns", "user_len", "reply_len", "max_reply"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.system_len < 0 or self.think_s < 0:
-            raise ValueError("system_len and think_s must be >= 0")
+            _check_int(name, getattr(self, name), 1)
+        _check_int("system_len", self.system_len, 0)
+        _check_rate(self.rate)
+        if (isinstance(self.think_s, bool) or not isinstance(self.think_s, (int, float))
+                or not math.isfinite(self.think_s) or self.think_s < 0):
+            raise ValueError(f"think_s must be a finite number of seconds >= 0, got {self.think_s!r}")
+        _check_int("seed", self.seed, 0, None)  # numpy takes any non-negative int
+
+
+# ---- option checks shared by the generators' configs (a bad option raises ValueError naming
+# it, so a trace with NaN arrivals or absurd lengths is never written) ----
+_MAX_LEN = 2**31 - 1  # token counts and max_tokens are int32 downstream (page tables, traces)
+
+
+def _check_int(name: str, value: object, minimum: int, maximum: int | None = _MAX_LEN) -> None:
+    """`value` an integer (not a bool or float) in [minimum, maximum] (None: no upper bound)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+
+
+def _check_rate(rate: object) -> None:
+    """Arrivals per second: a number > 0; inf puts every arrival at 0; NaN is refused."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float, np.integer, np.floating)):
+        raise ValueError(f"rate must be a number of arrivals per second, got {rate!r}")
+    if not rate > 0:  # also NaN
+        raise ValueError(f"rate must be > 0 (inf: all at time 0), got {rate}")
 
 
 def sharegpt_turn_lengths(path: str | Path, sessions: int, max_turns: int) -> list[list[tuple[int, int]]]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import poisson_arrivals, random_tokens
+from .multi_turn import _check_int, _check_rate
 from .traces import TraceRequest
 
 
@@ -26,8 +27,11 @@ class SharedPrefixConfig:
 
     def __post_init__(self) -> None:
         for name in ("groups", "prompts_per_group", "system_len", "question_len", "max_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            _check_int(name, getattr(self, name), 1)
+        _check_rate(self.rate)
+        _check_int("seed", self.seed, 0, None)  # numpy takes any non-negative int
+        if not isinstance(self.shuffle, bool):
+            raise ValueError(f"shuffle must be True or False, got {self.shuffle!r}")
 
 
 def shared_prefix(cfg: SharedPrefixConfig) -> list[TraceRequest]:

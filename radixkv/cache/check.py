@@ -30,7 +30,8 @@ def check_tree(cache: TreeView) -> None:
 
     Pool pages free xor held (1); keys whole blocks with one page each, siblings with
     distinct first blocks, hash keys right (2, which with token comparison gives 3); lock
-    counts consistent and every evictable leaf in the LRU heap at its last-use time, children
+    counts consistent (a node's locks are the locks of matches ending at it plus its
+    children's) and every evictable leaf in the LRU heap at its last-use time, children
     never used more recently than parents (4); each node in its namespace's subtree and no
     page in two places (5); counters equal to what the tree holds (6 follows: a cleared tree
     with no other holders leaves every page free).
@@ -77,8 +78,12 @@ def check_tree(cache: TreeView) -> None:
             for h, head in node.children.items():
                 assert head.parent is node, f"{node}: hash chain holds a node of another parent"
                 assert head.hkey == h, f"{head}: filed under another hash than its own"
-            if node.parent is not None:
-                assert node.lock_count >= child_locks, f"{node}: fewer locks than its children together"
+            assert node.end_locks >= 0, f"{node}: negative count of locks ending here"
+            if node.parent is None:
+                assert node.lock_count == 0, f"{node}: a root counts path locks (its lock_count is not 0)"
+            else:
+                assert node.lock_count == node.end_locks + child_locks, \
+                    f"{node}: lock_count is not its locks ending here plus its children's locks"
                 if not node.children and not node.lock_count:
                     assert live.get(id(node)) == node.last_access, \
                         f"{node}: evictable leaf has no LRU-heap entry at its last access time"

@@ -3,11 +3,11 @@
 A Node is one edge of the tree: `key` holds a whole number of `page_size`-token blocks and
 `pages` one physical page per block. MatchResult names the node that ends a matched path,
 which is what `RadixCache.lock`/`unlock` take. attach_child / detach_child / replace_child
-keep a parent's hash-keyed collision chains linked.
+keep a parent's hash-keyed collision chains linked; as_tokens checks and packs token input.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -22,11 +22,24 @@ def xxhash_block(block: np.ndarray) -> int:
     return xxhash.xxh3_64_intdigest(block)
 
 
+def as_tokens(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+    """tokens as a C-contiguous int32 [L] array (no copy when it already is one)."""
+    if (isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 and tokens.ndim == 1
+            and tokens.flags.c_contiguous):
+        return tokens
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise ValueError(f"tokens must be one-dimensional, got shape {arr.shape}")
+    if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() > np.iinfo(np.int32).max):
+        raise ValueError("tokens must be non-negative integers below 2**31")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
 class Node:
     """One edge of the tree: `key` tokens (whole blocks) and one page per block."""
 
     __slots__ = ("key", "first", "pages", "children", "parent", "next_sibling", "hkey",
-                 "lock_count", "last_access", "heap_seq", "namespace")
+                 "lock_count", "end_locks", "last_access", "heap_seq", "namespace")
 
     def __init__(self, key: np.ndarray, first: bytes, pages: np.ndarray, parent: Node | None,
                  hkey: int, namespace: Namespace) -> None:
@@ -37,7 +50,12 @@ class Node:
         self.parent = parent  # None for a namespace root and for a node evicted from the tree
         self.next_sibling: Node | None = None  # next sibling whose first block has the same hash
         self.hkey = hkey
+        # Locks come in two counts. lock_count: locks whose path passes through this node
+        # (what keeps it from eviction); end_locks: those of them taken on a match that ends
+        # exactly here, the only ones an unlock of such a match may undo. lock_count equals
+        # end_locks plus the children's lock_counts.
         self.lock_count = 0
+        self.end_locks = 0
         self.last_access = 0
         self.heap_seq: int | None = None  # sequence number of its live LRU-heap entry, if any
         self.namespace = namespace
@@ -60,7 +78,7 @@ class Node:
     def __repr__(self) -> str:
         head = self.key[:4].tolist()
         return (f"Node(ns={self.namespace!r}, tokens={len(self.key)}, first={head}, "
-                f"pages={len(self.pages)}, locks={self.lock_count})")
+                f"pages={len(self.pages)}, locks={self.lock_count} ({self.end_locks} ending here))")
 
 
 # ---- a parent's children: a dict from first-block hash to the head of a collision chain ----

@@ -7,6 +7,7 @@ of pages cost no Python objects (and no garbage-collector time).
 """
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 
 import numpy as np
@@ -21,23 +22,58 @@ class OutOfPages(RuntimeError):
         self.free = free
 
 
+_PY_REDUCE_MAX = 32  # _list_as_pages: lists shorter than this are reduced with Python's min/max
+
+
 def _as_pages(pages: Iterable[int], num_pages: int) -> np.ndarray:
-    """pages as a flat integer array, every id checked to lie in the pool."""
+    """pages as a flat integer array, every id checked to be an integer in the pool.
+
+    An integer numpy array passes as it is. Anything else is read element by element and
+    must hold Python or numpy integers only: a float, bool, string or None raises instead of
+    being truncated or converted (numpy's own conversion would make 1.9 page 1)."""
     if isinstance(pages, np.ndarray):
         if pages.dtype.kind not in "iu":
             raise ValueError(f"pages must be integers, got dtype {pages.dtype}")
-        arr = pages
-    elif isinstance(pages, (list, tuple)):
-        try:
-            arr = np.asarray(pages, dtype=np.int64)
-        except (OverflowError, TypeError, ValueError) as e:
-            raise ValueError(f"pages must be integer page ids: {e}") from None
+        if pages.ndim != 1:
+            raise ValueError(f"pages must be a flat sequence, got shape {pages.shape}")
+        _check_range(pages, num_pages)
+        return pages
+    if not isinstance(pages, (list, tuple)):
+        pages = list(pages)
+    return _list_as_pages(pages, num_pages)
+
+
+def _list_as_pages(pages: list[int] | tuple[int, ...], num_pages: int) -> np.ndarray:
+    """A list of page ids as an int64 array [n]; raises ValueError for an element that is not
+    an integer (float, bool, string, None, a nested list) and IndexError for one outside the
+    pool, naming it, before anything is changed."""
+    n = len(pages)
+    try:  # 'q' packs integers (anything with __index__) that fit in 64 bits; it refuses the rest
+        arr = np.frombuffer(struct.pack(f"{n}q", *pages), dtype=np.int64)
+    except struct.error:
+        raise bad_page_id(pages, num_pages) from None
+    if n == 0:
+        return arr
+    if n < _PY_REDUCE_MAX:  # Python's min/max beat numpy's fixed cost on short lists
+        lo, hi = min(pages), max(pages)
     else:
-        arr = np.fromiter(pages, dtype=np.int64)
-    if arr.ndim != 1:
-        raise ValueError(f"pages must be a flat sequence, got shape {arr.shape}")
-    _check_range(arr, num_pages)
+        lo, hi = arr.min(), arr.max()
+    if lo < 0 or hi >= num_pages:
+        _check_range(arr, num_pages)
+    if lo <= 1 and bool in map(type, pages):  # a bool packs as 0 or 1: look only then
+        raise bad_page_id(pages, num_pages)
     return arr
+
+
+def bad_page_id(pages: list[int] | tuple[int, ...], num_pages: int) -> Exception:
+    """The error for the first element of `pages` that is not a page id of the pool."""
+    for i, p in enumerate(pages):
+        if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, np.integer)):
+            return ValueError(f"pages must be integer page ids: pages[{i}] is {p!r} "
+                              f"({type(p).__name__})")
+        if not 0 <= p < num_pages:
+            return IndexError(f"page {int(p)} outside pool of {num_pages}")
+    return ValueError("pages must be integer page ids")  # (struct refused some element above)
 
 
 def _check_range(arr: np.ndarray, num_pages: int) -> None:

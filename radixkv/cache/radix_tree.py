@@ -8,14 +8,16 @@ pages (colliding siblings are chained through `Node.next_sibling`).
 Lifetime rules:
 - The tree holds one reference on each page it adopted (`insert` increfs them); eviction
   drops that reference. The caller keeps, and later drops, its own references.
-- A caller that keeps using matched pages must `lock` the match (its path is then never
-  evicted and counts as locked, not evictable) and `unlock` it exactly once when done.
-  A match whose path was evicted (wholly or its tail) since is stale: locking it raises.
+- A caller that keeps using matched pages `lock`s the match (its path is then never evicted
+  and counts as locked) and `unlock`s it exactly once; a match whose path was since evicted
+  is stale. unlock(m) undoes a lock of a match ending at m.node, never one of a longer match
+  through it (lock(long); unlock(short) raises).
 - `num_cached_pages == num_evictable_pages + num_locked_pages` at all times.
-- Bad input (too few pages, a page outside the pool or free, a stale or unlocked match, a
-  negative eviction count) raises before the tree or the pool changes. A page listed twice
-  or already cached elsewhere in the tree is the caller's bug that insert does not look for
-  (it would cost a third of insert's time); check_invariants() reports it.
+- Bad input (too few pages, a non-integer page id, one outside the pool or free, a stale,
+  unlocked or other cache's match, a negative eviction count) raises before the tree or the
+  pool changes; insert lets a bool id through as 0 or 1 (only a pass over the ids would see it).
+  A page listed twice or cached elsewhere in the tree is the caller's bug that insert does not
+  look for (a third of insert's time); check_invariants() reports it.
 """
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ from typing import NamedTuple
 import numpy as np
 
 from .lru import LruLeaves
-from .pages import PagePool
-from .node import (HashFn, MatchResult, Namespace, Node, attach_child, detach_child, replace_child,
-                         xxhash_block)
+from .pages import PagePool, bad_page_id
+from .node import (HashFn, MatchResult, Namespace, Node, as_tokens, attach_child, detach_child, replace_child,
+                   xxhash_block)
 from .check import TreeView, check_tree
 
 __all__ = ["HashFn", "MatchResult", "Namespace", "Node", "RadixCache", "xxhash_block"]
@@ -62,19 +64,6 @@ class _Adoption(NamedTuple):
 
     pages: np.ndarray  # int32 [n]
     refcounts: np.ndarray  # int32 [n], their refcounts before adoption
-
-
-def _as_tokens(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
-    """tokens as a C-contiguous int32 [L] array (no copy when it already is one)."""
-    if (isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 and tokens.ndim == 1
-            and tokens.flags.c_contiguous):
-        return tokens
-    arr = np.asarray(tokens)
-    if arr.ndim != 1:
-        raise ValueError(f"tokens must be one-dimensional, got shape {arr.shape}")
-    if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() > np.iinfo(np.int32).max):
-        raise ValueError("tokens must be non-negative integers below 2**31")
-    return np.ascontiguousarray(arr, dtype=np.int32)
 
 
 class RadixCache:
@@ -174,7 +163,7 @@ class RadixCache:
         """Longest cached prefix of `tokens` in whole blocks; refreshes its LRU time.
 
         Splits an edge the prefix ends inside, so the result's `node` ends exactly there."""
-        tokens = _as_tokens(tokens)
+        tokens = as_tokens(tokens)
         root = self.root(namespace)
         d = self._descend(tokens, root)
         end = self._touch(d, root)
@@ -226,8 +215,9 @@ class RadixCache:
             try:  # 'I' rejects negative and non-integer ids; the pool rejects ids past its end
                 arr = np.frombuffer(struct.pack(f"{len(plist)}I", *plist), dtype=np.uint32)
             except struct.error:
-                bad = next((p for p in plist if not isinstance(p, (int, np.integer)) or not 0 <= p < 2**32), None)
-                raise IndexError(f"page {bad!r} is not a page id of a pool of {self.pool.num_pages}") from None
+                raise bad_page_id(plist, self.pool.num_pages) from None
+            # A bool packs as 0 or 1 and is not looked for here: finding one costs a pass over
+            # the ids (the pool's incref/decref do refuse them).
         held = self.pool.check_held(arr)  # int32 [n]
         arr = arr.view(np.int32) if arr.dtype.itemsize == 4 else arr.astype(np.int32)  # ids < 2**31
         return _Adoption(arr, held)
@@ -240,7 +230,7 @@ class RadixCache:
         Blocks already cached keep the tree's pages (the caller's are not adopted); the tree
         increfs each page it adopts. Returns how many leading tokens were already cached.
         A read-only `tokens` array may be kept as a view (it must not change later)."""
-        tokens = _as_tokens(tokens)
+        tokens = as_tokens(tokens)
         ps = self.page_size
         nblocks = len(tokens) // ps
         if len(pages) < nblocks:
@@ -280,6 +270,7 @@ class RadixCache:
         upper = Node(node.key[: blocks * ps], node.first, node.pages[:blocks], None, node.hkey,
                      node.namespace)
         upper.lock_count = node.lock_count  # every lock on node's path also covers its prefix
+        # upper.end_locks stays 0: a match that ended at node still ends at node
         upper.last_access = node.last_access
         replace_child(parent, node, upper)  # upper takes node's place among the siblings
         node.key = node.key[blocks * ps:]
@@ -294,11 +285,13 @@ class RadixCache:
 
     # ---- locks -------------------------------------------------------------------------------
     def _path_to_root(self, m: MatchResult, verb: str) -> list[Node]:
-        """Nodes from m.node up to (excluding) its root; raises if m is stale."""
+        """Nodes from m.node up to (excluding) its root; raises if m is stale or was made by
+        another cache (its path does not end at one of this cache's roots)."""
         node = m.node
         if node.parent is None:
-            if self._roots.get(node.namespace) is not node:
-                raise ValueError(f"{verb} of a stale match: {node} was evicted")
+            if self._roots.get(node.namespace) is not node:  # an evicted node keeps its key; a root has none
+                raise ValueError(f"{verb} of a match made by another RadixCache" if len(node.key) == 0
+                                 else f"{verb} of a stale match: {node} was evicted")
             return []
         path: list[Node] = []
         tokens = 0
@@ -306,24 +299,35 @@ class RadixCache:
             path.append(node)
             tokens += len(node.key)
             node = node.parent
+        if self._roots.get(node.namespace) is not node:
+            raise ValueError(f"{verb} of a match made by another RadixCache")
         if tokens != m.num_tokens:
             raise ValueError(f"{verb} of a stale match: its path now holds {tokens} of its "
                              f"{m.num_tokens} tokens (the tail was evicted)")
         return path
 
     def lock(self, m: MatchResult) -> None:
-        """Protect the path root..m.node from eviction until unlock(m)."""
-        for node in self._path_to_root(m, "lock"):
+        """Protect the path root..m.node from eviction until unlock(m).
+
+        Raises, changing nothing, for a stale match or one another cache made."""
+        path = self._path_to_root(m, "lock")
+        m.node.end_locks += 1  # a root too: an empty match's lock is counted, so is its unlock
+        for node in path:
             if node.lock_count == 0:
                 self.num_locked_pages += len(node.pages)
             node.lock_count += 1
 
     def unlock(self, m: MatchResult) -> None:
-        """Undo one lock(m). Raises, changing nothing, if the path is not locked."""
+        """Undo one lock(m). Raises, changing nothing, unless a lock was taken on a match
+        ending at m.node (the same path): a lock on a longer match covers m's path but is
+        not m's to undo, and a match of another cache is refused."""
         path = self._path_to_root(m, "unlock")
-        for node in path:
-            if node.lock_count <= 0:
-                raise ValueError(f"unlock of an unlocked path at {node}")
+        end = m.node
+        if end.end_locks <= 0:
+            why = ("only longer matches through it are locked" if end.lock_count else "nothing locks it")
+            raise ValueError(f"unlock of an unlocked path at {end}: {why}")
+        # lock_count = end_locks + the children's lock_counts: no node of the path goes below zero
+        end.end_locks -= 1
         for node in path:
             node.lock_count -= 1
             if node.lock_count == 0:

@@ -110,6 +110,18 @@ def test_gen_writes_loadable_trace(tmp_path, kind, capsys):
     assert {"arrival_s", "tokens", "max_tokens", "session"} <= first.keys()
 
 
+@pytest.mark.parametrize("kind", ["multi-turn", "few-shot", "shared-prefix"])
+def test_gen_refuses_a_nan_rate_in_one_line_and_writes_nothing(tmp_path, kind, capsys):
+    """`--rate nan` used to write "arrival_s": NaN, which replay then refuses (issue 16, defect 8)."""
+    out = tmp_path / "t.jsonl"
+    for rate, needle in (("nan", "rate must be > 0"), ("-2", "rate must be > 0"), ("0", "rate must be > 0")):
+        code, stdout, err = _run(["gen", kind, "-o", str(out), "--rate", rate], capsys)
+        assert code == 2 and stdout == "" and not out.exists()
+        assert needle in _one_error_line(err) and rate in err
+    code, stdout, err = _run(["gen", kind, "-o", str(tmp_path), "--rate", "inf"], capsys)  # -o a folder
+    assert code == 2 and "cannot write the trace" in _one_error_line(err)
+
+
 def test_help_and_engine_commands(capsys):
     for argv in (["--help"], ["replay", "--help"], ["gen", "--help"], ["generate", "--help"], ["bench", "--help"]):
         with pytest.raises(SystemExit) as e:

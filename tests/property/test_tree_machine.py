@@ -244,16 +244,39 @@ class TreeMachine(RuleBasedStateMachine):
         held = self.locked.pop(data.draw(st.integers(0, len(self.locked) - 1)))
         self.cache.unlock(held.match)
 
-    @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), min_size=1, max_size=6))
+    @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=6))
     def unlock_unlocked(self, ns: Namespace, bids: list[int]) -> None:
+        """unlock(m) undoes a lock taken on m's very path: with none there it raises and
+        changes nothing, even while a longer locked match covers m's path."""
         held = self.match(ns, bids, 0)
-        if not held.prefix or self.is_locked(ns, held.prefix):
+        if any(h.ns == ns and h.prefix == held.prefix for h in self.locked):
             return
+        covered = self.is_locked(ns, held.prefix) and held.prefix
         locked_before = self.cache.num_locked_pages
-        event("unlock of an unlocked path")
+        event("unlock of a path locked only by longer matches" if covered else "unlock of an unlocked path")
         with pytest.raises(ValueError, match="unlocked"):
             self.cache.unlock(held.match)
         assert self.cache.num_locked_pages == locked_before
+
+    @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=3),
+          locked_there=st.booleans())
+    def foreign_match(self, ns: Namespace, bids: list[int], locked_there: bool) -> None:
+        """A match made by another cache (the same tokens cached there) is refused by lock
+        and unlock here, changing nothing in either cache."""
+        other = RadixCache(PagePool(4), page_size=self.PAGE_SIZE)
+        tokens = self.tokens(bids, 0)
+        pages = other.pool.alloc(len(bids))
+        other.insert(tokens, pages, ns)
+        theirs = other.match(tokens, ns)
+        if locked_there:
+            other.lock(theirs)
+        locked_before = self.cache.num_locked_pages
+        for op in (self.cache.lock, self.cache.unlock):
+            with pytest.raises(ValueError, match="another RadixCache"):
+                op(theirs)
+        assert self.cache.num_locked_pages == locked_before
+        assert other.num_locked_pages == (len(bids) if locked_there else 0)
+        other.check_invariants()
 
     def lock_old(self, held: Held) -> None:
         """Lock a match taken some steps ago: stale (raises, changes nothing) exactly when its

@@ -183,8 +183,11 @@ def test_check_invariants_names_a_corrupted_node() -> None:
     pool, cache = make(ps=2)
     cached_insert(cache, blocks(1, 2, ps=2))
     (node,) = cache.root().iter_children()
-    node.lock_count = 1  # a lock the counters never saw
+    node.lock_count = node.end_locks = 1  # a lock the counters never saw
     with pytest.raises(AssertionError, match="num_locked_pages"):
+        cache.check_invariants()
+    node.end_locks = 0  # a path lock no match ending here or below accounts for
+    with pytest.raises(AssertionError, match="locks ending here plus its children"):
         cache.check_invariants()
     node.lock_count = 0
     node.pages = node.pages[:1]

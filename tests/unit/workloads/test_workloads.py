@@ -107,3 +107,58 @@ def test_poisson_arrivals_and_config_checks():
         FewShotConfig(shots=0)
     with pytest.raises(ValueError, match="sessions"):
         MultiTurnConfig(sessions=0)
+
+
+BAD_OPTIONS = [  # (field, bad value, words the error must hold): counts, lengths, rate, seed
+    ("rate", float("nan"), "rate must be > 0"),
+    ("rate", -1.0, "rate must be > 0"),
+    ("rate", 0, "rate must be > 0"),
+    ("rate", "4", "rate must be a number"),
+    ("rate", True, "rate must be a number"),
+    ("seed", -1, "seed must be >= 0"),
+    ("seed", 1.5, "seed must be an integer"),
+    ("max_tokens", 0, "max_tokens must be >= 1"),
+    ("max_tokens", 2.0, "max_tokens must be an integer"),
+    ("max_tokens", 2**31, "max_tokens must be <= 2147483647"),
+]
+CONFIGS = [  # each generator's config, and the names its count and length fields go by
+    pytest.param(MultiTurnConfig, {"max_tokens": "max_reply", "count": "sessions", "length": "user_len"},
+                 id="multi-turn"),
+    pytest.param(FewShotConfig, {"count": "shots", "length": "example_len"}, id="few-shot"),
+    pytest.param(SharedPrefixConfig, {"count": "groups", "length": "system_len"}, id="shared-prefix"),
+]
+
+
+@pytest.mark.parametrize("config, names", CONFIGS)
+@pytest.mark.parametrize("field, bad, words", BAD_OPTIONS)
+def test_generator_configs_refuse_bad_options_naming_the_field(config, names, field, bad, words):
+    name = names.get(field, field)
+    with pytest.raises(ValueError, match=words.replace(field, name, 1)):
+        config(**{name: bad})
+
+
+@pytest.mark.parametrize("config, names", CONFIGS)
+def test_generator_configs_refuse_bad_counts_and_lengths(config, names):
+    for key in ("count", "length"):
+        for bad, words in ((-3, ">= "), (2.5, "integer"), (False, "integer"), (None, "integer")):
+            with pytest.raises(ValueError, match=f"{names[key]} must be .*{words}"):
+                config(**{names[key]: bad})
+
+
+@pytest.mark.parametrize("config", [MultiTurnConfig, FewShotConfig, SharedPrefixConfig])
+def test_generator_rate_inf_puts_every_arrival_at_zero_and_big_seeds_work(config):
+    gen = {MultiTurnConfig: multi_turn, FewShotConfig: few_shot, SharedPrefixConfig: shared_prefix}[config]
+    small = {MultiTurnConfig: dict(sessions=2, max_turns=1, think_s=0.0),
+             FewShotConfig: dict(prompts_per_template=2), SharedPrefixConfig: dict(prompts_per_group=2)}[config]
+    reqs = gen(config(rate=float("inf"), seed=2**70, **small))
+    assert reqs and all(r.arrival_s == 0.0 for r in reqs)
+
+
+def test_multi_turn_refuses_a_think_time_that_is_not_finite():
+    for bad in (float("nan"), float("inf"), -1.0, "1"):
+        with pytest.raises(ValueError, match="think_s"):
+            MultiTurnConfig(think_s=bad)
+    with pytest.raises(ValueError, match="system_len must be >= 0"):
+        MultiTurnConfig(system_len=-1)
+    with pytest.raises(ValueError, match="shuffle"):
+        SharedPrefixConfig(shuffle="yes")
