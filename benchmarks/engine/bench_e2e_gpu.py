@@ -81,12 +81,10 @@ def check_graph_equals_eager(device: torch.device, kv: str, smoke: bool) -> dict
             batch = llm.scheduler.schedule(llm._now())
             if batch.is_decode_only:
                 break
-            llm.attention.plan(batch)
-            _eager_logits(llm, batch)
+            llm.forward_logits(batch, use_graphs=False)
             llm.scheduler.update(batch, [1 if s else None for s in batch.sample], llm._now())
         graph = llm.graphs.run(batch).clone()
-        llm.attention.plan(batch)
-        ref = _eager_logits(llm, batch)
+        ref = llm.forward_logits(batch, use_graphs=False)
         out["logits_bit_identical"] = bool(torch.equal(graph, ref))
         out["logits_max_abs_diff"] = float((graph - ref).abs().max())
         llm.scheduler.update(batch, graph.argmax(-1).tolist(), llm._now())
@@ -120,14 +118,6 @@ def check_sampler(device: torch.device, smoke: bool) -> dict:
             out[f"{name}_us_S{S}"] = round((time.perf_counter() - t) / 20 * 1e6, 1)
     out["ok"] = same
     return out
-
-
-def _eager_logits(llm: LLM, batch: Any) -> torch.Tensor:
-    dev = llm.device
-    rows = [b for b, s in enumerate(batch.sample) if s]
-    last = [batch.q_start[b] + batch.q_lens[b] - 1 for b in rows]
-    return llm.model.forward(torch.tensor(batch.input_ids, device=dev), torch.tensor(batch.positions, device=dev),
-                             llm.attention, torch.tensor(last, device=dev))
 
 
 def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, graphs: bool, bw: float,

@@ -253,18 +253,23 @@ class LLM:
         self.num_steps += 1
         return finished
 
+    def forward_logits(self, batch: Batch, use_graphs: bool = True) -> torch.Tensor:
+        """Logits [S, V] float32 of the batch's sampling rows: from a CUDA graph when the step fits
+        one (and use_graphs), else eagerly. Stores the step's K/V either way."""
+        if use_graphs and self.graphs is not None and self.graphs.fits(batch):
+            return self.graphs.run(batch)  # every decode row samples
+        dev = self.device
+        self.attention.plan(batch)
+        last = [batch.q_start[b] + batch.q_lens[b] - 1 for b, s in enumerate(batch.sample) if s]
+        return self.model.forward(torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
+                                  torch.tensor(batch.positions, dtype=torch.int64, device=dev),
+                                  self.attention, torch.tensor(last, dtype=torch.int64, device=dev))
+
     def _run(self, batch: Batch) -> list[int | None]:
         """The forward pass and the sampler: one token per sampling row (None for the others)."""
         dev = self.device
         rows = [b for b, s in enumerate(batch.sample) if s]
-        if self.graphs is not None and self.graphs.fits(batch):
-            logits = self.graphs.run(batch)  # [B, V]: every decode row samples
-        else:
-            self.attention.plan(batch)
-            last = [batch.q_start[b] + batch.q_lens[b] - 1 for b in rows]
-            logits = self.model.forward(torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
-                                        torch.tensor(batch.positions, dtype=torch.int64, device=dev),
-                                        self.attention, torch.tensor(last, dtype=torch.int64, device=dev))
+        logits = self.forward_logits(batch)
         reqs = [batch.requests[b] for b in rows]
         params = [r.sampling.params for r in reqs]
         if all(p.greedy for p in params):
