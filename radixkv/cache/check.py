@@ -63,8 +63,8 @@ def check_tree(cache: TreeView) -> None:
                 firsts.add(fb)
                 assert child.lock_count >= 0, f"{child}: negative lock count"
                 child_locks += child.lock_count
-                assert node.parent is None or child.last_access <= node.last_access, \
-                    f"{child}: used more recently than its parent {node}"
+                assert node.parent is None or child.last_access <= node.last_access or child.lock_count, \
+                    f"{child}: used more recently than its parent {node} (and not locked)"
                 pages = child.pages
                 np.add.at(uses, pages, 1)
                 twice = pages[uses[pages] > 1]

@@ -124,8 +124,12 @@ def replace_child(parent: Node, old: Node, new: Node) -> None:
 
 
 class MatchResult(NamedTuple):
-    """Longest cached block-aligned prefix. `node` ends the path (a root when nothing matched)."""
+    """Longest cached block-aligned prefix. `node` ends the path (a root when nothing matched).
+
+    `pages` lists the path's pages from block `pages_from` on: all of them (0) for `match`,
+    only the new blocks' for `RadixCache.extend`."""
 
     num_tokens: int
     pages: list[int]
     node: Node
+    pages_from: int = 0

@@ -11,7 +11,10 @@ Lifetime rules:
 - A caller that keeps using matched pages `lock`s the match (its path is then never evicted
   and counts as locked) and `unlock`s it exactly once; a match whose path was since evicted
   is stale. unlock(m) undoes a lock of a match ending at m.node, never one of a longer match
-  through it (lock(long); unlock(short) raises).
+  through it (lock(long); unlock(short) raises). `extend` grows a locked match in place.
+- A node is used no later than its parent, except along a locked path that `extend` grew:
+  extend refreshes only the nodes below the match it grows, and the unlock of the longer
+  match hands their time up to the root (eviction never looks at a locked path's times).
 - `num_cached_pages == num_evictable_pages + num_locked_pages` at all times.
 - Bad input (too few pages, a non-integer page id, one outside the pool or free, a stale,
   unlocked or other cache's match, a negative eviction count) raises before the tree or the
@@ -231,17 +234,57 @@ class RadixCache:
         increfs each page it adopts. Returns how many leading tokens were already cached.
         A read-only `tokens` array may be kept as a view (it must not change later)."""
         tokens = as_tokens(tokens)
+        root = self.root(namespace)
+        d = self._descend_again(tokens, namespace, root) or self._descend(tokens, root)
+        self._graft(tokens, pages, d, root)
+        return d.matched
+
+    def extend(self, m: MatchResult, tokens: Sequence[int] | np.ndarray,
+               pages: Sequence[int] | np.ndarray) -> MatchResult:
+        """Cache the full blocks of `tokens`, the tokens that follow the locked match `m`, and
+        move that lock to the longer match: chunked prefill's insert, linear in `tokens` (no
+        walk from the root).
+
+        `pages` holds one page per full block of `tokens`, adopted as `insert` adopts them.
+        Returns the longer match, locked in m's place (unlock it, not m); its `pages` start at
+        block `pages_from` = m.num_tokens // page_size, the blocks of `tokens`. Raises, changing
+        nothing, when m is not locked. That m is this cache's match is the caller's duty (a
+        locked match is never stale); checking it would cost the walk to the root."""
+        tokens = as_tokens(tokens)
+        top = m.node
+        if top.end_locks <= 0:
+            raise ValueError(f"extend of an unlocked match at {top}: lock it first")
+        d = self._descend(tokens, top)
+        end = self._graft(tokens, pages, d, top)
+        path: list[Node] = []
+        node = end
+        while node is not top:
+            path.append(node)
+            node = node.parent
+        if path:  # the lock now ends at `end`: one more on each node below top
+            top.end_locks -= 1
+            end.end_locks += 1
+            for node in path:
+                if node.lock_count == 0:
+                    self.num_locked_pages += len(node.pages)
+                node.lock_count += 1
+        path.reverse()
+        pages_out = np.concatenate([n.pages for n in path]).tolist() if path else []
+        return MatchResult(m.num_tokens + len(tokens) // self.page_size * self.page_size, pages_out, end,
+                           m.num_tokens // self.page_size)
+
+    def _graft(self, tokens: np.ndarray, pages: Sequence[int] | np.ndarray, d: _Descent, top: Node) -> Node:
+        """Cache the full blocks of `tokens` below `top`, where descent d (from top) left the
+        tree; returns the node that ends them. Raises before any change for bad pages."""
         ps = self.page_size
         nblocks = len(tokens) // ps
         if len(pages) < nblocks:
-            raise ValueError(f"insert needs one page per full block: {nblocks} blocks, {len(pages)} pages")
-        root = self.root(namespace)
-        d = self._descend_again(tokens, namespace, root) or self._descend(tokens, root)
+            raise ValueError(f"one page per full block is needed: {nblocks} blocks, {len(pages)} pages")
         matched = d.matched
         adopt = None
         if matched < nblocks * ps:
             adopt = self._adoptable(pages, matched // ps, nblocks)  # raises before any change
-        node = self._touch(d, root)
+        node = self._touch(d, top)
         if adopt is not None:
             new_pages = adopt.pages
             self.pool.incref_distinct(new_pages, adopt.refcounts)
@@ -251,7 +294,7 @@ class RadixCache:
             if key.flags.writeable or 2 * len(key) < len(tokens):
                 key = key.copy()
             first = key[:ps]
-            leaf = Node(key, first.tobytes(), new_pages, node, self._hash(first), namespace)
+            leaf = Node(key, first.tobytes(), new_pages, node, self._hash(first), top.namespace)
             leaf.last_access = self._clock
             attach_child(node, leaf)
             self.num_cached_pages += len(new_pages)
@@ -259,7 +302,7 @@ class RadixCache:
             self._adoptions += 1
             node = leaf
         self._push_if_evictable(node)
-        return matched
+        return node
 
     def _split(self, node: Node, blocks: int) -> Node:
         """Cut `node`'s edge after `blocks` blocks; returns the new upper node (node stays below,
@@ -328,10 +371,15 @@ class RadixCache:
             raise ValueError(f"unlock of an unlocked path at {end}: {why}")
         # lock_count = end_locks + the children's lock_counts: no node of the path goes below zero
         end.end_locks -= 1
+        used = end.last_access
         for node in path:
             node.lock_count -= 1
             if node.lock_count == 0:
                 self.num_locked_pages -= len(node.pages)
+            if node.last_access < used:  # extend touched only the path below its match
+                node.last_access = used
+            else:
+                used = node.last_access
         if path:
             self._push_if_evictable(path[0])
 

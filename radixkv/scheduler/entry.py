@@ -39,6 +39,14 @@ class Entry:
             return p[:n]
         return np.concatenate((p, np.asarray(self.req.output[: n - len(p)], dtype=np.int32)))
 
+    def token_slice(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) of prompt + output as int32 (a view while inside the prompt)."""
+        p = self.prompt_arr
+        if stop <= len(p):
+            return p[start:stop]
+        out = np.asarray(self.req.output[max(start - len(p), 0): stop - len(p)], dtype=np.int32)
+        return out if start >= len(p) else np.concatenate((p[start:], out))
+
 
 def worst_case_pages(req: Request, page_size: int) -> int:
     """Pages a request holds at most: K/V of its prompt and all outputs but the last."""

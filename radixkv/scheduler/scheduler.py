@@ -14,8 +14,8 @@ Page lifetime (the contract with RadixCache and PagePool):
 - A running request holds one pool reference on every page in `req.pages` (one page per block
   of its computed tokens, the last possibly partial and private) and a lock on its cached path
   (`Entry.locked`), so `cache.num_evictable_pages` counts exactly the pages eviction can free.
-- Completed full blocks are inserted into the tree after each prefill chunk and at finish; the
-  request then re-matches and locks the longer path and unlocks the old one. Blocks another
+- Completed full blocks are added to the tree after each prefill chunk and at finish, below
+  the locked path (`RadixCache.extend`), and the lock moves to the longer path. Blocks another
   request cached first are swapped for the tree's pages (same tokens, same K/V) and ours freed.
 - Finishing or preemption inserts the computed full blocks, unlocks the path and drops every
   reference the request holds. Nothing else holds pages, so once every request has finished
@@ -334,37 +334,32 @@ class Scheduler:
         self.metrics.waits_s.append(e.wait_s)
 
     def _release(self, e: Entry) -> None:
-        req, ps = e.req, self.page_size
-        full = req.num_computed // ps * ps
-        if full > e.locked.num_tokens and self.config.prefix_caching:
-            self.cache.insert(e.token_array(full), req.pages[: full // ps], req.namespace)
+        self._cache_progress(e)
         self.cache.unlock(e.locked)
         e.locked = None
-        self.pool.decref(req.pages)
-        req.pages = []
+        self.pool.decref(e.req.pages)
+        e.req.pages = []
 
     def _cache_progress(self, e: Entry) -> None:
-        """Insert the full blocks a prefill chunk completed, lock the longer path, and swap in
-        the tree's pages where another request cached a block first."""
-        req, ps, cache = e.req, self.page_size, self.cache
+        """Insert the full blocks computed past the locked path and lock the longer path (one
+        `extend`: linear in the new blocks, so a long prompt's chunks cost O(prompt) in all),
+        and swap in the tree's pages where another request cached a block first."""
+        req, ps = e.req, self.page_size
         old = e.locked
         full = req.num_computed // ps * ps
         if full <= old.num_tokens or not self.config.prefix_caching:
             return
-        tokens = e.token_array(full)
-        cache.insert(tokens, req.pages[: full // ps], req.namespace)
-        m = cache.match(tokens, req.namespace)
-        cache.lock(m)
-        cache.unlock(old)
+        start = old.num_tokens // ps
+        m = self.cache.extend(old, e.token_slice(old.num_tokens, full), req.pages[start: full // ps])
         e.locked = m
-        pages, tree = req.pages, m.pages
+        pages = req.pages
         theirs: list[int] = []
         ours: list[int] = []
-        for i in range(old.num_tokens // ps, m.num_tokens // ps):
-            if pages[i] != tree[i]:
-                theirs.append(tree[i])
+        for i, page in enumerate(m.pages, start):
+            if pages[i] != page:
+                theirs.append(page)
                 ours.append(pages[i])
-                pages[i] = tree[i]
+                pages[i] = page
         if ours:
             self.pool.incref(theirs)
             self.pool.decref(ours)

@@ -244,6 +244,46 @@ class TreeMachine(RuleBasedStateMachine):
         held = self.locked.pop(data.draw(st.integers(0, len(self.locked) - 1)))
         self.cache.unlock(held.match)
 
+    @precondition(lambda self: self.locked)
+    @rule(data=st.data(), more=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=4),
+          tail=st.integers(0, 15))
+    def extend(self, data: st.DataObject, more: list[int], tail: int) -> None:
+        """A chunk of a running prefill: cache the blocks after a locked match below it (some
+        maybe cached by another request already) and move the lock to the longer match."""
+        i = data.draw(st.integers(0, len(self.locked) - 1))
+        held = self.locked[i]
+        cache, pool, ns = self.cache, self.pool, held.ns
+        bids = list(held.prefix) + more
+        k = len(self.model_match(ns, bids))  # >= len(held.prefix): a locked path stays cached
+        need = len(bids) - k
+        if need > pool.num_free:
+            short = need - pool.num_free
+            assert cache.evict(short) == self.model_evict(short)
+            k = len(self.model_match(ns, bids))
+            need = len(bids) - k
+            if need > pool.num_free:
+                return
+        new = pool.alloc(need)
+        ours = self.model_pages(ns, tuple(bids[:k]))[len(held.prefix):] + new
+        m = cache.extend(held.match, self.tokens(more, tail), ours)
+        self.record_insert(ns, bids, k, new)
+        pool.decref(new)
+        assert m.num_tokens == len(bids) * self.PAGE_SIZE and m.pages_from == len(held.prefix)
+        assert m.pages == self.model_pages(ns, tuple(bids))[len(held.prefix):]
+        self.locked[i] = Held(m, ns, tuple(bids), self.serial_of(ns, tuple(bids)))
+        event(f"extend: {'nothing new' if not more else 'some cached below' if k > len(held.prefix) else 'all new'}")
+
+    @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=6))
+    def extend_unlocked(self, ns: Namespace, bids: list[int]) -> None:
+        """extend grows a locked match only: an unlocked one raises and changes nothing."""
+        held = self.match(ns, bids, 0)
+        if any(h.ns == ns and h.prefix == held.prefix for h in self.locked):
+            return
+        before = self.tree_contents()
+        with pytest.raises(ValueError, match="unlocked"):
+            self.cache.extend(held.match, self.tokens([0], 0), [0])
+        assert self.tree_contents() == before
+
     @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=6))
     def unlock_unlocked(self, ns: Namespace, bids: list[int]) -> None:
         """unlock(m) undoes a lock taken on m's very path: with none there it raises and

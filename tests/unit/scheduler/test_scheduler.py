@@ -97,6 +97,19 @@ def test_chunked_prefill_splits_prompt_and_caches_each_chunk():
     assert_clean(h.s, [a, b])
 
 
+def test_chunked_prefill_walks_each_prompt_token_a_bounded_number_of_times(monkeypatch):
+    """Each chunk caches its blocks below the locked path: the tree walks O(prompt) tokens in
+    all, not the whole prefix again per chunk (which is O(prompt^2 / chunk))."""
+    walked = []
+    descend = RadixCache._descend
+    monkeypatch.setattr(RadixCache, "_descend", lambda self, t, top: walked.append(len(t)) or descend(self, t, top))
+    h = Harness(num_pages=1600, max_batch_tokens=64)
+    a = Request(0, list(range(6000)), max_tokens=2)
+    h.drive([a], [])
+    assert sum(walked) <= 5 * 6000, f"walked {sum(walked)} tokens for a 6000-token prompt in 94 chunks"
+    assert_clean(h.s, [a])
+
+
 def test_long_chunks_and_numpy_prompts_get_the_right_slots():
     h = Harness(num_pages=128, max_batch_tokens=150)
     a = Request(0, np.arange(1000, 1200, dtype=np.int32), max_tokens=3)  # a replayed trace prompt
