@@ -1,0 +1,393 @@
+"""The OpenAI-compatible HTTP app (FastAPI) over one AsyncLLM.
+
+Routes: POST /v1/completions, POST /v1/chat/completions (`stream: true` -> server-sent events,
+`data: {...}` chunks then `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus),
+POST /reset_prefix_cache.
+
+- usage.prompt_tokens_details.cached_tokens: prompt tokens served from the prefix cache (per
+  prompt: its first choice's hit; summed over prompts).
+- Tenants: `cache_salt` in the body is the request's prefix-cache namespace; requests with
+  different salts (or one with and one without) never share KV pages. Requests without a salt
+  share one namespace.
+- `api_key`: every /v1/* route and /reset_prefix_cache need `Authorization: Bearer KEY` (401
+  otherwise); /health and /metrics stay open for probes and scrapers.
+- Errors are OpenAI's object {"error": {"message", "type", "param", "code"}}: 400 for a bad body
+  (param names the field) or a refused request (too long for the context or the pool), 401, 404
+  for an unknown model, 500 when the engine step running the request failed (other requests go
+  on), 503 when the engine loop is down. A client that disconnects aborts its requests.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from .async_engine import AsyncLLM, EngineDeadError, EngineStepError, RequestStream, StreamOutput
+from .metrics import ServeMetrics
+from .protocol import ChatCompletionRequest, CompletionRequest, UnsupportedField, error_body
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param = status, message, type, param
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(error_body(self.message, type=self.type, param=self.param, code=self.status),
+                            status_code=self.status)
+
+
+def create_app(llm: Any, *, served_model_name: str | list[str] | None = None, api_key: str | None = None,
+               log_interval_s: float | None = 10.0, engine: AsyncLLM | None = None) -> FastAPI:
+    """The app serving `llm` (a radixkv.LLM). It starts an AsyncLLM (unless `engine` is given)
+    and shuts it down when the app's lifespan ends. app.state: engine, metrics, model_names."""
+    names = ([served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])) \
+        or ["radixkv"]
+    metrics = ServeMetrics(names[0])
+    own = engine is None
+    engine = engine if engine is not None else AsyncLLM(llm, stats=metrics, log_interval_s=log_interval_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if own:
+            await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+
+    app = FastAPI(title="radixkv", lifespan=lifespan)
+    app.state.engine, app.state.metrics, app.state.model_names = engine, metrics, names
+    app.add_middleware(_Guard, api_key=api_key, metrics=metrics)
+    api = _Handlers(engine, names, metrics)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc.errors()).response()
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.is_running:
+            return APIError(503, "the engine loop is not running", "ServiceUnavailableError").response()
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        await engine.run(metrics.update_gauges)
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        created = int(time.time())
+        return {"object": "list", "data": [
+            {"id": n, "object": "model", "created": created, "owned_by": "radixkv", "root": n,
+             "max_model_len": engine.llm.max_model_len} for n in names]}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, Any]:
+        return {"success": await engine.reset_prefix_cache()}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
+        return await api.completions(body, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, raw: Request) -> Response:
+        return await api.chat(body, raw)
+
+    return app
+
+
+def _validation_error(errors: Any) -> APIError:
+    """400 naming the first invalid field ("messages.0.role"; "body" for unreadable JSON)."""
+    err = errors[0] if errors else {}
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, UnsupportedField):
+        return APIError(400, str(cause), param=cause.param)
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    # a union reports one error per alternative: name the field, not the alternative
+    loc = [p for p in loc if not any(c in p for c in "[]()") and not p.startswith(("list", "str", "int"))]
+    param = ".".join(loc) or None
+    msg = str(err.get("msg", "invalid request body"))
+    if err.get("type") == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {msg}", param="body")
+    if err.get("type") == "missing":
+        return APIError(400, f"'{param}' is a required field", param=param)
+    return APIError(400, f"{param or 'body'}: {msg}", param=param)
+
+
+class _Guard:
+    """ASGI middleware: bearer-key check (/v1/*, /reset_prefix_cache) and HTTP request counts."""
+
+    def __init__(self, app: Any, api_key: str | None, metrics: ServeMetrics) -> None:
+        self.app, self.api_key, self.metrics = app, api_key, metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        status = [500]
+
+        async def counted_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            if self.api_key is not None and (path.startswith("/v1/") or path == "/reset_prefix_cache"):
+                headers = dict(scope.get("headers") or [])
+                auth = headers.get(b"authorization", b"").decode("latin-1")
+                given = auth[7:] if auth.lower().startswith("bearer ") else ""
+                if not secrets.compare_digest(given.encode(), self.api_key.encode()):
+                    resp = APIError(401, "invalid or missing API key (Authorization: Bearer ...)",
+                                    "AuthenticationError").response()
+                    return await resp(scope, receive, counted_send)
+            await self.app(scope, receive, counted_send)
+        finally:
+            known = path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+                             "/reset_prefix_cache")
+            self.metrics.count_http(path if known else "other", status[0])
+
+
+class _Handlers:
+    """The two generation endpoints: build the engine requests, answer in full or as SSE."""
+
+    def __init__(self, engine: AsyncLLM, names: list[str], metrics: ServeMetrics) -> None:
+        self.engine, self.names, self.metrics = engine, names, metrics
+        self.llm = engine.llm
+
+    # ---- request building --------------------------------------------------------------------
+    def _check_model(self, model: str | None) -> str:
+        if model is not None and model not in self.names:
+            raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        return model or self.names[0]
+
+    def _encode(self, prompt: Any, param: str) -> list[int]:
+        try:
+            return self.llm.encode(prompt)
+        except (TypeError, ValueError) as err:
+            raise APIError(400, str(err), param=param) from None
+
+    def _params(self, body: Any, prompt_len: int, max_tokens: int | None, index: int) -> Any:
+        from radixkv.engine.sampling import SamplingParams
+
+        if max_tokens is None:  # the rest of the context
+            max_tokens = min(self.llm.max_model_len, self.llm.num_pages * self.llm.config.page_size) - prompt_len
+            if max_tokens < 1:
+                raise APIError(400, f"the prompt's {prompt_len} tokens leave no room to generate in the "
+                                    f"context of {self.llm.max_model_len} tokens", param="max_tokens")
+        seed = None if body.seed is None else body.seed + index
+        try:
+            return SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
+                                  top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k,
+                                  min_p=body.min_p or 0.0, max_tokens=max_tokens,
+                                  stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+                                  seed=seed)
+        except ValueError as err:
+            raise APIError(400, str(err)) from None
+
+    async def _submit(self, body: Any, prompts: list[list[int]], max_tokens: int | None, param: str,
+                      base_id: str) -> list[RequestStream]:
+        """Queue prompt x n requests (all or none): choice index = prompt index * n + sample."""
+        streams: list[RequestStream] = []
+        try:
+            for i, ids in enumerate(prompts):
+                for j in range(body.n):
+                    params = self._params(body, len(ids), max_tokens, j)
+                    streams.append(await self.engine.add_request(
+                        ids, params, f"{base_id}-{i * body.n + j}", namespace=body.cache_salt,
+                        stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
+                        skip_special_tokens=body.skip_special_tokens))
+        except BaseException as err:
+            for s in streams:
+                self.engine.abort(s.request_id)
+            if isinstance(err, (ValueError, TypeError)):
+                raise APIError(400, str(err), param=param) from None
+            if isinstance(err, EngineDeadError):
+                raise APIError(503, str(err), "ServiceUnavailableError") from None
+            raise
+        return streams
+
+    # ---- endpoints ---------------------------------------------------------------------------
+    async def completions(self, body: CompletionRequest, raw: Request) -> Response:
+        model = self._check_model(body.model)
+        prompts = [self._encode(p, "prompt") for p in body.prompts()]
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        streams = await self._submit(body, prompts, body.max_tokens, "prompt", rid)
+        echo = [self._echo_text(ids) if body.echo else "" for ids in prompts]
+        shape = _Shape("text_completion", rid, model, chat=False)
+        if body.stream:
+            return _sse(self._stream(body, streams, shape, echo), streams, self.engine)
+        finals = await _collect(streams, raw, self.engine)
+        choices = [{"index": k, "text": echo[k // body.n] + f.text, "logprobs": None,
+                    "finish_reason": f.finish_reason, "stop_reason": None,
+                    **({"token_ids": f.token_ids, "prompt_token_ids": f.prompt_token_ids}
+                       if body.return_token_ids else {})} for k, f in enumerate(finals)]
+        return JSONResponse({**shape.head(), "choices": choices, "usage": _usage(finals, body.n)})
+
+    async def chat(self, body: ChatCompletionRequest, raw: Request) -> Response:
+        model = self._check_model(body.model)
+        ids = self._render(body)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        streams = await self._submit(body, [ids], body.max_new_tokens, "messages", rid)
+        shape = _Shape("chat.completion", rid, model, chat=True)
+        if body.stream:
+            return _sse(self._stream(body, streams, shape, [""]), streams, self.engine)
+        finals = await _collect(streams, raw, self.engine)
+        choices = [{"index": k, "message": {"role": "assistant", "content": f.text}, "logprobs": None,
+                    "finish_reason": f.finish_reason, "stop_reason": None,
+                    **({"token_ids": f.token_ids} if body.return_token_ids else {})} for k, f in enumerate(finals)]
+        out = {**shape.head(), "choices": choices, "usage": _usage(finals, body.n)}
+        if body.return_token_ids:
+            out["prompt_token_ids"] = ids
+        return JSONResponse(out)
+
+    def _render(self, body: ChatCompletionRequest) -> list[int]:
+        tok = self.llm.tokenizer
+        if tok is None:
+            raise APIError(400, "this model has no tokenizer, so it cannot chat; use /v1/completions with "
+                                "token ids", param="messages")
+        template = body.chat_template
+        if template is None and getattr(tok, "chat_template", None) is None:
+            raise APIError(400, "the model's tokenizer has no chat template; pass `chat_template`",
+                           param="chat_template")
+        try:
+            text = tok.apply_chat_template(body.template_messages(), tokenize=False, chat_template=template,
+                                           add_generation_prompt=body.add_generation_prompt,
+                                           continue_final_message=body.continue_final_message,
+                                           **(body.chat_template_kwargs or {}))
+        except Exception as err:  # noqa: BLE001 - a template error is the body's fault
+            raise APIError(400, f"the chat template failed on these messages: {err}",
+                           param="chat_template" if template else "messages") from None
+        ids = list(tok(text, add_special_tokens=False).input_ids)
+        if not ids:
+            raise APIError(400, "the rendered chat prompt is empty", param="messages")
+        return self._encode(ids, "messages")
+
+    def _echo_text(self, ids: list[int]) -> str:
+        tok = self.llm.tokenizer
+        return "" if tok is None else tok.decode(ids, skip_special_tokens=False)
+
+    async def _stream(self, body: Any, streams: list[RequestStream], shape: "_Shape",
+                      echo: list[str]) -> AsyncIterator[str]:
+        """SSE lines of every choice as its deltas arrive, then usage (if asked), then [DONE]."""
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(k: int, s: RequestStream) -> None:
+            try:
+                async for out in s:
+                    await merged.put((k, out))
+            except BaseException as err:  # noqa: BLE001 - reported in the stream
+                await merged.put((k, err))
+                if isinstance(err, asyncio.CancelledError):
+                    raise
+
+        tasks = [asyncio.create_task(pump(k, s)) for k, s in enumerate(streams)]
+        finals: dict[int, StreamOutput] = {}
+        try:
+            if shape.chat:
+                for k in range(len(streams)):
+                    yield _event(shape.chunk(k, {"role": "assistant", "content": ""}, None))
+            elif body.echo:
+                for k in range(len(streams)):
+                    yield _event(shape.chunk(k, echo[k // body.n], None))
+            pending = len(streams)
+            while pending:
+                k, out = await merged.get()
+                if isinstance(out, BaseException):
+                    pending -= 1
+                    yield _event(_stream_error(out))
+                    continue
+                if out.finished:
+                    pending -= 1
+                    finals[k] = out
+                if not (out.delta_text or out.finished or body.return_token_ids):
+                    continue
+                delta: Any = {"content": out.delta_text} if shape.chat else out.delta_text
+                if shape.chat and out.finished and not out.delta_text:
+                    delta = {}
+                extra = {"token_ids": out.delta_token_ids} if body.return_token_ids else {}
+                yield _event(shape.chunk(k, delta, out.finish_reason, **extra))
+            if body.include_usage and finals:
+                yield _event({**shape.head(chunk=True), "choices": [],
+                              "usage": _usage([finals[k] for k in sorted(finals)], body.n)})
+            yield "data: [DONE]\n\n"
+        finally:
+            for t in tasks:
+                t.cancel()
+
+
+class _Shape:
+    """The envelope of one response: object names, id, model, created."""
+
+    def __init__(self, obj: str, rid: str, model: str, chat: bool) -> None:
+        self.obj, self.rid, self.model, self.chat = obj, rid, model, chat
+        self.created = int(time.time())
+
+    def head(self, chunk: bool = False) -> dict[str, Any]:
+        obj = self.obj + (".chunk" if chunk and self.chat else "")
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
+
+    def chunk(self, index: int, delta: Any, finish_reason: str | None, **extra: Any) -> dict[str, Any]:
+        key = "delta" if self.chat else "text"
+        choice = {"index": index, key: delta, "logprobs": None, "finish_reason": finish_reason, **extra}
+        return {**self.head(chunk=True), "choices": [choice]}
+
+
+def _event(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _stream_error(err: BaseException) -> dict[str, Any]:
+    if isinstance(err, EngineStepError):
+        return error_body(str(err), type="InternalServerError", code=500)
+    if isinstance(err, EngineDeadError):
+        return error_body(str(err), type="ServiceUnavailableError", code=503)
+    return error_body(f"internal error: {err!r}", type="InternalServerError", code=500)
+
+
+def _usage(finals: list[StreamOutput], n: int) -> dict[str, Any]:
+    firsts = finals[::n]  # one per prompt
+    prompt = sum(len(f.prompt_token_ids) for f in firsts)
+    completion = sum(len(f.token_ids) for f in finals)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(f.num_cached_tokens for f in firsts)}}
+
+
+def _sse(gen: AsyncIterator[str], streams: list[RequestStream], engine: AsyncLLM) -> StreamingResponse:
+    return StreamingResponse(gen, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _collect(streams: list[RequestStream], raw: Request, engine: AsyncLLM) -> list[StreamOutput]:
+    """Every stream's final output; a client that disconnects first aborts them all."""
+    task = asyncio.ensure_future(asyncio.gather(*(s.final() for s in streams)))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                break
+            if await raw.is_disconnected():
+                task.cancel()
+                raise APIError(499, "client disconnected", "ClientDisconnected")
+        return task.result()
+    except EngineStepError as err:
+        raise APIError(500, str(err), "InternalServerError") from None
+    except EngineDeadError as err:
+        raise APIError(503, str(err), "ServiceUnavailableError") from None
+    finally:
+        if not task.done():
+            task.cancel()
+        for s in streams:
+            engine.abort(s.request_id)  # no-op for finished ones; frees the others at once

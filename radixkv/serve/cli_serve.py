@@ -1,0 +1,164 @@
+"""`radixkv serve MODEL`: the OpenAI-compatible server on uvicorn, with vLLM's flag names.
+
+`--config FILE.yaml` holds the same options as keys (`max-num-seqs: 64` or `max_num_seqs: 64`,
+`model: ...` too); a flag given on the command line wins over the file. Self-contained: the
+`radixkv` command adds it with `add_serve_parser(subparsers)`; `run_serve(args)` returns the exit
+status.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+# option dest -> default (applied after the config file, so a flag left out can come from it)
+DEFAULTS: dict[str, Any] = {
+    "model": None, "host": "127.0.0.1", "port": 8000, "page_size": 16, "dtype": "auto", "kv_cache_dtype": "auto",
+    "device": None, "gpu_memory_utilization": 0.9, "num_gpu_blocks_override": None, "max_model_len": None,
+    "max_num_seqs": None, "max_num_batched_tokens": None, "enable_prefix_caching": True, "enforce_eager": False,
+    "seed": 0, "api_key": None, "served_model_name": None, "disable_log_stats": False, "log_level": "info",
+}
+# config-file spellings that differ from the dest
+_ALIASES = {"block_size": "page_size", "block-size": "page_size"}
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return v
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `serve` subcommand to an argparse subparsers object; sets `run=run_serve`."""
+    s = subparsers.add_parser(
+        "serve", help="OpenAI-compatible HTTP server (completions, chat, SSE streaming, /metrics)",
+        description="Serve MODEL over OpenAI's HTTP API: POST /v1/completions, /v1/chat/completions "
+                    "(stream: true -> server-sent events), GET /v1/models, /health, /metrics (Prometheus), "
+                    "POST /reset_prefix_cache. `cache_salt` in a body isolates a tenant's prefix cache.")
+    s.add_argument("model", nargs="?", metavar="MODEL",
+                   help="Hugging Face folder, .gguf file, hub id in the local cache, or config.json (random weights)")
+    s.add_argument("--config", metavar="FILE.yaml", help="YAML file of these options (flags given here win)")
+    s.add_argument("--host", help="bind address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, help="port (default 8000)")
+    s.add_argument("--block-size", "--page-size", dest="page_size", type=_positive, metavar="N",
+                   help="tokens per KV page (default 16)")
+    s.add_argument("--dtype", help="compute dtype: auto, float32, bfloat16, float16 (default auto)")
+    s.add_argument("--kv-cache-dtype", help="KV cache dtype: auto, fp32, bf16, fp16, fp8 (= fp8_e4m3), fp8_e5m2")
+    s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--gpu-memory-utilization", type=_fraction, metavar="F",
+                   help="share of free GPU memory for weights + KV (default 0.9)")
+    s.add_argument("--num-gpu-blocks-override", type=_positive, metavar="N", help="KV pages, overriding the sizing")
+    s.add_argument("--max-model-len", type=_positive, metavar="N", help="prompt + output tokens per request")
+    s.add_argument("--max-num-seqs", type=_positive, metavar="N", help="requests running at once")
+    s.add_argument("--max-num-batched-tokens", type=_positive, metavar="N", help="tokens computed per step")
+    s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="share KV of common prompt prefixes (default on)")
+    s.add_argument("--enforce-eager", action="store_true", default=None, help="never replay CUDA graphs")
+    s.add_argument("--seed", type=int, help="sampling seed stream / random weights (default 0)")
+    s.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/* (default: $RADIXKV_API_KEY)")
+    s.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="model name(s) clients use (default: MODEL as given)")
+    s.add_argument("--disable-log-stats", action="store_true", default=None,
+                   help="no periodic throughput log line")
+    s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
+                   help="log level (default info)")
+    s.set_defaults(run=run_serve)
+    return s
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """The YAML file's options as {dest: value}; ValueError naming an unknown key."""
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - pyyaml ships with transformers' usual installs
+        raise ValueError("--config needs PyYAML (pip install pyyaml)") from None
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of option: value, got {type(data).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dest = _ALIASES.get(str(key), str(key).replace("-", "_"))
+        if dest not in DEFAULTS:
+            raise ValueError(f"{path}: unknown option {key!r}")
+        out[dest] = value
+    return out
+
+
+def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Every option: the flag, else the config file's value, else the default."""
+    from_file = load_config_file(args.config) if getattr(args, "config", None) else {}
+    opts = {}
+    for dest, default in DEFAULTS.items():
+        given = getattr(args, dest, None)
+        opts[dest] = given if given is not None else from_file.get(dest, default)
+    if opts["api_key"] is None:
+        opts["api_key"] = os.environ.get("RADIXKV_API_KEY") or None
+    if opts["model"] is None:
+        raise ValueError("MODEL is required (as an argument or `model:` in --config)")
+    return opts
+
+
+def llm_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
+    """LLM(...) keyword arguments (vLLM's names) for the options that were set."""
+    kw: dict[str, Any] = {"dtype": opts["dtype"], "block_size": opts["page_size"],
+                          "kv_cache_dtype": opts["kv_cache_dtype"], "device": opts["device"],
+                          "gpu_memory_utilization": opts["gpu_memory_utilization"],
+                          "enable_prefix_caching": bool(opts["enable_prefix_caching"]),
+                          "enforce_eager": bool(opts["enforce_eager"]), "seed": opts["seed"]}
+    for name in ("num_gpu_blocks_override", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+        if opts[name] is not None:
+            kw[name] = opts[name]
+    return kw
+
+
+def build_app(opts: dict[str, Any]) -> Any:
+    """The FastAPI app for resolved options (loads the model)."""
+    from radixkv.engine.llm import LLM
+
+    from .app import create_app
+
+    llm = LLM(opts["model"], **llm_kwargs(opts))
+    names = opts["served_model_name"] or [str(opts["model"])]
+    return create_app(llm, served_model_name=names, api_key=opts["api_key"],
+                      log_interval_s=None if opts["disable_log_stats"] else 10.0)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Load the model and serve until interrupted; the exit status (2: bad options or model)."""
+    try:
+        opts = resolve_options(args)
+    except (OSError, ValueError) as err:
+        print(f"radixkv: error: {err}", file=sys.stderr)
+        return 2
+    level = str(opts["log_level"]).upper()
+    logging.basicConfig(level=level, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    try:
+        import uvicorn
+    except ImportError:
+        print("radixkv: error: `radixkv serve` needs the serve extra: pip install 'radixkv[serve]'", file=sys.stderr)
+        return 2
+    try:
+        app = build_app(opts)
+    except (OSError, ValueError, TypeError) as err:
+        print(f"radixkv: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    logging.getLogger("radixkv.serve").info("serving %s on http://%s:%s", opts["model"], opts["host"], opts["port"])
+    uvicorn.run(app, host=opts["host"], port=int(opts["port"]), log_level=opts["log_level"])
+    return 0

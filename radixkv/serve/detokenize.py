@@ -1,0 +1,60 @@
+"""Incremental detokenisation and stop strings for one streamed request.
+
+Text is released in deltas that never split a multi-byte character (a decode ending in the
+replacement character U+FFFD waits for the next token) and never show the beginning of a stop
+string that may still complete: the last `len(longest stop) - 1` characters are held back until
+the request finishes. When a stop string appears, the text ends before it (or after it, with
+`include_stop_str_in_output`) and `stopped` tells the engine to end the request.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class TextStream:
+    """Turns a request's growing token list into text deltas.
+
+    tokenizer: a transformers tokenizer, or None (a model without one streams token ids only).
+    """
+
+    def __init__(self, tokenizer: Any, stop: Sequence[str] = (), include_stop_str_in_output: bool = False,
+                 skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.stop = tuple(s for s in stop if s)
+        self.include_stop = include_stop_str_in_output
+        self.skip_special = skip_special_tokens
+        self.text = ""  # everything decoded so far (stop string cut applied once stopped)
+        self.sent = 0  # characters of `text` already released
+        self.stopped = False  # a stop string was found
+        self._hold = max((len(s) for s in self.stop), default=1) - 1
+
+    def update(self, token_ids: Sequence[int], finished: bool) -> str:
+        """The new text to release for the request's output `token_ids` (all of them so far)."""
+        if self.tokenizer is None or self.stopped:
+            return ""
+        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=self.skip_special)
+        if text.endswith("\ufffd") and not finished:
+            return ""  # half a character: wait for the rest of its bytes
+        searched_from = max(0, min(len(self.text), len(text)) - self._hold)
+        self.text = text
+        if self.stop:
+            hit = self._find_stop(searched_from)
+            if hit is not None:
+                self.text, self.stopped, finished = hit, True, True
+        end = len(self.text) if finished else max(self.sent, len(self.text) - self._hold)
+        delta = self.text[self.sent:end]
+        self.sent = end
+        return delta
+
+    def _find_stop(self, start: int) -> str | None:
+        """The text up to (or through) the earliest stop string found at or after `start`."""
+        best: tuple[int, str] | None = None
+        for s in self.stop:
+            i = self.text.find(s, start)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is None:
+            return None
+        i, s = best
+        return self.text[: i + len(s)] if self.include_stop else self.text[:i]
