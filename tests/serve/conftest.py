@@ -2,6 +2,7 @@
 uvicorn server on 127.0.0.1 and a free port, shared by the serve tests (loaded once)."""
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -85,3 +86,17 @@ def server(tiny_folder: str) -> Iterator[Server]:
     uv.should_exit = True
     thread.join(10)
     assert not app.state.engine.is_running  # the lifespan stopped the engine loop
+
+
+def sse_chunks(resp: Any) -> list[dict]:
+    """The `data: {...}` events of an SSE response, checking it ends with [DONE]."""
+    events = [line[len("data: "):] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events and events[-1] == "[DONE]", events[-3:]
+    return [json.loads(e) for e in events[:-1]]
+
+
+def offline(server, prompt, max_tokens: int, **kw) -> list:
+    from radixkv import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
+    return server.engine.call(lambda llm: llm.generate([prompt], params)[0]).result(60)

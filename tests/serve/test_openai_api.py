@@ -2,27 +2,11 @@
 cached_tokens; tenants; /v1/models, /health, /metrics, /reset_prefix_cache."""
 from __future__ import annotations
 
-import json
-
 import httpx
 
-from .conftest import MODEL_NAME
+from .conftest import MODEL_NAME, offline, sse_chunks
 
 PROMPT = "The quick brown fox jumps over the lazy dog. "
-
-
-def sse_chunks(resp: httpx.Response) -> list[dict]:
-    """The `data: {...}` events of an SSE response, checking it ends with [DONE]."""
-    events = [line[len("data: "):] for line in resp.iter_lines() if line.startswith("data: ")]
-    assert events and events[-1] == "[DONE]", events[-3:]
-    return [json.loads(e) for e in events[:-1]]
-
-
-def offline(server, prompt, max_tokens: int, **kw) -> list:
-    from radixkv import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
-    return server.engine.call(lambda llm: llm.generate([prompt], params)[0]).result(60)
 
 
 def test_completion_matches_generate_and_stream(server) -> None:
