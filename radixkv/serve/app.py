@@ -109,6 +109,9 @@ def create_app(llm: Any, *, served_model_name: str | list[str] | None = None, ap
     return app
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "is-instance"}
+
+
 def _validation_error(errors: Any) -> APIError:
     """400 naming the first invalid field ("messages.0.role"; "body" for unreadable JSON)."""
     err = errors[0] if errors else {}
@@ -117,7 +120,7 @@ def _validation_error(errors: Any) -> APIError:
         return APIError(400, str(cause), param=cause.param)
     loc = [str(p) for p in err.get("loc", ()) if p != "body"]
     # a union reports one error per alternative: name the field, not the alternative
-    loc = [p for p in loc if not any(c in p for c in "[]()") and not p.startswith(("list", "str", "int"))]
+    loc = [p for p in loc if not any(c in p for c in "[]()-") and p not in _TYPE_TAGS and not p[:1].isupper()]
     param = ".".join(loc) or None
     msg = str(err.get("msg", "invalid request body"))
     if err.get("type") == "json_invalid":
@@ -346,7 +349,7 @@ class _Shape:
 
 
 def _event(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 def _stream_error(err: BaseException) -> dict[str, Any]:
