@@ -84,7 +84,8 @@ def create_app(llm: Any, *, served_model_name: str | list[str] | None = None, ap
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        await engine.run(metrics.update_gauges)
+        if engine.is_running:
+            await engine.run(metrics.update_gauges)
         return Response(metrics.render(), media_type=metrics.content_type)
 
     @app.get("/v1/models")
@@ -231,7 +232,7 @@ class _Handlers:
         echo = [self._echo_text(ids) if body.echo else "" for ids in prompts]
         shape = _Shape("text_completion", rid, model, chat=False)
         if body.stream:
-            return _sse(self._stream(body, streams, shape, echo), streams, self.engine)
+            return _sse(self._stream(body, streams, shape, echo))
         finals = await _collect(streams, raw, self.engine)
         choices = [{"index": k, "text": echo[k // body.n] + f.text, "logprobs": None,
                     "finish_reason": f.finish_reason, "stop_reason": None,
@@ -246,7 +247,7 @@ class _Handlers:
         streams = await self._submit(body, [ids], body.max_new_tokens, "messages", rid)
         shape = _Shape("chat.completion", rid, model, chat=True)
         if body.stream:
-            return _sse(self._stream(body, streams, shape, [""]), streams, self.engine)
+            return _sse(self._stream(body, streams, shape, [""]))
         finals = await _collect(streams, raw, self.engine)
         choices = [{"index": k, "message": {"role": "assistant", "content": f.text}, "logprobs": None,
                     "finish_reason": f.finish_reason, "stop_reason": None,
@@ -368,7 +369,7 @@ def _usage(finals: list[StreamOutput], n: int) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": sum(f.num_cached_tokens for f in firsts)}}
 
 
-def _sse(gen: AsyncIterator[str], streams: list[RequestStream], engine: AsyncLLM) -> StreamingResponse:
+def _sse(gen: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(gen, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
