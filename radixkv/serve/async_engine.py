@@ -91,6 +91,7 @@ class _Pending:
     accepted: asyncio.Future
     stats: StreamStats
     req: Request | None = None
+    prompt_ids: list[int] = field(default_factory=list)  # one copy, shared by every output
     sent_tokens: int = 0
     done: bool = False
     aborted: bool = False
@@ -104,7 +105,7 @@ class RequestStream:
         self._engine = engine
         self._p = pending
         self.request_id = pending.request_id
-        self.prompt_token_ids: list[int] = list(pending.req.prompt) if pending.req is not None else []
+        self.prompt_token_ids: list[int] = pending.prompt_ids
 
     def __aiter__(self) -> AsyncIterator[StreamOutput]:
         return self._iterate()
@@ -296,6 +297,7 @@ class AsyncLLM:
         if p.namespace is not None:
             req.namespace = p.namespace  # before any step: admission matches in this namespace
         p.req = req
+        p.prompt_ids = list(req.prompt)
         self._live[p.request_id] = p
         p.loop.call_soon_threadsafe(_settle, p.accepted, None)
 
@@ -350,7 +352,7 @@ class AsyncLLM:
 
     def _emit(self, p: _Pending, delta: str, new: list[int], reason: str | None) -> None:
         req = p.req
-        out = StreamOutput(p.request_id, delta, new, p.text.text, list(req.output), list(req.prompt),
+        out = StreamOutput(p.request_id, delta, new, p.text.text, list(req.output), p.prompt_ids,
                            req.cached_tokens, reason is not None, reason)
         p.loop.call_soon_threadsafe(p.outbox.put_nowait, out)
         if reason is not None:

@@ -28,20 +28,40 @@ class TextStream:
         self.sent = 0  # characters of `text` already released
         self.stopped = False  # a stop string was found
         self._hold = max((len(s) for s in self.stop), default=1) - 1
+        self._prefix = 0  # output tokens before the decode window
+        self._read = 0  # output tokens whose text is in `text`
 
     def update(self, token_ids: Sequence[int], finished: bool) -> str:
-        """The new text to release for the request's output `token_ids` (all of them so far)."""
+        """The new text to release for the request's output `token_ids` (all of them so far).
+
+        Decodes only a window: the tokens since the last release plus a few before them, so that
+        tokenizers whose decode depends on the left context (SentencePiece's leading spaces) give
+        the same text as decoding everything, at a cost independent of the output's length."""
         if self.tokenizer is None or self.stopped:
             return ""
-        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=self.skip_special)
+        ids = list(token_ids[self._prefix:])
+        if not ids:
+            return self._release(finished)
+        before = self._decode(ids[: self._read - self._prefix])
+        text = self._decode(ids)
         if text.endswith("\ufffd") and not finished:
             return ""  # half a character: wait for the rest of its bytes
-        searched_from = max(0, min(len(self.text), len(text)) - self._hold)
-        self.text = text
+        new = text[len(before):]
+        if not new and not finished:
+            return ""
+        searched_from = max(0, len(self.text) - self._hold)
+        self.text += new
+        self._prefix, self._read = self._read, len(token_ids)
         if self.stop:
             hit = self._find_stop(searched_from)
             if hit is not None:
                 self.text, self.stopped, finished = hit, True, True
+        return self._release(finished)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special) if ids else ""
+
+    def _release(self, finished: bool) -> str:
         end = len(self.text) if finished else max(self.sent, len(self.text) - self._hold)
         delta = self.text[self.sent:end]
         self.sent = end
