@@ -1,7 +1,9 @@
-"""End-to-end engine benchmark for the GPU: checks first, then the decode sweep against the floor.
+"""End-to-end engine benchmark for the GPU: checks, the decode sweep against the floor, the workloads.
 
-    python benchmarks/engine/bench_e2e_gpu.py --json OUT.json            # on the H200, one call
-    python benchmarks/engine/bench_e2e_gpu.py --smoke                    # tiny shapes, CPU: checks the script
+    python benchmarks/engine/bench_e2e_gpu.py --json OUT.json                  # Part A on the H200
+    python benchmarks/engine/bench_e2e_gpu.py --parts B --skip-checks --gsm8k .devshare/gsm8k \
+        --sharegpt .devshare/sharegpt/sharegpt_v3_multiturn_first2000.jsonl --json OUT.json   # Part B
+    python benchmarks/engine/bench_e2e_gpu.py --smoke --skip-checks --workloads --json /tmp/s.json  # CPU
 
 1. Checks (small random Llama, bf16 and fp8_e4m3 KV): a decode step replayed from a CUDA graph
    gives the same logits as the eager step on the same batch (bit for bit), and greedy generate
@@ -11,24 +13,40 @@
    `LLM.step()` (scheduling, planning, forward, sampling, update), with CUDA graphs and eager,
    against the floor = (weight bytes + KV bytes read) / streaming-read bandwidth measured in the
    same run. Sampled decoding (temperature 0.8, top_p 0.95) at batch 64 beside greedy.
-Rows go to --json (a list of objects, keys as benchmarks/results/e2e.json) and a table last.
+3. Workloads (Part B), each with cache on / off (bf16), cache on with fp8_e4m3 KV at the same KV
+   byte budget, and transformers' batched generate (few-shot, no-sharing: a timed subset):
+   - few-shot: 8-shot GSM8K, 512 questions over 4 example sets, 64 new tokens, all sent at once;
+   - multi-turn: 64 conversations x 4 turns (ShareGPT lengths with --sharegpt, else the synthetic
+     generator's), a shared 256-token system prompt; a conversation's next turn is sent when its
+     previous one finishes: previous prompt + the engine's output + the new user tokens;
+   - trace: the first 500 requests of the bundled Mooncake synthetic trace, arrivals / 20 in
+     wall-clock time (they queue), prompts truncated to 2048 tokens, outputs to 128;
+   - no-sharing: 512 unique random 512-token prompts, 64 new tokens (the control).
+   Sizes are flags (--fs-prompts, --trace-speedup, ...); --only / --configs pick rows.
+Rows go to --json (a list of objects, keys as benchmarks/results/e2e.json; a second call with the
+same --json skips the rows already there) and a table last.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
 import time
+from collections import deque
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_engine_check import llama3_8b_config, small_config  # noqa: E402
 
 from radixkv import LLM, SamplingParams  # noqa: E402
+from radixkv.request import Request  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=128, ignore_eos=True)
@@ -144,10 +162,56 @@ def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, grap
     ms = statistics.median(steps) * 1e3
     kv_read = statistics.median(ctx[4:] or ctx) * kv_bytes_per_token(llm)
     floor_ms = (weight_bytes(llm) + kv_read) / bw * 1e3
-    return dict(workload="decode-sweep", config=f"cache-on-{llm.kv_dtype.value}", batch=batch,
+    config = "cache-on-fp8" if llm.kv_dtype.value.startswith("fp8") else f"cache-on-{llm.kv_dtype.value}"
+    return full_row(dict(workload="decode-sweep", config=config, batch=batch,
                 graphs=graphs, sampled=not params.greedy, step_ms=round(ms, 3), floor_ms=round(floor_ms, 3),
                 fraction_of_floor=round(floor_ms / ms, 3), output_tokens_per_s=round(batch / ms * 1e3, 1),
-                steps_timed=len(steps))
+                steps_timed=len(steps), max_concurrency=batch, pool_pages=llm.num_pages))
+
+
+# ---------------------------------------------------------------- Part B: workloads
+
+ROW_KEYS = ("workload", "config", "batch", "step_ms", "floor_ms", "output_tokens_per_s", "requests_per_s",
+            "ttft_p50_s", "ttft_p99_s", "hit_rate", "peak_pages", "pool_pages", "cpu_frac_per_step",
+            "max_concurrency")
+WORKLOADS = ("few-shot", "multi-turn", "trace", "no-sharing")
+CONFIGS = ("cache-on-bf16", "cache-off-bf16", "cache-on-fp8", "hf-generate")
+HF_WORKLOADS = ("few-shot", "no-sharing")  # static prompt lists: what a batched generate() serves
+
+
+def full_row(row: dict) -> dict:
+    """The issue's keys first (None where they do not apply), then the row's own extras."""
+    return {**{k: row.get(k) for k in ROW_KEYS}, **row}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Part B sizes (flags override); full = the H200 run (~6-8 min), smoke = tiny CPU shapes."""
+
+    fs_prompts: int = 512  # few-shot questions (GSM8K test), spread over fs_templates example sets
+    fs_shots: int = 8
+    fs_templates: int = 4
+    new: int = 64  # output tokens of few-shot and no-sharing requests
+    ns_prompts: int = 512
+    ns_len: int = 512
+    mt_sessions: int = 64
+    mt_turns: int = 4
+    mt_system: int = 256  # tokens of the system prompt all sessions share
+    mt_max_user: int = 512  # a user turn's tokens are capped here (ShareGPT pastes can be huge)
+    mt_max_reply: int = 128  # a reply's max_tokens is capped here (the turns run one after another)
+    trace_requests: int = 500
+    trace_speedup: float = 20.0  # wall-clock arrival = trace arrival_s / speedup
+    trace_max_prompt: int = 2048  # longer prompts are truncated (their shared prefix blocks kept)
+    trace_max_new: int = 128
+    hf_batch: int = 64
+    hf_requests: int = 128  # prompts of each workload timed through transformers' generate
+    kv_gb: float = 64.0  # KV byte budget of every engine config (fp8 gets the pages it buys)
+
+
+SMOKE = Sizes(fs_prompts=16, fs_shots=2, new=8, ns_prompts=16, ns_len=64, mt_sessions=6, mt_system=32,
+              mt_max_user=32, mt_max_reply=8, trace_requests=40, trace_speedup=200.0, trace_max_prompt=256,
+              trace_max_new=8, hf_batch=4, hf_requests=8, kv_gb=0.0)
+SMOKE_PAGES = 4096  # bf16 pages of the smoke run's pool (kv_gb 0)
 
 
 class _Timed:
@@ -164,69 +228,299 @@ class _Timed:
             self.total += time.perf_counter() - t
 
 
-def workload(llm: LLM, name: str, config: str, prompts: list[list[int]], max_tokens: int) -> dict:
-    """All prompts arrive at once; step to the end. TTFT = first token's time after arrival."""
+class Arrival(NamedTuple):
+    due_s: float  # wall-clock seconds after the start at which the request is sent
+    prompt: list[int]
+    max_tokens: int
+    key: Any = None  # handed to `follow` when the request finishes
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(len(xs) * q))], 4)
+
+
+def run_workload(llm: LLM, name: str, config: str, arrivals: list[Arrival],
+                 follow: Callable[[Request, Any], Arrival | None] | None = None, **extra: Any) -> dict:
+    """Send each request when its time comes (add_requests between steps) and step to the end.
+
+    follow(req, key): called as a request finishes; an Arrival it returns is sent at once (a
+    conversation's next turn). TTFT = first token's time after the request was sent."""
     llm.reset_prefix_cache()
     sched = llm.scheduler
     schedule, update = _Timed(sched.schedule), _Timed(sched.update)
     sched.schedule, sched.update = schedule, update
     m0 = (sched.metrics.prompt_tokens, sched.metrics.hit_tokens)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    pending = deque(sorted(arrivals, key=lambda a: a.due_s))
+    sent: dict[int, tuple[float, Any]] = {}  # rid -> (time sent, key)
+    no_token: list[Request] = []  # sent, no output token yet
+    ttft: list[float] = []
+    out_tokens = done = steps = peak = concurrency = 0
+
+    def send(items: list[Arrival], now: float) -> None:
+        reqs = llm.add_requests([a.prompt for a in items],
+                                [SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True)
+                                 for a in items])
+        for r, a in zip(reqs, items):
+            sent[r.rid] = (now, a.key)
+        no_token.extend(reqs)
+
     _sync(llm.device)
     t0 = time.perf_counter()
-    reqs = llm.add_requests(prompts, params)
-    first: dict[int, float] = {}
-    steps = peak = concurrency = 0
-    while llm.has_work():
-        llm.step()
-        steps += 1
-        now = time.perf_counter() - t0
-        running = [r for r in reqs if r.output]
-        for r in running:
-            first.setdefault(r.rid, now)
-        peak = max(peak, llm.pool.num_used)
-        concurrency = max(concurrency, sched.num_running)
+    try:
+        while pending or llm.has_work():
+            now = time.perf_counter() - t0
+            due = []
+            while pending and pending[0].due_s <= now:
+                due.append(pending.popleft())
+            if due:
+                send(due, now)
+            if not llm.has_work():
+                time.sleep(max(0.0, pending[0].due_s - now))
+                continue
+            finished = llm.step()
+            steps += 1
+            now = time.perf_counter() - t0
+            if no_token:
+                still = []
+                for r in no_token:
+                    if r.output:
+                        ttft.append(now - sent[r.rid][0])
+                    else:
+                        still.append(r)
+                no_token = still
+            peak = max(peak, llm.pool.num_used)
+            concurrency = max(concurrency, sched.num_running)
+            nxt = []
+            for r in finished:
+                out_tokens += len(r.output)
+                done += 1
+                key = sent.pop(r.rid)[1]
+                a = follow(r, key) if follow is not None else None
+                if a is not None:
+                    nxt.append(a)
+            if nxt:
+                send(nxt, now)
+    finally:
+        del sched.schedule, sched.update  # back to the class's methods
     wall = time.perf_counter() - t0
-    del sched.schedule, sched.update  # back to the class's methods
-    ttft = sorted(first.values())
     prompt_tokens = sched.metrics.prompt_tokens - m0[0]
-    return dict(workload=name, config=config, requests=len(prompts), wall_s=round(wall, 3),
-                output_tokens_per_s=round(len(prompts) * max_tokens / wall, 1),
-                requests_per_s=round(len(prompts) / wall, 2),
-                ttft_p50_s=round(ttft[len(ttft) // 2], 3),
-                ttft_p99_s=round(ttft[min(len(ttft) - 1, int(len(ttft) * .99))], 3),
-                hit_rate=round((sched.metrics.hit_tokens - m0[1]) / max(1, prompt_tokens), 4),
-                peak_pages=peak, pool_pages=llm.num_pages, steps=steps,
-                cpu_frac_per_step=round((schedule.total + update.total) / wall, 4), max_concurrency=concurrency)
+    return full_row(dict(
+        workload=name, config=config, requests=done, wall_s=round(wall, 3), steps=steps,
+        step_ms=round(wall / max(1, steps) * 1e3, 3), output_tokens=out_tokens,
+        output_tokens_per_s=round(out_tokens / wall, 1), requests_per_s=round(done / wall, 2),
+        ttft_p50_s=_pct(ttft, 0.5), ttft_p99_s=_pct(ttft, 0.99),
+        hit_rate=round((sched.metrics.hit_tokens - m0[1]) / max(1, prompt_tokens), 4), prompt_tokens=prompt_tokens,
+        peak_pages=peak, pool_pages=llm.num_pages, cpu_frac_per_step=round((schedule.total + update.total) / wall, 4),
+        max_concurrency=concurrency, **extra))
 
 
-def workloads_part(device: torch.device, gsm8k: str | None, smoke: bool, emit: Any) -> None:
-    """Part B: few-shot (k-shot GSM8K prompts sharing their examples) and a no-sharing control,
-    cache on / off in bf16 and cache on in fp8_e4m3 at the same KV byte budget."""
+def _fold(tokens: Any, vocab: int) -> list[int]:
+    """Synthetic / hashed token ids into [3, vocab) (ids 0..2 are often special)."""
+    return (3 + np.asarray(tokens, dtype=np.int64) % (vocab - 3)).tolist()
+
+
+def multi_turn_sessions(sz: Sizes, vocab: int, sharegpt: str | None) -> tuple[list[int], list[list[tuple[list[int], int]]], str]:
+    """(system tokens, per session [(user tokens, reply max_tokens)] per turn, where the shapes came from).
+
+    With a ShareGPT file: the first sessions with >= mt_turns human/gpt pairs give the turn lengths
+    (tokens ~ bytes / 4); without: workloads/multi_turn.py's generator (exponential lengths)."""
+    from radixkv.workloads import random_tokens
+    from radixkv.workloads.multi_turn import MultiTurnConfig, multi_turn, session_turns, sharegpt_turn_lengths
+
+    if sharegpt:
+        shapes = [s for s in sharegpt_turn_lengths(sharegpt, 10**9, sz.mt_turns) if len(s) >= sz.mt_turns]
+        shapes = shapes[:sz.mt_sessions]
+        rng = np.random.default_rng(0)
+        system = random_tokens(rng, sz.mt_system)
+        sessions = [[(random_tokens(rng, min(u, sz.mt_max_user)), min(r, sz.mt_max_reply)) for u, r in s]
+                    for s in shapes]
+        source = f"sharegpt:{Path(sharegpt).name}"
+    else:
+        cfg = MultiTurnConfig(sessions=sz.mt_sessions, max_turns=sz.mt_turns, system_len=sz.mt_system,
+                              max_reply=sz.mt_max_reply, rate=float("inf"), think_s=0.0)
+        groups = session_turns(multi_turn(cfg))
+        system = next(iter(groups.values()))[0].prompt[:sz.mt_system]
+        sessions = []
+        for turns in groups.values():
+            s, prev = [], sz.mt_system  # the generator's history: prompt + its drawn reply
+            for r in turns:
+                s.append((r.prompt[prev:][:sz.mt_max_user], r.max_tokens))
+                prev = len(r.prompt) + r.max_tokens
+            sessions.append(s)
+        source = "synthetic (workloads/multi_turn.py)"
+    return (_fold(system, vocab), [[(_fold(u, vocab), n) for u, n in s] for s in sessions], source)
+
+
+def trace_arrivals(sz: Sizes, vocab: int, max_len: int) -> tuple[list[Arrival], dict]:
+    """The first trace_requests of the bundled Mooncake synthetic trace, arrivals / speedup,
+    prompts truncated to trace_max_prompt (and to what the context holds), outputs to trace_max_new."""
+    from radixkv.workloads.data import bundled_trace
+    from radixkv.workloads.traces import read_mooncake
+
+    reqs = read_mooncake(bundled_trace("mooncake-synthetic")).requests[:sz.trace_requests]
+    cap = min(sz.trace_max_prompt, max_len - sz.trace_max_new)
+    out, truncated, t_first = [], 0, reqs[0].arrival_s
+    for r in reqs:
+        tokens = r.tokens()
+        truncated += len(tokens) > cap
+        out.append(Arrival((r.arrival_s - t_first) / sz.trace_speedup, _fold(tokens[:cap], vocab),
+                           min(r.max_tokens, sz.trace_max_new)))
+    info = dict(truncated=truncated, max_prompt=cap, speedup=sz.trace_speedup,
+                arrival_span_s=round(out[-1].due_s, 2), trace="mooncake-synthetic")
+    return out, info
+
+
+class Inputs(NamedTuple):
+    few_shot: list[list[int]]
+    unique: list[list[int]]
+    system: list[int]
+    sessions: list[list[tuple[list[int], int]]]
+    mt_source: str
+    trace: list[Arrival]
+    trace_info: dict
+
+
+def build_inputs(sz: Sizes, vocab: int, max_len: int, gsm8k: str | None, sharegpt: str | None,
+                 only: set[str]) -> Inputs:
     from radixkv.engine.bench import few_shot_prompts
 
-    cfg = llama3_8b_config(smoke)
-    n, new = (8, 8) if smoke else (128, 64)
-    shots = 2 if smoke else 8
-    fs = few_shot_prompts(cfg.vocab_size, shots, n // 4, new, gsm8k, templates=4)
+    fs = (few_shot_prompts(vocab, sz.fs_shots, sz.fs_prompts // sz.fs_templates, sz.new, gsm8k,
+                           templates=sz.fs_templates) if "few-shot" in only else [])
     g = torch.Generator().manual_seed(3)
-    unique = [torch.randint(3, cfg.vocab_size, (64 if smoke else 512,), generator=g).tolist() for _ in range(n)]
-    pages = (max(map(len, fs)) + new) // 16 * n + 256
-    for config, kw in (("cache-on-bf16", {}), ("cache-off-bf16", dict(enable_prefix_caching=False)),
-                       ("cache-on-fp8", dict(kv_dtype="fp8_e4m3"))):
-        num_pages = pages if "fp8" not in config else 2 * pages  # same KV bytes (scales aside)
+    unique = [torch.randint(3, vocab, (sz.ns_len,), generator=g).tolist() for _ in range(sz.ns_prompts)]
+    system, sessions, source = (multi_turn_sessions(sz, vocab, sharegpt) if "multi-turn" in only
+                                else ([], [], ""))
+    trace, info = trace_arrivals(sz, vocab, max_len) if "trace" in only else ([], {})
+    return Inputs(fs, unique, system, sessions, source, trace, info)
+
+
+def run_engine_workload(llm: LLM, name: str, config: str, inp: Inputs, sz: Sizes) -> dict:
+    if name == "few-shot":
+        return run_workload(llm, name, config, [Arrival(0.0, p, sz.new) for p in inp.few_shot],
+                            shots=sz.fs_shots, templates=sz.fs_templates)
+    if name == "no-sharing":
+        return run_workload(llm, name, config, [Arrival(0.0, p, sz.new) for p in inp.unique], prompt_len=sz.ns_len)
+    if name == "multi-turn":
+        first = [Arrival(0.0, inp.system + s[0][0], s[0][1], (i, 0)) for i, s in enumerate(inp.sessions)]
+
+        def follow(r: Request, key: tuple[int, int]) -> Arrival | None:
+            i, k = key
+            turns = inp.sessions[i]
+            if k + 1 == len(turns):
+                return None
+            user, reply = turns[k + 1]  # the whole conversation so far is sent again, then the new turn
+            return Arrival(0.0, list(r.prompt) + list(r.output) + user, reply, (i, k + 1))
+
+        return run_workload(llm, name, config, first, follow, sessions=len(inp.sessions),
+                            turns=sz.mt_turns, shapes=inp.mt_source)
+    if name == "trace":
+        return run_workload(llm, name, config, inp.trace, **inp.trace_info)
+    raise ValueError(name)
+
+
+def hf_generate_row(cfg: Any, device: torch.device, name: str, prompts: list[list[int]], new: int,
+                    batch: int, seed: int = 0) -> dict:
+    """transformers' batched generate: left-padded batches, greedy, exactly `new` tokens each.
+
+    The model is built as the engine builds its random weights (same initialiser, seed and dtype:
+    radixkv.engine.weights.random_checkpoint), so both serve the same network."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.eval()
+    model.generation_config.eos_token_id = model.config.eos_token_id = None  # EOS an ordinary token
+
+    def gen(chunk: list[list[int]], n: int) -> int:
+        L = max(map(len, chunk))
+        ids = torch.zeros(len(chunk), L, dtype=torch.long)
+        mask = torch.zeros(len(chunk), L, dtype=torch.long)
+        for j, p in enumerate(chunk):
+            ids[j, L - len(p):] = torch.tensor(p)
+            mask[j, L - len(p):] = 1
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=n,
+                                 do_sample=False, pad_token_id=0)
+        return (out.shape[1] - L) * len(chunk)
+
+    gen([p[:32] for p in prompts[:2]], 2)  # warm-up
+    oom = 0
+    while True:
+        try:
+            _sync(device)
+            t0 = time.perf_counter()
+            out_tokens = sum(gen(prompts[i:i + batch], new) for i in range(0, len(prompts), batch))
+            _sync(device)
+            wall = time.perf_counter() - t0
+            break
+        except torch.cuda.OutOfMemoryError:  # the whole subset again, in half the batch
+            if batch == 1:
+                raise
+            batch, oom = batch // 2, oom + 1
+            torch.cuda.empty_cache()
+    return full_row(dict(workload=name, config="hf-generate", requests=len(prompts), wall_s=round(wall, 3),
+                         output_tokens=out_tokens, output_tokens_per_s=round(out_tokens / wall, 1),
+                         requests_per_s=round(len(prompts) / wall, 2), max_concurrency=batch, hf_batch=batch,
+                         oom_retries=oom, subset=True))
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def workloads_part(device: torch.device, a: argparse.Namespace, emit: Any, done: set[tuple[str, str]]) -> None:
+    """Part B: few-shot, multi-turn, trace, no-sharing; cache on / off in bf16, cache on in fp8_e4m3
+    at the same KV byte budget, transformers' generate. (workload, config) pairs in `done` are skipped."""
+    from radixkv.engine.kv_store import KVStore
+
+    sz = a.sizes
+    cfg = llama3_8b_config(a.smoke)
+    only = [w for w in WORKLOADS if w in a.only]
+    configs = [c for c in CONFIGS if c in a.configs]
+    todo = {(w, c) for w in only for c in configs if (w, c) not in done
+            and (c != "hf-generate" or w in HF_WORKLOADS)}
+    if not todo:
+        print("Part B: every selected (workload, config) row is already in the JSON")
+        return
+    vocab = cfg.vocab_size
+    inp = build_inputs(sz, vocab, cfg.max_position_embeddings, a.gsm8k, a.sharegpt, {w for w, _ in todo})
+    L, H, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    budget = (SMOKE_PAGES * KVStore.bytes_per_page(16, L, H, D, "bfloat16") if sz.kv_gb <= 0
+              else int(sz.kv_gb * 1e9))
+    for config in configs:
+        names = [w for w in only if (w, config) in todo]
+        if not names:
+            continue
+        if config == "hf-generate":
+            for w in names:
+                prompts = (inp.few_shot if w == "few-shot" else inp.unique)[:sz.hf_requests]
+                emit(hf_generate_row(cfg, device, w, prompts, sz.new, sz.hf_batch))
+                _free(device)
+            continue
+        kw: dict[str, Any] = (dict(enable_prefix_caching=False) if config == "cache-off-bf16"
+                              else dict(kv_dtype="fp8_e4m3") if config == "cache-on-fp8" else {})
+        num_pages = KVStore.pages_for_budget(budget, 16, L, H, D, kw.get("kv_dtype", "bfloat16"))
+        t = time.perf_counter()
         llm = LLM(cfg, dtype="bfloat16", device=device, num_pages=num_pages, **kw)
         # warm-up: Triton compiles each prefill tile config on first use; graphs are captured at start-up
-        warm = [torch.randint(3, cfg.vocab_size, (n_tok,), generator=g).tolist()
-                for n_tok in (len(fs[0]), len(fs[0]), 40, 100, len(unique[0]))]
-        llm.generate(warm, SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True))
+        g = torch.Generator().manual_seed(5)
+        lens = {len(inp.few_shot[0]) if inp.few_shot else 1024, 40, 100, sz.ns_len, sz.trace_max_prompt}
+        warm = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in sorted(lens) for _ in range(2)]
+        llm.generate(warm, SamplingParams(temperature=0.0, max_tokens=sz.new, ignore_eos=True))
         llm.generate([w[:-3] + [5, 6, 7] for w in warm], SamplingParams(temperature=0.0, max_tokens=4,
                                                                           ignore_eos=True))  # cached-prefix extends
-        for name, prompts in (("few-shot", fs), ("no-sharing", unique)):
-            emit(workload(llm, name, config, prompts, new))
+        print(f"# {config}: built and warmed in {time.perf_counter() - t:.1f} s, {num_pages} pages", flush=True)
+        for w in names:
+            emit(run_engine_workload(llm, w, config, inp, sz))
         del llm
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        _free(device)
 
 
 def profile_steps(llm: LLM, batch: int, prompt: int, out: str | None, sampled: bool = False,
@@ -259,19 +553,97 @@ def profile_steps(llm: LLM, batch: int, prompt: int, out: str | None, sampled: b
             f.write("\n".join(text) + "\n")
 
 
+def part_a(device: torch.device, a: argparse.Namespace, rows: list[dict], emit: Any) -> None:
+    """Checks, then the decode sweep; rows already in the JSON (same check / same sweep point) are kept."""
+    have_checks = {r["check"] for r in rows if "check" in r}
+    swept = {(r["config"], r["batch"], r["graphs"], r["sampled"]) for r in rows if r.get("workload") == "decode-sweep"}
+    if not a.skip_checks:
+        if "gumbel_argmax == twin" not in have_checks:
+            emit(check_sampler(device, a.smoke))
+        for kv in ("auto", "fp8_e4m3"):
+            if f"graph == eager ({kv})" not in have_checks:
+                emit(check_graph_equals_eager(device, kv, a.smoke))
+    batches = [int(b) for b in a.batches.split(",")]
+    graphs_on = device.type == "cuda"  # LLM captures graphs on CUDA (Triton) unless enforce_eager
+    points = [(b, gr, False) for b in batches for gr in ((True, False) if graphs_on else (False,))]
+    points += [(64, graphs_on, True)] if 64 in batches else []
+    points = [p for p in points if ("cache-on-bf16", *p) not in swept]
+    if not points and not a.profile:
+        print("Part A: every decode-sweep row is already in the JSON")
+        return
+    bw = read_bandwidth(device, a.smoke)
+    emit(dict(check="streaming read", tb_per_s=round(bw / 1e12, 3)))
+    prompt = 32 if a.smoke else a.prompt
+    per_row = -(-(prompt + 128) // 16) + 1
+    llm = LLM(llama3_8b_config(a.smoke), dtype="bfloat16", device=device, num_pages=max(batches) * per_row + 64)
+    emit(dict(check="8B model", weight_gb=round(weight_bytes(llm) / 1e9, 3), pool_pages=llm.num_pages,
+              graphs=llm.graphs is not None))
+    for b, graphs, sampled in points:
+        if graphs and llm.graphs is None:
+            continue
+        emit(decode_sweep(llm, b, prompt, SAMPLED if sampled else GREEDY, graphs, bw, a.smoke))
+    if a.profile:
+        for b, sampled in ((1, False), (256, False), (64, True)):
+            profile_steps(llm, b, prompt, a.profile, sampled)
+    del llm
+    _free(device)
+
+
+def _f(v: Any, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def summary(rows: list[dict]) -> str:
+    lines = [f"{'batch':>5} {'config':>14} {'graphs':>6} {'sampled':>7} {'step ms':>8} {'floor ms':>8} {'of floor':>8}"]
+    for r in rows:
+        if r.get("workload") == "decode-sweep":
+            lines.append(f"{r['batch']:>5} {r['config']:>14} {str(r['graphs']):>6} {str(r['sampled']):>7} "
+                         f"{r['step_ms']:>8.2f} {r['floor_ms']:>8.2f} {r['fraction_of_floor']:>8.2f}")
+    lines.append(f"\n{'workload':>10} {'config':>14} {'reqs':>5} {'out tok/s':>10} {'req/s':>7} {'ttft p50':>8} "
+                 f"{'ttft p99':>8} {'hit':>6} {'peak/pool':>13} {'cpu frac':>8} {'max conc':>8} {'step ms':>8}")
+    order = {w: i for i, w in enumerate(WORKLOADS)}
+    for r in sorted((r for r in rows if r.get("workload") in order),
+                    key=lambda r: (order[r["workload"]], CONFIGS.index(r["config"]))):
+        pp = "-" if r["peak_pages"] is None else f"{r['peak_pages']}/{r['pool_pages']}"
+        lines.append(f"{r['workload']:>10} {r['config']:>14} {r.get('requests', 0):>5} "
+                     f"{_f(r['output_tokens_per_s'], '.1f'):>10} {_f(r['requests_per_s'], '.2f'):>7} "
+                     f"{_f(r['ttft_p50_s'], '.3f'):>8} {_f(r['ttft_p99_s'], '.3f'):>8} {_f(r['hit_rate'], '.3f'):>6} "
+                     f"{pp:>13} {_f(r['cpu_frac_per_step'], '.3f'):>8} {_f(r['max_concurrency'], 'd'):>8} "
+                     f"{_f(r['step_ms'], '.2f'):>8}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="rows go here; if it exists, rows already in it are kept and skipped")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU when no GPU): checks the script")
+    ap.add_argument("--parts", default="A", help="A (checks + decode sweep), B (workloads) or A,B")
+    ap.add_argument("--workloads", action="store_true", help="same as adding B to --parts")
+    ap.add_argument("--only", default=",".join(WORKLOADS), help="Part B workloads, comma-separated")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="Part B configs, comma-separated")
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--skip-checks", action="store_true")
-    ap.add_argument("--workloads", action="store_true", help="also Part B (few-shot, no-sharing)")
-    ap.add_argument("--gsm8k", default=None, help="GSM8K folder (train.jsonl) for the few-shot prompts")
+    ap.add_argument("--gsm8k", default=None, help="GSM8K folder (train.jsonl, test.jsonl) for the few-shot prompts")
+    ap.add_argument("--sharegpt", default=None, help="ShareGPT JSONL for the multi-turn lengths (else synthetic)")
     ap.add_argument("--profile", default=None, help="append torch.profiler tables (batch 1, 256; 64 sampled) to this file")
+    for f in fields(Sizes):
+        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
+                        help=f"Part B size (full {f.default}, smoke {getattr(SMOKE, f.name)})")
     a = ap.parse_args()
+    parts = {p.strip().upper() for p in a.parts.split(",")} | ({"B"} if a.workloads else set())
+    a.only = {w.strip() for w in a.only.split(",")}
+    a.configs = {c.strip() for c in a.configs.split(",")}
+    for bad, known in ((a.only - set(WORKLOADS), WORKLOADS), (a.configs - set(CONFIGS), CONFIGS)):
+        if bad:
+            ap.error(f"unknown {sorted(bad)}; known: {', '.join(known)}")
+    base = SMOKE if a.smoke else Sizes()
+    a.sizes = replace(base, **{f.name: getattr(a, f.name) for f in fields(Sizes) if getattr(a, f.name) is not None})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows: list[dict] = []
+    if a.json and Path(a.json).exists():
+        rows = json.loads(Path(a.json).read_text())
+        print(f"# resuming: {len(rows)} rows already in {a.json}", flush=True)
 
     def emit(row: dict) -> None:
         rows.append(row)
@@ -279,44 +651,12 @@ def main() -> int:
         if a.json:
             Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
 
-    if not a.skip_checks:
-        emit(check_sampler(device, a.smoke))
-        for kv in ("auto", "fp8_e4m3"):
-            emit(check_graph_equals_eager(device, kv, a.smoke))
-    bw = read_bandwidth(device, a.smoke)
-    emit(dict(check="streaming read", tb_per_s=round(bw / 1e12, 3)))
-    batches = [int(b) for b in a.batches.split(",")]
-    prompt = 32 if a.smoke else a.prompt
-    per_row = -(-(prompt + 128) // 16) + 1
-    llm = LLM(llama3_8b_config(a.smoke), dtype="bfloat16", device=device, num_pages=max(batches) * per_row + 64)
-    emit(dict(check="8B model", weight_gb=round(weight_bytes(llm) / 1e9, 3), pool_pages=llm.num_pages,
-              graphs=llm.graphs is not None))
-    for b in batches:
-        for graphs in ((True, False) if llm.graphs is not None else (False,)):
-            emit(decode_sweep(llm, b, prompt, GREEDY, graphs, bw, a.smoke))
-    if 64 in batches:
-        emit(decode_sweep(llm, 64, prompt, SAMPLED, llm.graphs is not None, bw, a.smoke))
-    if a.profile:
-        for b, sampled in ((1, False), (256, False), (64, True)):
-            profile_steps(llm, b, prompt, a.profile, sampled)
-    if a.workloads:
-        del llm
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        workloads_part(device, a.gsm8k, a.smoke, emit)
-    print(f"\n{'batch':>5} {'graphs':>6} {'sampled':>7} {'step ms':>8} {'floor ms':>8} {'of floor':>8}")
-    for r in rows:
-        if r.get("workload") == "decode-sweep":
-            print(f"{r['batch']:>5} {str(r['graphs']):>6} {str(r['sampled']):>7} {r['step_ms']:>8.2f} "
-                  f"{r['floor_ms']:>8.2f} {r['fraction_of_floor']:>8.2f}")
-    print(f"\n{'workload':>10} {'config':>15} {'out tok/s':>10} {'req/s':>7} {'ttft p50':>8} {'hit':>6} "
-          f"{'peak/pool':>11} {'cpu frac':>8}")
-    for r in rows:
-        if r.get("workload") in ("few-shot", "no-sharing"):
-            print(f"{r['workload']:>10} {r['config']:>15} {r['output_tokens_per_s']:>10.1f} "
-                  f"{r['requests_per_s']:>7.2f} "
-                  f"{r['ttft_p50_s']:>8.3f} {r['hit_rate']:>6.3f} {r['peak_pages']:>5}/{r['pool_pages']:<5} "
-                  f"{r['cpu_frac_per_step']:>8.3f}")
+    if "A" in parts:
+        part_a(device, a, rows, emit)
+    if "B" in parts:
+        done = {(r["workload"], r["config"]) for r in rows if r.get("workload") in WORKLOADS}
+        workloads_part(device, a, emit, done)
+    print("\n" + summary(rows))
     for r in rows:
         if "check" in r:
             print(r)
