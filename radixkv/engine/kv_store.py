@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from radixkv import plan
 from radixkv.config import EngineConfig, KVDtype
 
 from .weights import ModelSpec
@@ -99,18 +100,16 @@ class KVStore:
     @staticmethod
     def bytes_per_page(page_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
                        kv_dtype: "str | KVDtype") -> int:
-        """Bytes one page costs over all layers, K and V, FP8 scales included."""
-        kd = KVDtype.parse(kv_dtype)
-        row = head_dim * kd.itemsize + (SCALE_DTYPE.itemsize if kd.is_fp8 else 0)
-        return 2 * num_layers * page_size * num_kv_heads * row
+        """Bytes one page costs over all layers, K and V, FP8 scales included (radixkv/plan.py)."""
+        assert SCALE_DTYPE.itemsize == plan.FP8_SCALE_BYTES
+        return plan.kv_bytes_per_page(page_size, num_layers, num_kv_heads, head_dim, kv_dtype)
 
     @staticmethod
     def pages_for_budget(budget_bytes: int, page_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
                          kv_dtype: "str | KVDtype") -> int:
         """How many whole pages fit in budget_bytes (0 if not even one)."""
-        if budget_bytes < 0:
-            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
-        return int(budget_bytes) // KVStore.bytes_per_page(page_size, num_layers, num_kv_heads, head_dim, kv_dtype)
+        return plan.pages_in_budget(budget_bytes, KVStore.bytes_per_page(page_size, num_layers, num_kv_heads,
+                                                                         head_dim, kv_dtype))
 
 
 # CPU pools without an explicit num_pages: room for this many tokens, capped at this many bytes.
@@ -129,12 +128,10 @@ def default_num_pages(spec: ModelSpec, cfg: EngineConfig, kv: KVDtype, dtype: to
     torch.cuda.empty_cache()  # blocks freed while loading weights count as used otherwise
     free, _ = torch.cuda.mem_get_info(device)
     sched = cfg.scheduler
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    # activations of a full step (MLP is the widest) + fp32 logits of every sampling row
-    reserve = sched.max_batch_tokens * (4 * spec.intermediate_size + 8 * spec.hidden_size) * itemsize
-    reserve += min(sched.max_running, sched.max_batch_tokens) * spec.vocab_size * 8
-    pages = KVStore.pages_for_budget(max(0, int(free * cfg.gpu_memory_utilization) - reserve),
-                                     ps, spec.num_layers, spec.num_kv_heads, spec.head_dim, kv)
+    reserve = plan.step_reserve_bytes(spec.hidden_size, spec.intermediate_size, spec.vocab_size,
+                                      sched.max_batch_tokens, sched.max_running,
+                                      torch.empty((), dtype=dtype).element_size())
+    pages = plan.pages_in_budget(plan.kv_budget_bytes(free, cfg.gpu_memory_utilization, reserve), per_page)
     if pages < 1:
         raise RuntimeError(f"no device memory left for KV pages ({free / 2**30:.1f} GiB free after weights)")
     return pages

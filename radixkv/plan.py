@@ -1,0 +1,276 @@
+"""KV memory arithmetic: bytes per token and page, weight bytes, pages and requests in a budget. No torch.
+
+The one home of the formulas: `radixkv plan` prints them and the engine sizes its pool with them
+(`KVStore.bytes_per_page`, `default_num_pages`).
+
+    KV bytes per token = 2 (K and V) x layers x KV heads x (head_dim x element bytes + scale bytes)
+
+FP8 rows carry one float16 scale per (token, KV head) (kv_store.py says why); other dtypes none.
+Llama 3.1 70B (80 layers, 8 KV heads, head_dim 128) at BF16: 327,680 bytes = 320 KiB a token; the
+same model with 64 full KV heads holds 4096 tokens x 16 requests in 160.00 GiB of FP16.
+
+Budget: the KV pool gets `utilization` of the memory left after the weights, less what one step's
+activations and logits need (`step_reserve_bytes`), in whole pages. A request of C tokens holds
+ceil(C / page_size) pages at its peak, so peak concurrency is pages // that.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from radixkv.config import KVDtype
+
+FP8_SCALE_BYTES = 2  # float16, one per (token, KV head) row
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+# ---- the formulas ------------------------------------------------------------------------------
+def kv_row_bytes(head_dim: int, kv_dtype: str | KVDtype) -> int:
+    """Bytes of one token's K (or V) row of one KV head, its scale included."""
+    kd = KVDtype.parse(kv_dtype)
+    return head_dim * kd.itemsize + (FP8_SCALE_BYTES if kd.is_fp8 else 0)
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str | KVDtype) -> int:
+    """K and V bytes of one token over every layer."""
+    return 2 * num_layers * num_kv_heads * kv_row_bytes(head_dim, kv_dtype)
+
+
+def kv_bytes_per_page(page_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                      kv_dtype: str | KVDtype) -> int:
+    return page_size * kv_bytes_per_token(num_layers, num_kv_heads, head_dim, kv_dtype)
+
+
+def pages_in_budget(budget_bytes: int, bytes_per_page: int) -> int:
+    """Whole pages that fit in budget_bytes (0 if not even one)."""
+    if budget_bytes < 0:
+        raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+    return int(budget_bytes) // bytes_per_page
+
+
+def kv_budget_bytes(free_after_weights: int, utilization: float, reserve: int) -> int:
+    """Bytes the KV pool may take: `utilization` of the memory free after the weights, less `reserve`."""
+    return max(0, int(free_after_weights * utilization) - reserve)
+
+
+def step_reserve_bytes(hidden_size: int, intermediate_size: int, vocab_size: int, max_batch_tokens: int,
+                       max_running: int, itemsize: int) -> int:
+    """Activations of a full step (the MLP is the widest) + fp32 logits of every sampling row."""
+    reserve = max_batch_tokens * (4 * intermediate_size + 8 * hidden_size) * itemsize
+    return reserve + min(max_running, max_batch_tokens) * vocab_size * 8
+
+
+def pages_per_request(context: int, page_size: int) -> int:
+    return -(-context // page_size)
+
+
+# ---- the model's numbers -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelShape:
+    """The architecture numbers the arithmetic needs (Llama family)."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    dtype: str  # the checkpoint's, when it says (else bfloat16)
+
+    @classmethod
+    def from_config(cls, d: dict[str, Any], name: str) -> "ModelShape":
+        """From a Hugging Face config.json dict; raises ValueError naming a missing or bad field."""
+        def need(key: str) -> int:
+            v = d.get(key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}: config field {key!r} must be a positive integer, got {v!r}")
+            return v
+        heads = need("num_attention_heads")
+        kv = d.get("num_key_value_heads") or heads
+        hidden = need("hidden_size")
+        head_dim = d.get("head_dim") or hidden // heads
+        dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
+        return cls(name, need("num_hidden_layers"), hidden, heads, int(kv), int(head_dim),
+                   need("intermediate_size"), need("vocab_size"), bool(d.get("tie_word_embeddings", False)),
+                   dtype if dtype in DTYPE_BYTES else "bfloat16")
+
+    @property
+    def num_params(self) -> int:
+        """Weights: embedding, per layer q/k/v/o, gate/up/down and two norms, the final norm, the LM head."""
+        H, D = self.hidden_size, self.head_dim
+        attn = H * D * (2 * self.num_heads + 2 * self.num_kv_heads)
+        layer = attn + 3 * H * self.intermediate_size + 2 * H
+        head = 0 if self.tie_word_embeddings else self.vocab_size * H
+        return self.vocab_size * H + self.num_layers * layer + H + head
+
+    def kv_bytes_per_token(self, kv_dtype: str | KVDtype) -> int:
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_dtype)
+
+
+def read_model_shape(model: str) -> ModelShape:
+    """A folder with config.json, a config.json, a .gguf file, or a hub id in the local Hugging Face
+    cache (never downloaded). Raises ValueError naming the file when it cannot be read."""
+    if model.endswith(".gguf"):
+        return _gguf_shape(model)
+    path = model
+    if os.path.isdir(model):
+        path = os.path.join(model, "config.json")
+    elif not os.path.exists(model) and re.fullmatch(r"[\w.-]+/[\w.-]+", model):
+        path = _cached_config(model)
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file (MODEL is a folder, a config.json, a .gguf or a cached hub id)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable JSON config: {e}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: a config is a JSON object, got {type(d).__name__}")
+    return ModelShape.from_config(d, path)
+
+
+def _cached_config(repo_id: str) -> str:
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
+    found = sorted(glob.glob(os.path.join(hub, f"models--{repo_id.replace('/', '--')}", "snapshots", "*",
+                                          "config.json")))
+    if not found:
+        raise ValueError(f"{repo_id}: not in the local Hugging Face cache ({hub}); nothing is downloaded")
+    return found[-1]
+
+
+def _gguf_shape(path: str) -> ModelShape:
+    try:
+        import gguf
+
+        reader = gguf.GGUFReader(path)
+    except ImportError:
+        raise ValueError(f"{path}: reading .gguf needs the gguf package (pip install gguf)") from None
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        raise ValueError(f"{path}: not a readable GGUF file: {e}") from None
+    fields = reader.fields
+    arch = fields["general.architecture"].contents() if "general.architecture" in fields else "?"
+
+    def get(key: str) -> Any:
+        f = fields.get(f"{arch}.{key}")
+        if f is None:
+            raise ValueError(f"{path}: GGUF has no {arch}.{key} (architecture {arch!r})")
+        return f.contents()
+    heads = int(get("attention.head_count"))
+    hidden = int(get("embedding_length"))
+    vocab = fields.get(f"{arch}.vocab_size")
+    vocab = int(vocab.contents()) if vocab is not None else len(fields["tokenizer.ggml.tokens"].data)
+    names = {t.name for t in reader.tensors}
+    return ModelShape(path, int(get("block_count")), hidden, heads, int(get("attention.head_count_kv")),
+                      hidden // heads, int(get("feed_forward_length")), vocab, "output.weight" not in names,
+                      "bfloat16")
+
+
+# ---- the plan ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KVPlanRow:
+    """One KV dtype's figures."""
+
+    kv_dtype: str
+    bytes_per_token: int
+    bytes_per_page: int
+    pages: int  # in the budget
+    tokens: int  # pages x page_size
+    max_requests: int  # at `context` tokens each, all at their peak at once
+    load_bytes: int  # KV of `batch` requests of `context` tokens (whole pages)
+    load_fits: bool
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    model: str
+    dtype: str
+    weight_bytes: int
+    gpu_memory: int
+    utilization: float
+    reserve_bytes: int
+    kv_budget_bytes: int
+    page_size: int
+    context: int
+    batch: int
+    load_tokens: int
+    rows: list[KVPlanRow]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan_memory(shape: ModelShape, gpu_memory: int, utilization: float = 0.9, page_size: int = 16,
+                context: int = 4096, batch: int = 16, dtype: str | None = None,
+                kv_dtypes: list[str] | None = None, max_batch_tokens: int = 8192,
+                max_running: int = 256) -> MemoryPlan:
+    """The figures `radixkv plan` prints, for each KV dtype (default: every one the engine has)."""
+    for name, v in (("page_size", page_size), ("context", context), ("batch", batch), ("gpu_memory", gpu_memory)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if not (isinstance(utilization, (int, float)) and 0 < utilization <= 1):
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
+    dtype = dtype or shape.dtype
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    itemsize = DTYPE_BYTES[dtype]
+    weights = shape.num_params * itemsize
+    reserve = step_reserve_bytes(shape.hidden_size, shape.intermediate_size, shape.vocab_size,
+                                 max_batch_tokens, max_running, itemsize)
+    budget = kv_budget_bytes(max(0, gpu_memory - weights), utilization, reserve)
+    per_req = pages_per_request(context, page_size)
+    rows = []
+    for kv in kv_dtypes or [k.value for k in KVDtype]:
+        kd = KVDtype.parse(kv)
+        per_token = shape.kv_bytes_per_token(kd)
+        per_page = page_size * per_token
+        pages = pages_in_budget(budget, per_page)
+        load = batch * per_req * per_page
+        rows.append(KVPlanRow(kd.value, per_token, per_page, pages, pages * page_size, pages // per_req, load,
+                              load <= budget))
+    return MemoryPlan(shape.name, dtype, weights, gpu_memory, utilization, reserve, budget, page_size, context,
+                      batch, batch * context, rows)
+
+
+def parse_bytes(text: str) -> int:
+    """'80GiB', '141 GB', '1.5TiB', '1e9' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m and _UNITS.get(m.group(2).lower())
+    if not m or unit is None:
+        raise ValueError(f"cannot read {text!r} as a memory size (e.g. 80GiB, 141GB, 1.5TiB)")
+    value = float(m.group(1)) * unit
+    if not math.isfinite(value) or value < 1:
+        raise ValueError(f"memory size {text!r} must be at least one byte")
+    return int(value)
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB"
+
+
+def format_plan(p: MemoryPlan) -> str:
+    """The table `radixkv plan` prints."""
+    lines = [f"{'model':<28}{p.model}",
+             f"{'weights':<28}{gib(p.weight_bytes)} ({p.dtype})",
+             f"{'GPU memory':<28}{gib(p.gpu_memory)} x {p.utilization} of what the weights leave, "
+             f"less {gib(p.reserve_bytes)} for a step",
+             f"{'KV budget':<28}{gib(p.kv_budget_bytes)}",
+             f"{'load':<28}{p.batch} requests x {p.context:,} tokens = {p.load_tokens:,} tokens "
+             f"(page {p.page_size})",
+             "",
+             f"{'kv dtype':<10}{'bytes/token':>13}{'bytes/page':>13}{'pages':>13}{'tokens':>15}"
+             f"{'max requests':>14}{'load needs':>14}{'fits':>6}"]
+    for r in p.rows:
+        lines.append(f"{r.kv_dtype:<10}{r.bytes_per_token:>13,}{r.bytes_per_page:>13,}{r.pages:>13,}"
+                     f"{r.tokens:>15,}{r.max_requests:>14,}{gib(r.load_bytes):>14}{'yes' if r.load_fits else 'no':>6}")
+    return "\n".join(lines)

