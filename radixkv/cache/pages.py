@@ -117,6 +117,18 @@ class PagePool:
         self._refs[pages] = 1
         return pages.tolist()
 
+    def alloc_array(self, n: int) -> np.ndarray:
+        """alloc(n) as a fresh int32 array [n] (no list of Python ints is built): the same
+        pages in the same order, each with refcount 1; all or nothing (OutOfPages)."""
+        if n < 0:
+            raise ValueError(f"cannot allocate {n} pages")
+        if n > self._top:
+            raise OutOfPages(n, self._top)
+        pages = self._free[self._top - n: self._top][::-1].copy()  # a copy: frees reuse the stack
+        self._top -= n
+        self._refs[pages] = 1
+        return pages
+
     def are_distinct(self, pages: np.ndarray) -> bool:
         """Whether an integer array of in-pool page ids lists no page twice."""
         n = pages.size

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from radixkv.cache.node import as_tokens
 from radixkv.cache.pages import PagePool
 from radixkv.cache.radix_tree import RadixCache
 from radixkv.config import Policy, SchedulerConfig
@@ -173,29 +174,35 @@ class _SequentialServer:
         self.cache = RadixCache(self.pool, page_size=page_size)
         self.page_size = page_size
 
-    def serve(self, tokens: np.ndarray) -> Served:
-        """Match, evict LRU leaves if short, allocate, insert the full blocks, release.
+    def serve(self, tokens: Sequence[int] | np.ndarray) -> Served:
+        """Match, evict LRU leaves if short, allocate, cache the full blocks, release.
 
-        A request needing more pages than the pool can give even
-        after evicting everything else does not run: it evicts and inserts nothing.
+        `tokens`: an int32 array is used as it is (no copy); any other container is checked and
+        converted once. The uncached blocks go in with `RadixCache.extend` below the locked match
+        (no second walk from the root); the request's own pages are one int32 array throughout.
+        A request needing more pages than the pool can give even after evicting everything else
+        does not run: it evicts and inserts nothing.
         """
         ps, pool, cache = self.page_size, self.pool, self.cache
+        tokens = as_tokens(tokens)
         n = len(tokens)
         m = cache.match(tokens)
         cache.lock(m)
-        need = -(-n // ps) - len(m.pages)  # pages for the uncached rest (tail page included)
-        if need > pool.num_free + cache.num_evictable_pages:
-            cache.unlock(m)
-            return Served(m.num_tokens, False, pool.num_used)
+        hit = m.num_tokens
+        need = -(-n // ps) - hit // ps  # pages for the uncached rest (tail page included)
         if need > pool.num_free:
+            if need > pool.num_free + cache.num_evictable_pages:
+                cache.unlock(m)
+                return Served(hit, False, pool.num_used)
             cache.evict(need - pool.num_free)
-        new = pool.alloc(need)
-        full = n // ps
-        cache.insert(tokens[:full * ps], m.pages + new[:full - len(m.pages)])
+        new = pool.alloc_array(need)
+        full = n // ps * ps
+        if full > hit:
+            m = cache.extend(m, tokens[hit:full], new)  # adopts new[:blocks]; the lock moves along
         in_use = pool.num_used
         cache.unlock(m)
-        pool.decref(new)  # the request is done; the tree keeps its own references
-        return Served(m.num_tokens, True, in_use)
+        pool.decref_distinct(new)  # the request is done; the tree keeps its own references
+        return Served(hit, True, in_use)
 
 
 def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost: CostModel,
