@@ -359,8 +359,9 @@ def _token_id(t: Any) -> int | None:
 
 
 def _is_single_prompt(prompts: Any) -> bool:
-    """True for one bare prompt (a str, a flat sequence of token ids, a 1-D array or tensor)."""
-    if isinstance(prompts, str):
+    """True for one bare prompt (a str, a vLLM dict prompt, a flat sequence of token ids, a 1-D
+    array or tensor)."""
+    if isinstance(prompts, (str, dict)):
         return True
     if getattr(prompts, "ndim", None) == 1:
         return True
