@@ -233,14 +233,15 @@ def child(row: str, pool: str) -> dict:
     rss0 = _rss_bytes()
     busy0, _ = _busy_jiffies()
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    timed = 0.0
+    timed = timed_cpu = 0.0
     prompt = hits = rejected = 0
-    clock = time.perf_counter
+    clock, cpu_clock = time.perf_counter, time.process_time
     for r in requests:
         tokens = prepare(r)
-        t = clock()
+        t, c = clock(), cpu_clock()
         hit, ran = serve(tokens)
         timed += clock() - t
+        timed_cpu += cpu_clock() - c
         prompt += r.num_prompt_tokens
         hits += hit
         rejected += not ran
@@ -249,7 +250,7 @@ def child(row: str, pool: str) -> dict:
     busy1, _ = _busy_jiffies()
     hz = os.sysconf("SC_CLK_TCK")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"row": row, "pool": pool, "num_pages": num_pages, "seconds": timed, "prompt_tokens": prompt,
+    return {"row": row, "pool": pool, "num_pages": num_pages, "seconds": timed, "cpu_seconds": timed_cpu, "prompt_tokens": prompt,
             "hit_tokens": hits, "hit_rate": hits / prompt, "rejected": rejected, "evict_calls": evicts[0],
             "rss_growth_mb": max(peak - rss0, 0) / 2**20,
             "other_cpu_cores": max((busy1 - busy0) / hz - cpu, 0.0) / wall, "wall_s": wall}
@@ -298,7 +299,8 @@ def summarise(runs: list[dict], rows: list[str], pools: list[str]) -> list[dict]
                 continue
             secs = [r["seconds"] for r in rs]
             entry = {"pool": pool, "row": row, "runs": len(rs), "median_s": statistics.median(secs),
-                     "min_s": min(secs), "max_s": max(secs), "hit_rate": rs[0]["hit_rate"],
+                     "min_s": min(secs), "max_s": max(secs),
+                     "median_cpu_s": statistics.median(r["cpu_seconds"] for r in rs), "hit_rate": rs[0]["hit_rate"],
                      "hit_rates_agree": len({r["hit_tokens"] for r in rs}) == 1,
                      "rss_growth_mb": statistics.median(r["rss_growth_mb"] for r in rs),
                      "evict_calls": rs[0]["evict_calls"], "rejected": rs[0]["rejected"],
@@ -310,18 +312,21 @@ def summarise(runs: list[dict], rows: list[str], pools: list[str]) -> list[dict]
         for e in table:
             if e["pool"] == pool and e["row"].startswith("radixkv") and best_peer is not None:
                 e["vs_fastest_peer"] = e["median_s"] / best_peer["median_s"]
+                e["cpu_vs_fastest_peer"] = e["median_cpu_s"] / best_peer["median_cpu_s"]
                 e["fastest_peer"] = best_peer["row"]
                 e["rss_vs_fastest_peer"] = e["rss_growth_mb"] / best_peer["rss_growth_mb"]
     return table
 
 
 def print_table(table: list[dict]) -> None:
-    print(f"{'pool':<10} {'row':<14} {'median s':>9} {'min-max s':>13} {'hit rate':>9} {'RSS MB':>8} "
-          f"{'evicts':>7} {'/fastest':>8}  load 1m / other cores per run")
+    print(f"{'pool':<10} {'row':<14} {'median s':>9} {'min-max s':>13} {'cpu s':>6} {'hit rate':>9} {'RSS MB':>8} "
+          f"{'evicts':>7} {'/fastest':>8} {'cpu/f':>6}  load 1m / other cores per run")
     for e in table:
         ratio = f"{e['vs_fastest_peer']:.2f}" if "vs_fastest_peer" in e else ""
+        cratio = f"{e['cpu_vs_fastest_peer']:.2f}" if "cpu_vs_fastest_peer" in e else ""
         print(f"{e['pool']:<10} {e['row']:<14} {e['median_s']:>9.3f} {e['min_s']:>6.3f}-{e['max_s']:<6.3f} "
-              f"{e['hit_rate']:>9.4f} {e['rss_growth_mb']:>8.1f} {e['evict_calls']:>7} {ratio:>8}  "
+              f"{e['median_cpu_s']:>6.3f} {e['hit_rate']:>9.4f} {e['rss_growth_mb']:>8.1f} {e['evict_calls']:>7} "
+              f"{ratio:>8} {cratio:>6}  "
               f"{e['load_1m']} / {e['other_cpu_cores']}")
 
 

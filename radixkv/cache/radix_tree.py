@@ -240,7 +240,7 @@ class RadixCache:
         return d.matched
 
     def extend(self, m: MatchResult, tokens: Sequence[int] | np.ndarray,
-               pages: Sequence[int] | np.ndarray) -> MatchResult:
+               pages: Sequence[int] | np.ndarray, *, donate: bool = False) -> MatchResult:
         """Cache the full blocks of `tokens`, the tokens that follow the locked match `m`, and
         move that lock to the longer match: chunked prefill's insert, linear in `tokens` (no
         walk from the root).
@@ -249,13 +249,18 @@ class RadixCache:
         Returns the longer match, locked in m's place (unlock it, not m); its `pages` start at
         block `pages_from` = m.num_tokens // page_size, the blocks of `tokens`. Raises, changing
         nothing, when m is not locked. That m is this cache's match is the caller's duty (a
-        locked match is never stale); checking it would cost the walk to the root."""
+        locked match is never stale); checking it would cost the walk to the root.
+
+        donate=True: the caller hands the tree its own reference on each page the tree adopts
+        (pages[:len(tokens) // page_size]; no incref, and the caller must not decref those);
+        a page past them stays the caller's. Saves an incref and a decref per adopted page
+        for a caller that drops its pages right after (a sequential replay)."""
         tokens = as_tokens(tokens)
         top = m.node
         if top.end_locks <= 0:
             raise ValueError(f"extend of an unlocked match at {top}: lock it first")
         d = self._descend(tokens, top)
-        end = self._graft(tokens, pages, d, top)
+        end = self._graft(tokens, pages, d, top, donate)
         path: list[Node] = []
         node = end
         while node is not top:
@@ -273,9 +278,11 @@ class RadixCache:
         return MatchResult(m.num_tokens + len(tokens) // self.page_size * self.page_size, pages_out, end,
                            m.num_tokens // self.page_size)
 
-    def _graft(self, tokens: np.ndarray, pages: Sequence[int] | np.ndarray, d: _Descent, top: Node) -> Node:
+    def _graft(self, tokens: np.ndarray, pages: Sequence[int] | np.ndarray, d: _Descent, top: Node,
+               donate: bool = False) -> Node:
         """Cache the full blocks of `tokens` below `top`, where descent d (from top) left the
-        tree; returns the node that ends them. Raises before any change for bad pages."""
+        tree; returns the node that ends them. Raises before any change for bad pages.
+        donate: adopt the caller's reference on each new page instead of taking one."""
         ps = self.page_size
         nblocks = len(tokens) // ps
         if len(pages) < nblocks:
@@ -287,7 +294,8 @@ class RadixCache:
         node = self._touch(d, top)
         if adopt is not None:
             new_pages = adopt.pages
-            self.pool.incref_distinct(new_pages, adopt.refcounts)
+            if not donate:
+                self.pool.incref_distinct(new_pages, adopt.refcounts)
             key = tokens[matched: nblocks * ps]
             # A read-only array cannot change under us: keep a view of it when that does not
             # pin much more memory than a copy would.

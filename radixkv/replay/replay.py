@@ -197,11 +197,12 @@ class _SequentialServer:
             cache.evict(need - pool.num_free)
         new = pool.alloc_array(need)
         full = n // ps * ps
-        if full > hit:
-            m = cache.extend(m, tokens[hit:full], new)  # adopts new[:blocks]; the lock moves along
+        if full > hit:  # the tree adopts new[:blocks] with the request's references (donate)
+            m = cache.extend(m, tokens[hit:full], new, donate=True)  # the lock moves along
         in_use = pool.num_used
         cache.unlock(m)
-        pool.decref_distinct(new)  # the request is done; the tree keeps its own references
+        if n > full:  # the request is done: its partial tail page is freed
+            pool.decref_distinct(new[-1:])
         return Served(hit, True, in_use)
 
 
