@@ -252,9 +252,11 @@ class RadixCache:
         locked match is never stale); checking it would cost the walk to the root.
 
         donate=True: the caller hands the tree its own reference on each page the tree adopts
-        (pages[:len(tokens) // page_size]; no incref, and the caller must not decref those);
-        a page past them stays the caller's. Saves an incref and a decref per adopted page
-        for a caller that drops its pages right after (a sequential replay)."""
+        (no incref; the caller must not decref those). The adopted pages are pages[k:b], b =
+        len(tokens) // page_size and k the leading blocks of `tokens` already cached below m
+        (0 when m was the longest match of its tokens, as right after `match`, with no insert
+        since); pages[:k] and pages[b:] stay the caller's. Saves an incref and a decref per
+        adopted page for a caller that drops its pages right after (a sequential replay)."""
         tokens = as_tokens(tokens)
         top = m.node
         if top.end_locks <= 0:

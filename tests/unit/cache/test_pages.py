@@ -125,3 +125,15 @@ def test_check_invariants_catches_a_corrupted_free_list() -> None:
     pool._refs[3] = 1  # page 3 is on the free list and held: corrupt on purpose
     with pytest.raises(AssertionError, match="page 3"):
         pool.check_invariants()
+
+
+def test_alloc_array_is_alloc_as_an_owned_int32_array() -> None:
+    a, b = PagePool(8), PagePool(8)
+    arr = a.alloc_array(3)
+    assert arr.dtype == np.int32 and arr.tolist() == b.alloc(3)
+    a.decref_distinct(arr[:1])  # a free pushes onto the stack the array was taken from
+    assert a.alloc_array(1).tolist() == [arr[0]] and arr.tolist() == b.alloc(0) + [0, 1, 2]
+    with pytest.raises(OutOfPages):
+        a.alloc_array(6)
+    assert a.num_free == 5
+    a.check_invariants()

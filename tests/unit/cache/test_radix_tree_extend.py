@@ -65,3 +65,22 @@ def test_extend_refuses_an_unlocked_match_and_bad_pages_changing_nothing() -> No
         cache.extend(m, blocks(2, ps=2), [7])
     assert cache.num_cached_pages == 1 and cache.num_locked_pages == 1
     cache.check_invariants()
+
+
+def test_extend_donate_hands_the_callers_references_to_the_tree() -> None:
+    pool, cache = make(ps=2)
+    theirs = cached_insert(cache, blocks(1, 2, ps=2))  # block 2 is cached below the match of block 1
+    m = cache.match(blocks(1, ps=2))
+    cache.lock(m)
+    ours = pool.alloc(4)  # blocks 2, 3, 4 and a tail page
+    longer = cache.extend(m, blocks(2, 3, 4, ps=2, tail=1), ours, donate=True)
+    assert longer.pages == [theirs[1]] + ours[1:3]
+    # ours[1:3] adopted without an incref; ours[0] (block 2 was cached) and the tail stay ours
+    assert pool.refcounts(ours).tolist() == [1, 1, 1, 1]
+    cache.unlock(longer)
+    cache.check_invariants()
+    pool.decref([ours[0], ours[3]])
+    assert pool.refcounts(ours).tolist() == [0, 1, 1, 0]
+    assert cache.clear() == 4  # the tree's references were the last on theirs and ours[1:3]
+    assert pool.num_free == pool.num_pages
+    pool.check_invariants()
