@@ -150,7 +150,7 @@ class Scheduler:
             budget -= q_len
             i += 1
         if budget > 0 and self.waiting and len(self.running) < self.config.max_running:
-            self._admit(rows, budget, shared, now)
+            self._admit(rows, budget, shared, now)  # all-or-nothing when it raises
         if not rows.requests:
             return None
         self._inflight = rows.build()
@@ -208,6 +208,34 @@ class Scheduler:
         return self.cache.match(tokens if self.config.prefix_caching else tokens[:0], namespace)
 
     def _admit(self, rows: BatchBuilder, budget: int, shared: set[ShareKey], now: float) -> None:
+        """Admit waiting requests into this step. If anything raises (a Ctrl-C in the pool, an
+        error in the tree), the requests admitted so far go back to waiting untouched and the
+        exception propagates: `schedule` then returns nothing and the state is as before."""
+        first = len(self.running)
+        try:
+            self._admit_all(rows, budget, shared, now)
+        except BaseException:
+            for e in self.waiting:
+                if e.locked is not None and e.req.status is Status.WAITING:  # locked, not yet running
+                    self.cache.unlock(e.locked)
+                    e.locked = None
+            for e in self.running[first:]:
+                self._unadmit(e, now)
+            del self.running[first:]
+            raise
+
+    def _unadmit(self, e: Entry, now: float) -> None:
+        """Undo an admission of this step: its lock and pages released, back to WAITING."""
+        req = e.req
+        self.cache.unlock(e.locked)
+        e.locked = None
+        self.pool.decref(req.pages)
+        req.pages = []
+        req.num_computed = 0
+        req.status = Status.WAITING
+        e.wait_since = now
+
+    def _admit_all(self, rows: BatchBuilder, budget: int, shared: set[ShareKey], now: float) -> None:
         cfg, pool, cache, ps = self.config, self.pool, self.cache, self.page_size
         reserve = sum(self._decode_reserve(r) for r in self.running)
         admitted: set[int] = set()
@@ -234,6 +262,7 @@ class Scheduler:
             if usable < m.num_tokens:  # all cached: lock only the blocks it will use
                 m = cache.match(tokens[:usable], req.namespace)
             cache.lock(m)
+            e.locked = m
             want = min(total - usable, budget)
             need = -(-(usable + want) // ps) - usable // ps
             avail = pool.num_free + cache.num_evictable_pages
@@ -241,12 +270,14 @@ class Scheduler:
             if self.running:
                 if need + own + reserve > avail:
                     cache.unlock(m)
+                    e.locked = None
                     break  # head of line: nothing behind it jumps ahead
             else:  # alone: it may take the whole pool, a chunk at a time
                 want = min(want, avail * ps)
-            e.locked = m
-            req.pages = m.pages[: usable // ps]
-            pool.incref(req.pages)
+            pages = m.pages[: usable // ps]
+            pool.incref(pages)
+            self.running.append(e)  # from here on, an exception is undone by _unadmit
+            req.pages = pages
             req.num_computed = usable
             req.status = Status.RUNNING
             if not e.admitted_once:
@@ -256,7 +287,6 @@ class Scheduler:
                 self.metrics.hit_tokens += usable
             e.wait_s += now - e.wait_since
             e.admit_seq = next(self._admit_seq)
-            self.running.append(e)
             admitted.add(id(e))
             q_len = self._grow(e, want, len(self.running) - 1, now)
             assert q_len > 0, f"request {req.rid} admitted without room for a token"

@@ -167,10 +167,6 @@ def test_a_failed_session_turn_keeps_the_chat(monkeypatch, stage, num_pages) -> 
     _assert_whole(llm)
 
 
-@pytest.mark.xfail(reason="Scheduler._admit appends a request to `running` before _grow allocates its pages "
-                          "and filters `waiting` only at the end: an exception raised inside schedule() (here "
-                          "a Ctrl-C during pool.alloc) leaves it both running and waiting; a later update() "
-                          "then raises KeyError. Needs a failure-atomic schedule() in radixkv/scheduler/.")
 def test_an_interrupt_inside_schedule_loses_nothing(monkeypatch) -> None:
     """A KeyboardInterrupt can land anywhere, also inside the scheduler's own page allocation."""
     theirs = _prompts(4, seed=3)

@@ -322,3 +322,32 @@ def test_timeline_stays_bounded_and_evenly_spaced():
         m.record_step(float(step), pages_in_use=step % 7)
     assert [p.now for p in m.timeline] == [1.0, 17.0, 33.0, 49.0, 65.0, 81.0, 97.0]
     assert m.steps == 100 and m.peak_pages == 6
+
+
+@pytest.mark.parametrize("where", ["alloc", "incref", "lock"])
+def test_an_exception_inside_admission_undoes_the_steps_admissions(monkeypatch, where):
+    """schedule() raising mid-admission (a Ctrl-C in the pool, an error in the tree) leaves
+    every request waiting as before, no page or lock held; the next schedule() serves them."""
+    h = Harness(num_pages=64)
+    reqs = [Request(i, list(range(100 * i, 100 * i + 10)), max_tokens=3) for i in range(3)]
+    for r in reqs:
+        h.s.add(r, 0.0)
+    target = h.s.cache if where == "lock" else h.s.pool
+    real, calls = getattr(target, where), []
+
+    def fail_on_third(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+    monkeypatch.setattr(target, where, fail_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        h.s.schedule(0.0)
+    monkeypatch.undo()
+    assert h.s.in_flight is None and h.s.num_running == 0 and h.s.num_waiting == 3
+    assert all(r.status is Status.WAITING and not r.pages and r.num_computed == 0 for r in reqs)
+    assert h.s.pool.num_free == 64 and h.s.cache.num_locked_pages == 0
+    h.s.cache.check_invariants()
+    h.drive([])
+    assert all(len(r.output) == 3 for r in reqs)
+    assert_clean(h.s, reqs)
