@@ -10,8 +10,10 @@ synthetic trace, Apache-2.0); `radixkv replay mooncake-synthetic` replays the wh
 trace (see radixkv/workloads/data/README.md).
 
 Exit status: 0 done; 1 a replay in which no request completed; 2 a user mistake (bad flag,
-missing or malformed file, a model the engine refuses), reported as one line
-`radixkv: error: ...` on stderr; 141 (128 + SIGPIPE) when stdout closed early (`| head`).
+missing or malformed file, a model the engine refuses, a pool too large for memory), reported
+as one line `radixkv: error: ...` on stderr naming the file, line or flag; 141 (128 + SIGPIPE)
+when stdout closed early (`| head`). Output files (--json, --plot, --record) are checked before
+anything runs, so a long replay is never lost to a bad output path.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ if TYPE_CHECKING:  # the engine loads torch: only the engine commands and a real
 EXIT_NOTHING_COMPLETED = 1
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command killed by SIGPIPE
+MAX_PAGES = 2**31 - 1  # page ids are int32 (PagePool)
 DTYPE_CHOICES = DTYPES + tuple(DTYPE_ALIASES)
 KV_DTYPE_CHOICES = KV_DTYPES + tuple(KV_DTYPE_ALIASES)
 
@@ -102,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="serve one request at a time in file order (exact, comparable hit rates)")
     mode.add_argument("--concurrency", type=_positive, default=256, metavar="N",
                       help="requests running at once (scheduler max_running; default 256)")
-    r.add_argument("--num-pages", type=_positive, metavar="N", help="KV pool size in pages (default: unlimited)")
+    r.add_argument("--num-pages", type=_pages, metavar="N", help="KV pool size in pages (default: unlimited)")
     r.add_argument("--page-size", type=_positive, default=16, metavar="N", help="tokens per page (default 16)")
     r.add_argument("--burst", action="store_true",
                    help="every request arrives at t=0 (the hardest case for the scheduler)")
@@ -161,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--hidden", type=_positive, default=128, help="hidden size of the default random model")
     b.add_argument("--layers", type=_positive, default=2, help="layers of the default random model")
     b.add_argument("--page-size", type=_positive, default=16)
-    b.add_argument("--num-pages", type=_positive, default=4096)
+    b.add_argument("--num-pages", type=_pages, default=4096)
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--json", metavar="OUT.json", help="write the rows as JSON")
     b.set_defaults(run=_cmd_bench)
@@ -176,6 +179,41 @@ def _positive(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
     return v
+
+
+def _pages(text: str) -> int:
+    v = _positive(text)
+    if v > MAX_PAGES:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_PAGES:,} pages (2**31 - 1: page ids are int32), "
+                                         f"got {v:,}")
+    return v
+
+
+def check_output(flag: str, path: str | None, plot: bool = False) -> None:
+    """Refuse, before anything runs, an output path that cannot be written: a folder, a file in
+    a folder that does not exist, (--plot) an image format matplotlib cannot write."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise CliError(f"{flag} {path}: is a folder; give a file name")
+    if not p.parent.is_dir():
+        raise CliError(f"{flag} {path}: folder {str(p.parent)!r} does not exist")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise CliError(f"{flag} {path}: not writable")
+    if plot and p.suffix:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if p.suffix[1:].lower() not in formats:
+            raise CliError(f"{flag} {path}: cannot draw {p.suffix!r} images; use one of {', '.join(sorted(formats))}")
+
+
+def write_output(flag: str, path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as e:  # gone or read-only since check_output looked
+        raise CliError(f"{flag} {path}: cannot write: {e.strerror or e}") from None
 
 
 # ---------------------------------------------------------------- replay
@@ -199,18 +237,23 @@ def _cmd_replay(a: argparse.Namespace) -> int:
         raise CliError("--simulate and --model exclude each other (simulate needs no model)")
     if a.device and not a.model:
         raise CliError("--device needs --model (only a real replay runs on a device)")
+    check_output("--json", a.json)
+    check_output("--plot", a.plot, plot=True)
+    check_output("--record", a.record)
     path = trace_path(a.trace)
     fmt = None if a.format == "auto" else TraceFormat(a.format)
     try:
         trace = load_trace(path, fmt, skip_bad=a.skip_bad)
-    except (OSError, UnicodeDecodeError) as e:  # a folder given as a file, unreadable, not text
-        raise CliError(f"{path}: cannot read the trace: {e}") from None
+    except OSError as e:  # unreadable (permissions, a device)
+        raise CliError(f"{path}: cannot read the trace: {e.strerror or e}") from None
     requests = trace.requests[: a.limit] if a.limit else trace.requests
     if not requests:
-        raise CliError(f"{path}: no requests to replay")
+        raise CliError(_no_requests(path, trace))
     cfg = ReplayConfig(page_size=a.page_size, num_pages=a.num_pages, sequential=a.sequential,
                        concurrency=a.concurrency, burst=a.burst, policy=Policy(a.policy))
     mode = ReplayMode.REAL if a.model else ReplayMode.SEQUENTIAL if a.sequential else ReplayMode.SIMULATE
+    if mode is not ReplayMode.REAL and cfg.num_pages is None:
+        _check_unlimited_pool(path, requests, cfg.page_size, with_outputs=mode is ReplayMode.SIMULATE)
     engine = None
     if a.model:
         engine = build_engine(a.model, page_size=cfg.page_size, num_pages=cfg.num_pages,
@@ -229,21 +272,51 @@ def _cmd_replay(a: argparse.Namespace) -> int:
     if a.json:
         out = {k: v for k, v in result.to_json().items() if k != "timeline"}
         out.update(trace=str(path), format=trace.format.value, skipped=trace.skipped)
-        Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+        write_output("--json", a.json, json.dumps(out, indent=2) + "\n")
     if a.plot:
         from radixkv.replay.plot import plot_replay
 
         pool = "unlimited pool" if result.unlimited else f"{result.num_pages:,} pages"
-        plot_replay(result, a.plot, title=f"{path.name}: {mode.value}, {pool} x {result.page_size} tokens, "
-                                          f"hit rate {result.hit_rate:.4f}")
+        try:
+            plot_replay(result, a.plot, title=f"{path.name}: {mode.value}, {pool} x {result.page_size} tokens, "
+                                              f"hit rate {result.hit_rate:.4f}")
+        except OSError as e:
+            raise CliError(f"--plot {a.plot}: cannot write: {e.strerror or e}") from None
     if a.record:
         from radixkv.workloads.traces import write_trace
 
-        write_trace(a.record, requests)
+        try:
+            write_trace(a.record, requests)
+        except OSError as e:
+            raise CliError(f"--record {a.record}: cannot write: {e.strerror or e}") from None
     if result.completed == 0:
         print(f"radixkv: error: {nothing_completed(result, trace.skipped)}", file=sys.stderr)
         return EXIT_NOTHING_COMPLETED
     return 0
+
+
+def _no_requests(path: Path, trace: Any) -> str:
+    """Why a loaded trace has nothing to replay, in the user's terms."""
+    if trace.skipped:
+        which = "its only record was" if trace.skipped == 1 else f"all {trace.skipped:,} records were"
+        first = "the error" if trace.skipped == 1 else "the first"
+        return f"{path}: no valid records remain: {which} malformed and skipped (--skip-bad); {first}: " \
+               f"{trace.first_error}"
+    from radixkv.workloads.trace_records import no_records
+
+    return f"{path}: {no_records(path) or 'no requests to replay'}"
+
+
+def _check_unlimited_pool(path: Path, requests: Sequence[TraceRequest], page_size: int, with_outputs: bool) -> None:
+    """An unlimited pool holds every page of every request at once (outputs too when simulated, as
+    replay sizes it): refuse one beyond int32 page ids."""
+    from radixkv.replay.replay import unlimited_pages
+
+    need = unlimited_pages(requests, page_size, with_outputs)
+    if need > MAX_PAGES:
+        raise CliError(f"{path}: an unlimited pool for these {len(requests):,} requests needs {need:,} pages of "
+                       f"{page_size} tokens, more than a pool holds ({MAX_PAGES:,}); give --num-pages "
+                       f"(LRU eviction), a larger --page-size or --limit")
 
 
 # ---------------------------------------------------------------- gen, engine commands
@@ -252,6 +325,10 @@ def _cmd_replay(a: argparse.Namespace) -> int:
 def _cmd_gen(a: argparse.Namespace) -> int:
     try:
         reqs = _generate(a)
+    except UnicodeDecodeError as e:  # --source: the readers open it as UTF-8 text
+        raise CliError(not_utf8("--source", a.source, e)) from None
+    except OSError as e:  # missing, a folder where a file belongs
+        raise CliError(f"--source {a.source}: {e.strerror or e}: {e.filename}") from None
     except ValueError as e:  # a bad generator setting (e.g. --rate 0 or nan), named by its config
         raise CliError(one_line(e)) from None
     from radixkv.workloads.traces import write_trace
@@ -284,15 +361,38 @@ def _generate(a: argparse.Namespace) -> list[TraceRequest]:
     return reqs
 
 
+def not_utf8(flag: str, path: str | None, e: UnicodeDecodeError) -> str:
+    what = "a file in it is" if path and Path(path).is_dir() else "is"
+    return f"{flag} {path}: {what} not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """A failed allocation: MemoryError, torch's OutOfMemoryError, or the CPU allocator's RuntimeError."""
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or (
+        isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+
+
 def build_engine(model: str, **config: Any) -> LLM:
     """`LLM(model, **config)`, with what the engine refuses (an unsupported architecture, a
-    missing folder or config.json, an unknown dtype, a device this torch lacks) as a CliError."""
+    missing, corrupt or truncated model file, an unknown dtype, a device this torch lacks, a KV
+    pool larger than memory) as a CliError."""
     from radixkv.engine.llm import LLM
 
     try:
         return LLM(model, **config)
     except (ValueError, TypeError, OSError, ImportError) as e:  # ImportError: a .gguf without gguf
         raise CliError(f"cannot load model {model}: {one_line(e)}") from None
+    except (RuntimeError, MemoryError) as e:
+        if not out_of_memory(e):
+            raise
+        raise CliError(f"cannot load model {model}: out of memory for its weights and a KV pool of "
+                       f"{_pool_words(config)} ({one_line(e)[:200]})") from None
+
+
+def _pool_words(config: dict[str, Any]) -> str:
+    pages = config.get("num_pages")
+    return (f"{pages:,} pages x {config.get('page_size', 16)} tokens; give a smaller --num-pages or --page-size"
+            if pages else f"the default size at --page-size {config.get('page_size', 16)}")
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
@@ -320,22 +420,52 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 
 def _cmd_bench(a: argparse.Namespace) -> int:
     from radixkv.engine import bench
+    from radixkv.engine.llm import pick_device
+    from radixkv.engine.weights import config_errors, error_detail
 
+    check_output("--json", a.json)
+    try:
+        pick_device(a.device)
+    except ValueError as e:  # a device this torch build lacks
+        raise CliError(one_line(e)) from None
     if a.model:
         llm = build_engine(a.model, page_size=a.page_size, num_pages=a.num_pages, device=a.device)
     else:
         try:
             llm = bench.byte_llama(a.hidden, a.layers, a.page_size, a.num_pages, a.device)
-        except ValueError as e:  # a device this torch build lacks
-            raise CliError(one_line(e)) from None
-    prompts = bench.few_shot_prompts(llm.spec.vocab_size, a.shots, a.prompts, a.max_tokens, a.gsm8k)
-    rows = bench.run_bench(llm, prompts, a.max_tokens)
+        except config_errors() as e:  # a --hidden no Llama has (odd head_dim)
+            raise CliError(f"cannot build the default random model (--hidden {a.hidden}, --layers {a.layers}): "
+                           f"{error_detail(e)}") from None
+        except (RuntimeError, MemoryError) as e:
+            if not out_of_memory(e):
+                raise
+            raise CliError(f"out of memory for the default random model (--hidden {a.hidden}, --layers "
+                           f"{a.layers}) and a KV pool of {_pool_words(vars(a))}") from None
+    try:
+        prompts = bench.few_shot_prompts(llm.spec.vocab_size, a.shots, a.prompts, a.max_tokens, a.gsm8k)
+    except UnicodeDecodeError as e:
+        raise CliError(not_utf8("--gsm8k", a.gsm8k, e)) from None
+    except OSError as e:  # missing, a folder where a file belongs
+        raise CliError(f"--gsm8k {a.gsm8k}: {e.strerror or e}: {e.filename}") from None
+    longest = max(map(len, prompts)) + a.max_tokens
+    if longest > llm.max_model_len:
+        raise CliError(f"the longest prompt ({longest - a.max_tokens:,} tokens: --shots {a.shots}) plus --max-tokens "
+                       f"{a.max_tokens} exceeds the model's context of {llm.max_model_len:,} tokens; "
+                       f"use fewer --shots or --max-tokens")
+    need = -(-longest // a.page_size)
+    if need > llm.num_pages:
+        raise CliError(f"--num-pages {llm.num_pages:,} is too small: the longest prompt ({longest - a.max_tokens:,} "
+                       f"tokens) plus --max-tokens {a.max_tokens} needs {need:,} pages of {a.page_size} tokens")
+    try:
+        rows = bench.run_bench(llm, prompts, a.max_tokens)
+    except ValueError as e:  # a prompt the engine refuses
+        raise CliError(one_line(e)) from None
     print(f"{len(prompts)} {a.shots}-shot prompts (2 templates, mean {sum(map(len, prompts)) / len(prompts):.0f} "
           f"tokens), {a.max_tokens} new tokens each, page {a.page_size}, {llm.device}")
     print(bench.format_table(rows))
     print("greedy tokens identical across modes: True")
     if a.json:
-        Path(a.json).write_text(json.dumps([r.as_json() for r in rows], indent=1) + "\n")
+        write_output("--json", a.json, json.dumps([r.as_json() for r in rows], indent=1) + "\n")
     return 0
 
 
@@ -355,6 +485,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
     except (CliError, TraceError, FileNotFoundError) as e:
         print(f"radixkv: error: {one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except MemoryError as e:  # e.g. a --num-pages pool of 2**31 - 1 pages on a small machine
+        print(f"radixkv: error: out of memory ({one_line(e) or 'MemoryError'}); give a smaller --num-pages "
+              f"or --limit", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -31,7 +31,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .trace_records import TOKEN_SPACE, Place, RecordFields, TraceError, collect_records, json_lines
+from .trace_records import (MAX_REQUEST_TOKENS, TOKEN_SPACE, Place, RecordFields, TraceError, Undecodable,
+                            check_text_file, collect_records, decode_json, json_document, json_lines, no_records)
 
 MOONCAKE_BLOCK_TOKENS = 512
 
@@ -118,6 +119,7 @@ class Trace(NamedTuple):
     format: TraceFormat
     skipped: int  # malformed records skipped under skip_bad
     block_tokens: int | None  # hash-id block size (Mooncake 512, WEKA 64); None for token traces
+    first_error: str | None = None  # the first skipped record's error (file:line and field), if any
 
 
 # ---------------------------------------------------------------- readers
@@ -131,21 +133,23 @@ def _parse_radixkv(f: RecordFields) -> TraceRequest:
         if not isinstance(text, str) or not text:
             raise f.fail("text", "expected a non-empty string")
         tokens = byte_tokenize(text)
+        if len(tokens) > MAX_REQUEST_TOKENS:
+            raise f.fail("text", f"{len(tokens):,} bytes, more than {MAX_REQUEST_TOKENS:,} (2**24 tokens a request)")
     else:
         raise f.fail("tokens", "missing (give 'tokens' or 'text')")
     session = f.record.get("session")
     if session is not None and not isinstance(session, (str, int)):
         raise f.fail("session", f"expected a string, got {session!r}")
     return TraceRequest(arrival_s=f.number("arrival_s", default=0.0), prompt=tokens,
-                        max_tokens=f.integer("max_tokens", minimum=1, default=1),
+                        max_tokens=f.length("max_tokens", minimum=1, default=1),
                         session=None if session is None else str(session))
 
 
 def read_radixkv(path: str | Path, skip_bad: bool = False) -> Trace:
     """Our JSONL: `arrival_s`, `session`, `tokens` or `text`, `max_tokens` (file order kept)."""
     path = Path(path)
-    reqs, skipped = collect_records(path, json_lines(path, skip_bad), _parse_radixkv, skip_bad)
-    return Trace(reqs, TraceFormat.RADIXKV, skipped, None)
+    reqs, skipped, first = collect_records(path, json_lines(path, skip_bad), _parse_radixkv, skip_bad)
+    return Trace(reqs, TraceFormat.RADIXKV, skipped, None, first)
 
 
 class _FreshIds:
@@ -178,7 +182,7 @@ def _fill_tails(requests: list[TraceRequest], first_free_id: int) -> list[TraceR
 def _hashed(f: RecordFields, ids_field: str, length_field: str, block_tokens: int) -> HashedPrompt:
     """Hash ids + length; fewer ids than blocks is allowed (the tail is filled later), more is not."""
     ids = f.int_list(ids_field, nonempty=False, upper=1 << 63)
-    length = f.integer(length_field, minimum=1)
+    length = f.length(length_field, minimum=1)
     need = -(-length // block_tokens)
     if len(ids) > need:
         raise f.fail(ids_field, f"{len(ids)} ids for {length_field}={length} "
@@ -191,13 +195,20 @@ def _first_free_id(requests: list[TraceRequest]) -> int:
     return max((int(r.prompt.hash_ids.max()) + 1 for r in requests if len(r.prompt.hash_ids)), default=0)
 
 
-def _compact_ids(requests: list[TraceRequest], block_tokens: int) -> list[TraceRequest]:
+def _compact_ids(requests: list[TraceRequest], block_tokens: int, where: Any) -> list[TraceRequest]:
     """Renumber hash ids densely (0, 1, ... by value) when they, plus the fresh tail ids still
-    to come, would not fit int32 tokens; equal ids stay equal, different stay different."""
+    to come, would not fit int32 tokens; equal ids stay equal, different stay different.
+    TraceError naming `where` (the trace) when even dense ids do not fit: more distinct content
+    than 2**31 int32 tokens can tell apart."""
     tails = sum(-(-r.prompt.input_length // block_tokens) - len(r.prompt.hash_ids) for r in requests)
     if _first_free_id(requests) + tails <= TOKEN_SPACE // block_tokens:
         return requests
-    _, dense = np.unique(np.concatenate([r.prompt.hash_ids for r in requests]), return_inverse=True)
+    distinct, dense = np.unique(np.concatenate([r.prompt.hash_ids for r in requests]), return_inverse=True)
+    if len(distinct) + tails > TOKEN_SPACE // block_tokens:
+        raise TraceError(where, None, None, f"{len(distinct) + tails:,} distinct {block_tokens}-token blocks "
+                                            f"({(len(distinct) + tails) * block_tokens:,} tokens of different "
+                                            f"content), more than int32 tokens can tell apart "
+                                            f"({TOKEN_SPACE // block_tokens:,} blocks); replay part of the trace")
     bounds = np.cumsum([len(r.prompt.hash_ids) for r in requests])[:-1]
     return [TraceRequest(r.arrival_s, r.prompt._replace(hash_ids=ids.astype(np.int64)), r.max_tokens, r.session)
             for r, ids in zip(requests, np.split(dense, bounds))]
@@ -211,11 +222,12 @@ def read_mooncake(path: str | Path, skip_bad: bool = False) -> Trace:
         prompt = _hashed(f, "hash_ids", "input_length", MOONCAKE_BLOCK_TOKENS)
         # output_length 0 (prefill only) still samples the first token, as a server does
         return TraceRequest(arrival_s=f.number("timestamp") / 1000.0, prompt=prompt,
-                            max_tokens=max(f.integer("output_length", minimum=0, default=1), 1))
+                            max_tokens=max(f.length("output_length", minimum=0, default=1), 1))
 
-    reqs, skipped = collect_records(path, json_lines(path, skip_bad), parse, skip_bad)
-    reqs = _compact_ids(reqs, MOONCAKE_BLOCK_TOKENS)
-    return Trace(_fill_tails(reqs, _first_free_id(reqs)), TraceFormat.MOONCAKE, skipped, MOONCAKE_BLOCK_TOKENS)
+    reqs, skipped, first = collect_records(path, json_lines(path, skip_bad), parse, skip_bad)
+    reqs = _compact_ids(reqs, MOONCAKE_BLOCK_TOKENS, path)
+    return Trace(_fill_tails(reqs, _first_free_id(reqs)), TraceFormat.MOONCAKE, skipped, MOONCAKE_BLOCK_TOKENS,
+                 first)
 
 
 _NESTED_KEYS = ("requests", "subagent_requests", "subagents", "children")
@@ -241,14 +253,15 @@ def read_weka(paths: str | Path | Sequence[str | Path], skip_bad: bool = False) 
     the conversation ids; nested sub-agent requests keep their parent's session.
     """
     staged: list[TraceRequest] = []
-    skipped, offset, block_tokens = 0, 0, None
+    skipped, offset, block_tokens, first = 0, 0, None, None
     for path in _weka_files(paths):
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise TraceError(path, e.lineno, "<json>", f"not valid JSON ({e.msg})") from None
+        doc = json_document(path)
         head = RecordFields(path, None, doc)
-        bt = head.integer("block_size", minimum=1, default=64)
+        if not isinstance(doc.get("requests"), list):
+            raise head.fail("requests", "missing (a WEKA conversation lists its requests under 'requests')"
+                            if doc.get("requests") is None else
+                            f"expected a list of requests, got {type(doc['requests']).__name__}")
+        bt = head.length("block_size", minimum=1, default=64)
         if block_tokens is not None and bt != block_tokens:
             raise head.fail("block_size", f"{bt} differs from earlier files' {block_tokens}")
         block_tokens, session = bt, str(doc.get("id", path.stem))
@@ -260,24 +273,31 @@ def read_weka(paths: str | Path | Sequence[str | Path], skip_bad: bool = False) 
             arrival = f.number("t") if f.has("t") else prev_end + f.number("think_time", default=0.0)
             prev_end = arrival + f.number("api_time", default=0.0)
             return TraceRequest(arrival, prompt._replace(hash_ids=prompt.hash_ids + offset),
-                                max(f.integer("out", minimum=0, default=1), 1), session)
+                                max(f.length("out", minimum=0, default=1), 1), session)
 
         records = ((i + 1, rec) for i, (_, rec) in enumerate(_weka_records(doc.get("requests"), "")))
-        reqs, bad = collect_records(path, records, parse, skip_bad, Place.REQUEST)
-        skipped += bad
+        reqs, bad, why = collect_records(path, records, parse, skip_bad, Place.REQUEST)
+        skipped, first = skipped + bad, first or why
         staged.extend(reqs)
         offset = max(offset, _first_free_id(reqs))
     order = sorted(range(len(staged)), key=lambda i: (staged[i].arrival_s, i))  # stable merge
-    staged = _compact_ids([staged[i] for i in order], block_tokens or 64)
+    staged = _compact_ids([staged[i] for i in order], block_tokens or 64, paths)
     reqs = _fill_tails(staged, _first_free_id(staged))
-    return Trace(reqs, TraceFormat.WEKA, skipped, block_tokens or 64)
+    return Trace(reqs, TraceFormat.WEKA, skipped, block_tokens or 64, first)
 
 
 def _weka_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files: list[Path] = []
     for p in map(Path, items):
-        files.extend(sorted(p.glob("*.json")) if p.is_dir() else [p])
+        if p.is_dir():
+            found = sorted(f for f in p.glob("*.json") if f.is_file())
+            if not found:
+                raise TraceError(p, None, None, "no *.json files in this folder (a WEKA trace folder holds "
+                                                "one JSON file a conversation)")
+            files.extend(found)
+        else:
+            files.append(p)
     if not files:
         raise FileNotFoundError(f"no WEKA trace files in {paths}")
     return files
@@ -286,29 +306,63 @@ def _weka_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
 # ---------------------------------------------------------------- detection, loading, writing
 
 
+_DETECT_LINES = 32  # non-blank lines detect_format looks at (a bad first record does not decide)
+
+
+def _format_of(rec: dict[str, Any]) -> TraceFormat | None:
+    """The format one decoded JSON object belongs to, judged by its keys (None: no telling)."""
+    if {"requests", "block_size", "hash_id_scope"} & rec.keys():
+        return TraceFormat.WEKA
+    if {"hash_ids", "input_length"} & rec.keys():
+        return TraceFormat.MOONCAKE
+    if {"tokens", "text", "arrival_s", "max_tokens"} & rec.keys():
+        return TraceFormat.RADIXKV
+    return None
+
+
 def detect_format(path: str | Path) -> TraceFormat:
-    """Guess a trace's format from its first record (a folder means WEKA conversation files)."""
+    """Guess a trace's format from its first records (a folder means WEKA conversation files).
+
+    The first of the first `_DETECT_LINES` non-blank lines that is a JSON object with a telling
+    key decides, so a malformed first record is reported by the format's reader with its line,
+    not as "cannot detect". A JSON document spread over many lines is a WEKA conversation.
+    TraceError for an empty, compressed or binary file, and when no line tells the format."""
     path = Path(path)
     if path.is_dir():
         return TraceFormat.WEKA
-    with path.open("r", encoding="utf-8") as f:
-        head = f.read(1 << 16).lstrip()
-    first = head.split("\n", 1)[0]
-    try:
-        rec = json.loads(first)
-    except json.JSONDecodeError:
-        if head.startswith("{") and '"requests"' in head:
+    head = check_text_file(path)
+    empty = no_records(path)
+    if empty:
+        raise TraceError(path, None, None, empty)
+    first: tuple[int, Any] | None = None  # (line, decoded value or Undecodable) of the first record
+    with path.open("rb") as f:
+        seen = 0
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            rec = decode_json(raw)
+            first = first or (lineno, rec)
+            if isinstance(rec, Undecodable) and rec.field == "<text>":  # judge the format anyway
+                rec = decode_json(raw.decode("utf-8", errors="replace").encode())
+            if isinstance(rec, dict) and (fmt := _format_of(rec)) is not None:
+                return fmt
+            seen += 1
+            if seen >= _DETECT_LINES:
+                break
+    assert first is not None  # no_records said there is a non-blank line
+    lineno, rec = first
+    if isinstance(rec, Undecodable) and rec.field == "<json>" and head.lstrip().startswith(b"{"):
+        if b'"requests"' in head:
             return TraceFormat.WEKA  # one pretty-printed JSON document
-        raise TraceError(path, 1, "<json>", "cannot detect the format: first line is not JSON") from None
-    if isinstance(rec, dict):
-        if "requests" in rec:
-            return TraceFormat.WEKA
-        if "hash_ids" in rec and "input_length" in rec:
-            return TraceFormat.MOONCAKE
-        if "tokens" in rec or "text" in rec:
-            return TraceFormat.RADIXKV
-    raise TraceError(path, 1, "<record>", "cannot detect the format (expected radixkv 'tokens'/'text', "
-                                          "Mooncake 'hash_ids'+'input_length', or a WEKA 'requests' document)")
+        json_document(path)  # a document? raises naming where it is broken, else it is WEKA's
+        return TraceFormat.WEKA
+    if isinstance(rec, Undecodable):
+        raise TraceError(path, lineno, rec.field, f"{rec.problem}; cannot detect the format")
+    if not isinstance(rec, dict):
+        RecordFields(path, lineno, rec)  # raises: the record is null (an array, ...), not a JSON object
+    raise TraceError(path, lineno, "<record>", "cannot detect the format (expected radixkv 'tokens'/'text', "
+                                               "Mooncake 'hash_ids'+'input_length', or a WEKA 'requests' "
+                                               "document); give --format")
 
 
 def load_trace(path: str | Path, fmt: TraceFormat | None = None, skip_bad: bool = False) -> Trace:

@@ -103,6 +103,20 @@ def _require_packages(path: str) -> None:
         raise ImportError(f"reading {os.path.basename(path)} needs the gguf package: pip install gguf accelerate")
 
 
+def _read(path: str, what: str, read: Callable[[], Any]) -> Any:
+    """read(), with what a truncated or corrupt GGUF file makes transformers' reader raise (struct
+    errors, IndexError, KeyError of a missing metadata key, ...) as a ValueError naming the file."""
+    try:
+        return read()
+    except (ImportError, MemoryError):
+        raise
+    except Exception as e:
+        detail = " ".join(part.strip() for part in str(e).splitlines() if part.strip())[:300]
+        kind = type(e).__name__ if type(e).__name__ != "error" else f"{type(e).__module__}.error"  # struct.error
+        raise ValueError(f"{path}: cannot read {what} ({kind}: {detail}); "
+                         f"the GGUF file may be truncated or corrupt") from e
+
+
 def _convert(path: str, out: str, check_config: Callable[[Any], object] | None) -> None:
     """Dequantise `path` through transformers and save it as a Hugging Face folder in `out`."""
     global conversions
@@ -110,15 +124,16 @@ def _convert(path: str, out: str, check_config: Callable[[Any], object] | None) 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     folder, name = os.path.split(os.path.abspath(path))
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    config = _read(path, "its metadata", lambda: AutoConfig.from_pretrained(folder, gguf_file=name))
     if check_config is not None:  # refuse an unsupported architecture before the slow part
         try:
             check_config(config)
         except ValueError as e:
-            raise ValueError(f"{name}: {e}") from None
+            raise ValueError(f"{path}: {e}") from None
     print(f"radixkv: converting {name} to a Hugging Face folder (once) in {os.path.dirname(out)}",
           file=sys.stderr)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=torch.float32)
+    model = _read(path, "its tensors", lambda: AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, config=config, dtype=torch.float32))
     # a plain float checkpoint now: without these, reloading it would ask for the GGUF quantizer again
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

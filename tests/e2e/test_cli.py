@@ -298,7 +298,7 @@ def models(tmp_path):
     ([], "required: COMMAND"),
     (["replay", "{d}/missing.jsonl"], "trace not found"),
     (["replay", "{d}/bad.jsonl"], "bad.jsonl:2: line 2, field 'hash_ids'"),
-    (["replay", "{d}/empty", "--format", "mooncake"], "cannot read the trace"),
+    (["replay", "{d}/empty", "--format", "mooncake"], "empty: is a folder, not a JSONL trace file"),
     (["replay", "--device", "cpu"], "--device needs --model"),
 ])
 def test_usage_and_input_mistakes_are_one_line(argv, needle, models, capsys):
@@ -396,3 +396,406 @@ def test_real_replay_counts_requests_longer_than_the_context(tmp_path, capsys):
     assert code == 1 and "0 completed" in out
     assert "1 longer than the model's context of 64 tokens" in _one_error_line(err)
     assert json.loads(js.read_text())["too_long"] == 1
+
+
+
+# ---------------------------------------------------------------- bad input: one line, never a traceback (issue 16)
+
+
+def _good_line() -> str:
+    return json.dumps({"arrival_s": 0, "text": "hello", "max_tokens": 1}) + "\n"
+
+
+def _gzip(data: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(data)
+
+
+@pytest.mark.parametrize("data, needle", [
+    ('{"arrival_s": 0, "text": "caf\xe9", "max_tokens": 1}\n'.encode("latin-1"),
+     "t.jsonl:1: line 1, field '<text>': not UTF-8 text (byte 0xe9 at column 30)"),
+    (bytes(range(256)) * 4, "t.jsonl: is binary (a NUL byte at offset 0), not a JSON text trace"),
+    (b"\x80\x81\xfe\xff garbage\n", "t.jsonl:1: line 1, field '<text>': not UTF-8 text (byte 0x80 at column 1)"),
+    (_gzip(_good_line().encode()), "t.jsonl: is gzip-compressed (decompress it first: gunzip -k"),
+    (b"BZh91AY&SY" + bytes(32), "t.jsonl: is bzip2-compressed"),
+])
+@pytest.mark.parametrize("extra", [[], ["--skip-bad"], ["--format", "radixkv"], ["--format", "mooncake"]])
+def test_trace_that_is_not_utf8_text_is_one_line(tmp_path, capsys, data, needle, extra):
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(data)
+    code, out, err = _run(["replay", str(trace), *extra], capsys)
+    line = _one_error_line(err)
+    assert code == 2 and out == ""
+    if b"arrival_s" in data and "--skip-bad" in extra:  # a line not UTF-8 is a skippable record
+        assert "no valid records remain: its only record was malformed and skipped (--skip-bad)" in line
+    assert needle in line
+
+
+def test_skip_bad_skips_a_line_that_is_not_utf8(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(_good_line().encode() + b'{"text": "caf\xe9"}\n' + _good_line().encode())
+    js = tmp_path / "r.json"
+    assert main(["replay", str(trace), "--sequential", "--skip-bad", "--json", str(js)]) == 0
+    assert (json.loads(js.read_text())["requests"], json.loads(js.read_text())["skipped"]) == (2, 1)
+    code, _, err = _run(["replay", str(trace)], capsys)
+    assert code == 2 and "t.jsonl:2: line 2, field '<text>': not UTF-8 text" in _one_error_line(err)
+
+
+@pytest.mark.parametrize("fmt", ["radixkv", "mooncake"])
+def test_a_folder_given_as_a_jsonl_trace_is_one_line(tmp_path, capsys, fmt):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.jsonl").write_text(_good_line())
+    code, out, err = _run(["replay", str(tmp_path / "d"), "--format", fmt], capsys)
+    assert code == 2 and out == ""
+    assert "d: is a folder, not a JSONL trace file (only a WEKA trace may be a folder" in _one_error_line(err)
+    code, _, err = _run(["replay", str(tmp_path / "d")], capsys)  # auto: a folder is WEKA's
+    assert code == 2 and "d: no *.json files in this folder" in _one_error_line(err)
+
+
+ABSURD = 2**40
+
+
+@pytest.mark.parametrize("record, needle", [
+    ({"timestamp": 0, "input_length": 2**31, "output_length": 1, "hash_ids": []},
+     "line 1, field 'input_length': 2,147,483,648 tokens is absurd: at most 16,777,216"),
+    ({"timestamp": 0, "input_length": ABSURD, "output_length": 1, "hash_ids": [1]},
+     "line 1, field 'input_length': 1,099,511,627,776 tokens is absurd"),
+    ({"timestamp": 0, "input_length": 10, "output_length": 2**31 - 1, "hash_ids": [1]},
+     "line 1, field 'output_length': 2,147,483,647 tokens is absurd"),
+    ({"timestamp": 0, "input_length": 10, "output_length": 10**400, "hash_ids": [1]},
+     "line 1, field 'output_length': a 401-digit integer tokens is absurd"),
+    ({"timestamp": 0, "input_length": 10, "output_length": 1e300, "hash_ids": [1]},
+     "line 1, field 'output_length': expected an integer, got 1e+300"),
+    ({"arrival_s": 0, "tokens": [1, 2], "max_tokens": ABSURD}, "line 1, field 'max_tokens': 1,099,511,627,776 tokens"),
+    ({"arrival_s": 0, "tokens": [1, 2], "max_tokens": -ABSURD}, "line 1, field 'max_tokens': must be >= 1"),
+])
+def test_absurd_lengths_are_refused_naming_line_and_field(tmp_path, capsys, record, needle):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps(record) + "\n")
+    code, out, err = _run(["replay", str(trace)], capsys)
+    assert code == 2 and out == ""
+    assert f"t.jsonl:1: {needle}" in _one_error_line(err)
+    code, _, err = _run(["replay", str(trace), "--skip-bad"], capsys)  # the record is skipped, and said so
+    assert code == 2 and "its only record was malformed" in _one_error_line(err) and needle in err
+
+
+def test_absurd_weka_lengths_and_pools_beyond_int32(tmp_path, capsys):
+    conv = {"id": "c", "block_size": 2**20, "requests": [{"t": i, "in": 2**24, "out": 1, "hash_ids": list(range(16))}
+                                                          for i in range(128)]}
+    trace = tmp_path / "big.json"
+    trace.write_text(json.dumps(conv))
+    # every request fits, but an unlimited pool of 1-token pages would need more than 2**31 - 1 pages
+    code, out, err = _run(["replay", str(trace), "--page-size", "1"], capsys)
+    assert code == 2 and out == ""
+    assert "big.json: an unlimited pool for these 128 requests needs 2,147,483,777 pages of 1 tokens, more than " \
+           "a pool holds (2,147,483,647); give --num-pages" in _one_error_line(err)
+    code, out, _ = _run(["replay", str(trace), "--num-pages", "100", "--page-size", "1"], capsys)
+    assert code == 1 and "0 completed, 128 too large for the pool" in out  # bigger than the pool: counted
+    trace.write_text(json.dumps({**conv, "block_size": ABSURD}))
+    code, _, err = _run(["replay", str(trace)], capsys)
+    assert code == 2 and "big.json: field 'block_size': 1,099,511,627,776 tokens is absurd" in _one_error_line(err)
+    conv["requests"][0]["in"] = 2**31
+    trace.write_text(json.dumps(conv))
+    code, _, err = _run(["replay", str(trace)], capsys)
+    assert code == 2 and "big.json:1: request 1, field 'in': 2,147,483,648 tokens is absurd" in _one_error_line(err)
+
+
+def test_more_distinct_content_than_int32_tokens_is_one_line(tmp_path, capsys):
+    """300 prompts of 2**24 tokens, none shared: 5e9 tokens of different content cannot be int32 tokens."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": i, "input_length": 2**24, "output_length": 1, "hash_ids": []})
+                             + "\n" for i in range(300)))
+    code, _, err = _run(["replay", str(trace)], capsys)
+    assert code == 2 and "t.jsonl: 9,830,400 distinct 512-token blocks" in _one_error_line(err)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["replay", "--num-pages", str(2**31)], "argument --num-pages: expected at most 2,147,483,647 pages"),
+    (["replay", "--num-pages", str(ABSURD)], "argument --num-pages: expected at most 2,147,483,647 pages"),
+    (["replay", "--num-pages", "0"], "argument --num-pages: expected a positive integer, got 0"),
+    (["replay", "--num-pages", "-1"], "argument --num-pages: expected a positive integer, got -1"),
+    (["replay", "--num-pages", "1e3"], "argument --num-pages: expected a positive integer, got '1e3'"),
+    (["bench", "--num-pages", str(2**31)], "argument --num-pages: expected at most 2,147,483,647 pages"),
+    (["bench", "--num-pages", "0"], "argument --num-pages: expected a positive integer, got 0"),
+])
+def test_num_pages_outside_int32_page_ids_is_one_line(argv, needle, capsys):
+    code, out, err = _run(argv, capsys)
+    assert code == 2 and out == ""
+    assert needle in _one_error_line(err)
+
+
+@pytest.mark.parametrize("flag, name, needle", [
+    ("--json", "outdir", "--json {d}/outdir: is a folder; give a file name"),
+    ("--plot", "outdir", "--plot {d}/outdir: is a folder; give a file name"),
+    ("--record", "outdir", "--record {d}/outdir: is a folder; give a file name"),
+    ("--json", "missing/r.json", "--json {d}/missing/r.json: folder '{d}/missing' does not exist"),
+    ("--plot", "r.xyz", "--plot {d}/r.xyz: cannot draw '.xyz' images; use one of"),
+])
+def test_output_paths_that_cannot_be_written_are_refused_before_the_replay(tmp_path, capsys, flag, name, needle):
+    (tmp_path / "outdir").mkdir()
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(_good_line())
+    code, out, err = _run(["replay", str(trace), flag, str(tmp_path / name)], capsys)
+    assert code == 2 and out == ""  # nothing replayed, no summary
+    assert needle.format(d=tmp_path) in _one_error_line(err)
+    assert list((tmp_path / "outdir").iterdir()) == [] and not (tmp_path / "outdir.png").exists()
+
+
+def test_bench_json_at_a_folder_is_refused_before_the_bench(tmp_path, capsys):
+    code, out, err = _run(["bench", "--device", "cpu", "--json", str(tmp_path)], capsys)
+    assert code == 2 and out == "" and "is a folder; give a file name" in _one_error_line(err)
+
+
+# ---------------------------------------------------------------- defect 10: messages in the user's terms
+
+
+@pytest.mark.parametrize("text, extra, needle", [
+    ("null\n" + _good_line(), [], "t.jsonl:1: line 1, field '<record>': the record is null, not a JSON object"),
+    (_good_line() + "null\n", [], "t.jsonl:2: line 2, field '<record>': the record is null, not a JSON object"),
+    (_good_line() + "[1, 2]\n", [], "t.jsonl:2: line 2, field '<record>': the record is an array, not a JSON object"),
+    ("null\n", [], "t.jsonl:1: line 1, field '<record>': the record is null, not a JSON object"),
+    ("null\n", ["--format", "radixkv", "--skip-bad"],
+     "its only record was malformed and skipped (--skip-bad); the error: {t}:1: line 1, field '<record>': the record "
+     "is null"),
+    ("", [], "t.jsonl: the file is empty (no records)"),
+    ("", ["--format", "mooncake"], "t.jsonl: the file is empty (no records)"),
+    ("\n  \n\n", [], "t.jsonl: the file holds only blank lines (no records)"),
+    ('{"timestamp": 0, "input_length": 10, "output\n' + json.dumps({"timestamp": 1, "input_length": 10,
+                                                                    "output_length": 1, "hash_ids": [1]}) + "\n",
+     [], "t.jsonl:1: line 1, field '<json>': not valid JSON"),  # a broken first line does not hide the format
+    ('{"arrival_s": 0, "max_tokens": 1}\n{"x": 1}\n', ["--skip-bad"],
+     "t.jsonl: no valid records remain: all 2 records were malformed and skipped (--skip-bad); the first: "
+     "{t}:1: line 1, field 'tokens': missing"),
+    ('{"foo": 1}\n', [], "t.jsonl:1: line 1, field '<record>': cannot detect the format"),
+    ("1" * 5000 + "\n", ["--format", "radixkv"], "t.jsonl:1: line 1, field '<json>': not valid JSON (Exceeds the "
+                                                  "limit (4300 digits) for integer string conversion"),
+    ("[" * 100_000 + "\n", ["--format", "radixkv"], "t.jsonl:1: line 1, field '<json>': not valid JSON (nested too "
+                                                     "deeply)"),
+])
+def test_trace_messages_say_what_is_wrong(tmp_path, capsys, text, extra, needle):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(text)
+    code, out, err = _run(["replay", str(trace), *extra], capsys)
+    assert code == 2 and out == ""
+    assert needle.format(t=trace) in _one_error_line(err)
+
+
+@pytest.mark.parametrize("doc, extra, needle", [
+    ({"id": "c", "block_size": 64}, [], "w.json: field 'requests': missing (a WEKA conversation lists its requests"),
+    ({"id": "c", "block_size": 64}, ["--format", "weka"], "w.json: field 'requests': missing"),
+    ({"id": "c", "requests": {"t": 0}}, [], "w.json: field 'requests': expected a list of requests, got dict"),
+    ([1, 2], ["--format", "weka"], "w.json: field '<record>': the document is an array, not a JSON object"),
+])
+@pytest.mark.parametrize("indent", [None, 2])
+def test_weka_document_without_requests_names_the_key(tmp_path, capsys, doc, extra, needle, indent):
+    trace = tmp_path / "w.json"
+    trace.write_text(json.dumps(doc, indent=indent))
+    code, out, err = _run(["replay", str(trace), *extra], capsys)
+    assert code == 2 and out == ""
+    assert needle in _one_error_line(err)
+
+
+def test_skip_bad_reports_the_count(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(_good_line() + "null\n{not json\n" + _good_line())
+    code, out, _ = _run(["replay", str(trace), "--sequential", "--skip-bad"], capsys)
+    assert code == 0 and "2 (2 completed, 0 too large for the pool, 2 malformed skipped)" in out
+
+
+# ---------------------------------------------------------------- models the engine cannot load
+
+
+def _llama_folder(path):
+    from .tiny_models import hf_model, tiny_config
+
+    hf_model(tiny_config("llama")).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def saved_llama(tmp_path_factory):
+    pytest.importorskip("torch")
+    return _llama_folder(tmp_path_factory.mktemp("models") / "llama")
+
+
+def _corrupt(name: str, src, dst) -> str:
+    """A copy of the saved tiny Llama `src` at `dst`, broken the way `name` says; returns the file to name."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    weights, config = dst / "model.safetensors", dst / "config.json"
+    if name == "config not JSON":
+        config.write_text("{not json")
+        return "config.json: not valid JSON (Expecting property name enclosed in double quotes at line 1 column 2)"
+    if name == "config a list":
+        config.write_text("[1, 2]")
+        return "config.json: not a model config (a JSON list, not an object)"
+    if name == "config without model_type":
+        config.write_text(json.dumps({"hidden_size": 64}))
+        return "config.json: not a model config (no 'model_type')"
+    if name == "config gpt2":
+        config.write_text(json.dumps({"model_type": "gpt2", "n_layer": 1}))
+        return "config.json: unsupported model_type 'gpt2'; supported: ['llama'"
+    if name == "config unknown model_type":
+        config.write_text(json.dumps({"model_type": "frobnicator"}))
+        return "config.json: unsupported model_type 'frobnicator'"
+    if name == "zero heads":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "num_attention_heads": 0}))
+        return "config.json: num_attention_heads must be a positive integer, got 0"
+    if name == "hidden not an int":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "hidden_size": "big"}))
+        return "config.json: hidden_size must be a positive integer, got 'big'"
+    if name == "no weights":
+        weights.unlink()
+        return "no *.safetensors or pytorch_model*.bin weights in"
+    if name == "truncated safetensors":
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2])
+        return "model.safetensors: not a readable safetensors file (Error while deserializing header"
+    if name == "empty safetensors":
+        weights.write_bytes(b"")
+        return "model.safetensors: not a readable safetensors file"
+    if name == "garbage .bin":
+        weights.unlink()
+        (dst / "pytorch_model.bin").write_bytes(b"not a pickle")
+        return "pytorch_model.bin: cannot read PyTorch weights"
+    if name == "missing tensor":
+        sd = load_file(weights)
+        del sd["model.layers.1.mlp.down_proj.weight"]
+        save_file(sd, weights)
+        return "the weights lack 1 of the 20 tensors config.json needs, e.g. ['model.layers.1.mlp.down_proj.weight']"
+    if name == "wrong shape":
+        sd = load_file(weights)
+        sd["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(8, 64)
+        save_file(sd, weights)
+        return "model.safetensors: tensor 'model.layers.0.self_attn.q_proj.weight' has shape [8, 64], but " \
+               "config.json needs [64, 64]"
+    if name == "missing shard":
+        (dst / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+        return "model.safetensors.index.json: lists 1 shard(s) that are missing, e.g. " \
+               "'model-00002-of-00002.safetensors'"
+    if name == "broken tokenizer":
+        (dst / "tokenizer.json").write_text("{broken")
+        return "tokenizer.json: "
+    raise AssertionError(name)
+
+
+MODEL_DEFECTS = ["config not JSON", "config a list", "config without model_type", "config gpt2",
+                 "config unknown model_type", "zero heads", "hidden not an int", "no weights",
+                 "truncated safetensors", "empty safetensors", "garbage .bin", "missing tensor", "wrong shape",
+                 "missing shard", "broken tokenizer"]
+
+
+@pytest.mark.parametrize("defect", MODEL_DEFECTS)
+def test_corrupt_model_folders_are_one_line_naming_the_file(defect, saved_llama, tmp_path, capsys):
+    folder = tmp_path / "m"
+    needle = _corrupt(defect, saved_llama, folder)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"tokens": [1, 2, 3], "max_tokens": 1}) + "\n")
+    for argv in (["generate", str(folder), "1,2", "--device", "cpu"],
+                 ["replay", str(trace), "--model", str(folder), "--device", "cpu"],
+                 ["bench", "--model", str(folder), "--device", "cpu"]):
+        code, out, err = _run(argv, capsys)
+        assert code == 2 and out == "", err
+        line = _one_error_line(err)
+        assert f"cannot load model {folder}: " in line and needle in line
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("{not json", "c.json: not valid JSON (Expecting property name"),
+    ("null", "c.json: not a model config (a JSON NoneType, not an object)"),
+    (json.dumps({"model_type": "gpt2"}), "c.json: unsupported model_type 'gpt2'"),
+    (json.dumps({**TINY_LLAMA, "num_attention_heads": 0}), "c.json: num_attention_heads must be a positive integer"),
+    (json.dumps({**TINY_LLAMA, "vocab_size": -5}), "c.json: vocab_size must be a positive integer, got -5"),
+    (json.dumps({**TINY_LLAMA, "num_attention_heads": 3}), "c.json: The hidden size (32) is not a multiple of the "
+                                                            "number of attention heads (3)"),
+    (json.dumps({**TINY_LLAMA, "hidden_size": 2, "num_attention_heads": 2}), "c.json: head_dim 1 (hidden_size 2 / 2 "
+                                                                             "heads) must be even"),
+])
+def test_bad_config_json_files_are_one_line_naming_the_file(tmp_path, capsys, content, needle):
+    pytest.importorskip("torch")
+    cfg = tmp_path / "c.json"
+    cfg.write_text(content)
+    code, out, err = _run(["generate", str(cfg), "1,2", "--device", "cpu"], capsys)
+    assert code == 2 and out == ""
+    assert needle in _one_error_line(err)
+
+
+def test_corrupt_gguf_files_are_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("gguf", reason="gguf not installed: pip install gguf accelerate")
+    monkeypatch.setenv("RADIXKV_CACHE_DIR", str(tmp_path / "cache"))
+    bad = tmp_path / "bad.gguf"
+    for data, needle in ((b"GGUF\x03\x00\x00\x00garbage", "bad.gguf: cannot read its metadata (struct.error"),
+                         (b"not a gguf", "bad.gguf' is not a GGUF file"), (b"", "bad.gguf' is not a GGUF file")):
+        bad.write_bytes(data)
+        code, out, err = _run(["generate", str(bad), "1,2", "--device", "cpu"], capsys)
+        assert code == 2 and out == ""
+        assert needle in _one_error_line(err)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--kv-dtype", "int8"], "argument --kv-dtype: invalid choice: 'int8'"),
+    (["--kv-dtype", ""], "argument --kv-dtype: invalid choice: ''"),
+    (["--kv-dtype", "FP8"], "argument --kv-dtype: invalid choice: 'FP8'"),
+    (["--dtype", "fp64"], "argument --dtype: invalid choice: 'fp64'"),
+    (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+    (["--dtype", "fp8_e4m3"], "argument --dtype: invalid choice: 'fp8_e4m3'"),  # a KV dtype, not a compute one
+])
+def test_bad_dtypes_are_one_line(models, capsys, argv, needle):
+    code, out, err = _run(["generate", str(models / "llama.json"), "1,2", *argv], capsys)
+    assert code == 2 and out == ""
+    assert needle in _one_error_line(err)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--num-pages", "1"], "--num-pages 1 is too small: the longest prompt (208 tokens) plus --max-tokens 2 needs 14 "
+                           "pages of 16 tokens"),
+    (["--num-pages", "13"], "--num-pages 13 is too small"),
+    (["--max-tokens", "20000"], "plus --max-tokens 20000 exceeds the model's context of 16,384 tokens"),
+    (["--shots", "200"], "the longest prompt (32,048 tokens: --shots 200) plus --max-tokens 2 exceeds the model's "
+                         "context"),
+    (["--hidden", "1"], "cannot build the default random model (--hidden 1, --layers 1): head_dim 1 (hidden_size 1 "
+                        "/ 1 heads) must be even"),
+    (["--hidden", "130"], "cannot build the default random model (--hidden 130, --layers 1): RoPE requires an even"),
+    (["--page-size", "0"], "argument --page-size: expected a positive integer, got 0"),
+    (["--shots", "0"], "argument --shots: expected a positive integer, got 0"),
+    (["--device", "bogus"], "invalid device 'bogus'"),
+    (["--gsm8k", "{d}/nowhere"], "--gsm8k {d}/nowhere: No such file or directory"),
+    (["--gsm8k", "{d}"], "--gsm8k {d}: No such file or directory: {d}/train.jsonl"),
+])
+def test_degenerate_bench_flags_are_one_line(tmp_path, capsys, argv, needle):
+    pytest.importorskip("torch")
+    base = ["bench", "--device", "cpu", "--hidden", "64", "--layers", "1", "--shots", "1", "--prompts", "1",
+            "--max-tokens", "2"]
+    code, out, err = _run(base + [a.format(d=tmp_path) for a in argv], capsys)
+    assert code == 2 and out == ""
+    assert needle.format(d=tmp_path) in _one_error_line(err)
+
+
+def test_bench_pool_larger_than_memory_is_one_line(capsys):
+    pytest.importorskip("torch")
+    # 2**31 - 1 pages of 16 tokens of K and V: terabytes, refused by the allocator at once
+    code, out, err = _run(["bench", "--device", "cpu", "--hidden", "64", "--layers", "1",
+                           "--num-pages", str(2**31 - 1)], capsys)
+    assert code == 2 and out == ""
+    assert "out of memory for the default random model (--hidden 64, --layers 1) and a KV pool of 2,147,483,647 " \
+           "pages x 16 tokens; give a smaller --num-pages" in _one_error_line(err)
+
+
+def test_bad_input_from_a_real_process_has_no_traceback(tmp_path, saved_llama):
+    """The same front door in a real process: gzip trace, folder as JSONL, truncated weights."""
+    (tmp_path / "t.jsonl.gz").write_bytes(_gzip(_good_line().encode()))
+    (tmp_path / "d").mkdir()
+    folder = tmp_path / "m"
+    _corrupt("truncated safetensors", saved_llama, folder)
+    for argv, needle in ((["replay", str(tmp_path / "t.jsonl.gz"), "--skip-bad"], "is gzip-compressed"),
+                         (["replay", str(tmp_path / "d"), "--format", "radixkv"], "is a folder"),
+                         (["generate", str(folder), "1,2", "--device", "cpu"], "not a readable safetensors file")):
+        out = subprocess.run([sys.executable, "-m", "radixkv", *argv], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and out.stdout == ""
+        assert needle in _one_error_line(out.stderr)

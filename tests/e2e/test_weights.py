@@ -175,3 +175,107 @@ def test_unsupported_gguf_architecture_is_refused_before_conversion(tmp_path, mo
     with pytest.raises(ValueError, match="tiny-gpt2.gguf: unsupported model_type 'gpt2'; supported: \\['llama'"):
         LLM(str(tmp_path / "tiny-gpt2.gguf"))
     assert os.listdir(tmp_path / "cache" / "gguf") == []  # no half-written folder left behind
+
+
+# ---------------------------------------------------------------- files that are not what they should be (issue 16)
+
+
+def _saved_llama(path):
+    hf_model(tiny_config("llama")).save_pretrained(path)
+    return path
+
+
+def test_corrupt_checkpoint_files_are_named(tmp_path) -> None:
+    folder = _saved_llama(tmp_path / "m")
+    weights, data = folder / "model.safetensors", (folder / "model.safetensors").read_bytes()
+    weights.write_bytes(data[: len(data) // 3])
+    with pytest.raises(ValueError, match=f"{weights}: not a readable safetensors file .*truncated or corrupt"):
+        load_checkpoint(str(folder))
+    weights.write_bytes(data)
+    (folder / "model.safetensors.index.json").write_text('{"weight_map": {"x": "model-00002-of-00002.safetensors"}}')
+    with pytest.raises(FileNotFoundError, match="index.json: lists 1 shard.*'model-00002-of-00002.safetensors'"):
+        load_checkpoint(str(folder))
+    (folder / "model.safetensors.index.json").unlink()
+    (folder / "generation_config.json").write_text("{oops")
+    with pytest.raises(ValueError, match="generation_config.json: "):
+        load_checkpoint(str(folder))
+    (folder / "generation_config.json").unlink()
+    (folder / "config.json").write_text('{"model_type": "llama", ')
+    with pytest.raises(ValueError, match=r"config.json: not valid JSON \(Expecting property name"):
+        load_checkpoint(str(folder))
+    (folder / "config.json").write_bytes(b'{"model_type": "caf\xe9"}')
+    with pytest.raises(ValueError, match=r"config.json: not UTF-8 text \(byte 0xe9"):
+        load_checkpoint(str(folder))
+
+
+def test_legacy_bin_that_is_not_a_state_dict_is_named(tmp_path) -> None:
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    tiny_config("llama").save_pretrained(legacy)
+    (legacy / "pytorch_model.bin").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="pytorch_model.bin: cannot read PyTorch weights"):
+        load_checkpoint(str(legacy))
+    torch.save([torch.zeros(2)], legacy / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="pytorch_model.bin: not a state dict"):
+        load_checkpoint(str(legacy))
+
+
+def test_weights_of_another_config_are_refused_with_file_and_tensor(tmp_path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    folder = _saved_llama(tmp_path / "m")
+    weights = folder / "model.safetensors"
+    sd = load_file(weights)
+    sd["model.layers.1.mlp.up_proj.weight"] = torch.zeros(128, 32)
+    save_file(sd, weights)
+    with pytest.raises(ValueError, match=r"model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight' has shape "
+                                         r"\[128, 32\], but config.json needs \[128, 64\]"):
+        load_checkpoint(str(folder))
+    del sd["model.layers.1.mlp.up_proj.weight"], sd["model.norm.weight"]
+    save_file(sd, weights)
+    with pytest.raises(ValueError, match=r"the weights lack 2 of the 20 tensors config.json needs, e.g. "
+                                         r"\['model.norm.weight', 'model.layers.1.mlp.up_proj.weight'\]"):
+        load_checkpoint(str(folder))
+
+
+def test_broken_tokenizer_is_named(tmp_path) -> None:
+    folder = _saved_llama(tmp_path / "m")
+    (folder / "tokenizer.json").write_text("{broken")
+    with pytest.raises(ValueError, match=f"{folder / 'tokenizer.json'}: "):
+        load_checkpoint(str(folder))
+
+
+def test_impossible_sizes_and_incomplete_rope_are_refused() -> None:
+    import types
+
+    base = tiny_config("llama").to_dict()
+    for over, message in (({"num_attention_heads": 0}, "num_attention_heads must be a positive integer, got 0"),
+                          ({"vocab_size": -5}, "vocab_size must be a positive integer, got -5"),
+                          ({"hidden_size": 2.5}, "hidden_size must be a positive integer, got 2.5"),
+                          ({"hidden_size": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": None},
+                           "head_dim 1 .* must be even"),
+                          ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}},
+                           r"rope_type 'linear' needs \['factor'\]")):
+        with pytest.raises(ValueError, match=message):
+            ModelSpec.from_hf(types.SimpleNamespace(**{**base, **over}))
+
+
+def test_truncated_gguf_is_named(tmp_path, monkeypatch) -> None:
+    gguf = pytest.importorskip("gguf", reason="gguf not installed: pip install gguf accelerate")
+    import numpy as np
+
+    from radixkv import LLM
+
+    monkeypatch.setenv("RADIXKV_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((16, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    path.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(ValueError, match=f"{path}: cannot read its metadata .*truncated or corrupt"):
+        LLM(str(path))
+    assert os.listdir(tmp_path / "cache" / "gguf") == []
