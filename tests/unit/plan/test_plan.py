@@ -79,3 +79,19 @@ def test_parse_bytes(text: str, n: int) -> None:
 def test_parse_bytes_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="memory size"):
         parse_bytes(text)
+
+
+def test_radixkv_plan_prints_the_table_and_json(tmp_path, capsys) -> None:
+    from radixkv.cli import main
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(dict(LLAMA31_70B, num_key_value_heads=64)))
+    assert main(["plan", str(cfg), "--gpu-memory", "1TiB", "--kv-dtype", "fp16", "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rows"][0]["load_bytes"] == 160 * 2**30 and out["rows"][0]["bytes_per_token"] == 2_621_440
+    assert main(["plan", str(tmp_path), "--gpu-memory", "80GiB", "--json", str(tmp_path / "p.json")]) == 0
+    table = capsys.readouterr().out
+    assert "fp8_e4m3" in table and "160.00 GiB" in table
+    assert json.loads((tmp_path / "p.json").read_text())["page_size"] == 16
+    assert main(["plan", str(cfg), "--gpu-memory", "lots"]) == 2
+    assert "cannot read 'lots' as a memory size" in capsys.readouterr().err
