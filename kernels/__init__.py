@@ -7,6 +7,12 @@
     silu_and_mul(gate_up, *, out=None) -> out                                    # [T, 2 I] -> [T, I]
     apply_rope_(qk, cos, sin) -> qk                                              # in place
     gumbel_argmax(x, inv_temperature, seed, counter, *, splits=None) -> tokens   # [S, V] -> int64 [S]
+    IndexValueError   # an out-of-range slot, page id, length or row start (IndexError and ValueError)
+
+Argument checks live in launch.py: shapes, dtypes and devices on every call; the values of the
+index tensors (slots, page_table, seq_lens, q_start, q_lens) only on CPU tensors, before anything
+is written. On CUDA tensors those values are the caller's duty (no host syncs in a launcher);
+launch.py's docstring lists the ranges.
 
 One kernel a file: store.py, decode.py, decode_fp8_gluon.py, prefill.py, prefill_hopper_gluon.py,
 norm.py, activation.py, rope.py, sample.py (the sampler's hash + Gumbel-max draw).
@@ -30,7 +36,7 @@ from typing import Any
 
 _LAUNCHERS = {"store_kv": ".store", "paged_decode": ".decode", "paged_prefill": ".prefill",
               "rms_norm": ".norm", "silu_and_mul": ".activation", "apply_rope_": ".rope",
-              "gumbel_argmax": ".sample"}
+              "gumbel_argmax": ".sample", "IndexValueError": ".launch"}
 
 __all__ = list(_LAUNCHERS)
 

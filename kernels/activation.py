@@ -74,6 +74,8 @@ def silu_and_mul(gate_up: Tensor, *, out: Tensor | None = None) -> Tensor:
     T, i = gate_up.shape[0], gate_up.shape[1] // 2
     if out is None:
         out = torch.empty((T, i), dtype=gate_up.dtype, device=gate_up.device)
+    elif not isinstance(out, Tensor):
+        raise ValueError(f"silu_and_mul: out must be a tensor, got {type(out).__name__}")
     elif (tuple(out.shape) != (T, i) or out.dtype != gate_up.dtype or out.device != gate_up.device
           or out.stride(-1) != 1):
         raise ValueError(f"silu_and_mul: out must be {gate_up.dtype} [{T}, {i}] on {gate_up.device} with a "

@@ -30,6 +30,8 @@ from .launch import (
     check_paged_args,
     default_config,
     for_device,
+    host_float,
+    host_int,
     launch_options,
     merge_warps,
 )
@@ -139,19 +141,23 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
     into that many ranges (flash-decoding) merged by a second kernel; it is a launch parameter so
     the caller (PagedAttention.plan) picks it without a host sync here. `out` (optional, like q) is
     written in place, for CUDA-graph capture and for tests that poison it first.
+
+    Values (launch.check_page_values): on CPU, seq_lens[b] in [1, max_pages * page_size] and the page
+    ids of row b's first ceil(seq_lens[b] / page_size) entries in [0, num_pages) are checked before
+    the launch (IndexValueError). On CUDA they are the caller's duty (no host sync here): out of
+    range, the kernel reads outside the caches; seq_lens 0 gives zeros, or NaN when split.
     """
     page_table, seq_lens, fp8 = check_paged_args("paged_decode", q, k_cache, v_cache, page_table, seq_lens,
-                                                  k_scale, v_scale)
+                                                  k_scale, v_scale, min_seq_len=1)
     B, hq, d = q.shape
     if B != page_table.shape[0]:
         raise ValueError(f"paged_decode: q has {B} rows, page_table {page_table.shape[0]}")
-    if num_splits < 1:
-        raise ValueError(f"paged_decode: num_splits must be >= 1, got {num_splits}")
-    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    num_splits = host_int("paged_decode", "num_splits", num_splits, lo=1)
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else host_float("paged_decode", "sm_scale", sm_scale)
     if out is None:
         out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
+    elif not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"paged_decode: out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
     if B == 0:
         return out
     gluon_fp8 = fp8 and config is None and fp8_decode_gluon(q, k_cache, v_cache, out)

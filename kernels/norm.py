@@ -23,7 +23,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra import libdevice
 
-from .launch import KernelConfig, for_device, launch_options
+from .launch import KernelConfig, for_device, host_float, launch_options
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -79,6 +79,8 @@ def _row_strides(t: Tensor) -> tuple[int, int]:
 
 
 def _check_like(name: str, t: Tensor, x: Tensor) -> None:
+    if not isinstance(t, Tensor):
+        raise ValueError(f"rms_norm: {name} must be a tensor, got {type(t).__name__}")
     if t.shape != x.shape or t.dtype != x.dtype or t.device != x.device:
         raise ValueError(f"rms_norm: {name} must be {x.dtype} {tuple(x.shape)} on {x.device}, "
                          f"got {t.dtype} {tuple(t.shape)} on {t.device}")
@@ -100,6 +102,11 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = No
         raise ValueError(f"rms_norm: x dtype {x.dtype} not supported (fp32/fp16/bf16)")
     if x.stride(-1) != 1:
         raise ValueError(f"rms_norm: x's last dim must be contiguous (stride 1), got strides {x.stride()}")
+    if not isinstance(weight, Tensor):
+        raise ValueError(f"rms_norm: weight must be a tensor, got {type(weight).__name__}")
+    eps = host_float("rms_norm", "eps", eps)
+    if eps < 0:
+        raise ValueError(f"rms_norm: eps must be >= 0, got {eps}")
     T, h = x.shape[0], x.shape[-1]
     n = x.shape[1] if x.dim() == 3 else 1
     heads_ok = x.dim() == 3 and tuple(weight.shape) == (n, h)

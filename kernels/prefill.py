@@ -25,10 +25,11 @@ from .launch import (
     LOG2E,
     KernelConfig,
     KernelKind,
-    as_index,
     check_paged_args,
+    check_ragged_rows,
     default_config,
     for_device,
+    host_float,
     launch_options,
 )
 
@@ -130,23 +131,26 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
     q_start, q_lens: int32 [B]. max_q_len (host int) sizes the grid; without it the launcher reads
     q_lens.max() from the device (a host sync; PagedAttention passes it from its plan).
     `out` (optional, like q) is written in place.
+
+    Values (launch.check_page_values, check_q_rows): on CPU, seq_lens[b] in [0, max_pages * page_size],
+    the page ids row b uses (its first ceil(seq_lens[b] / page_size) entries) in [0, num_pages),
+    q_lens[b] in [0, seq_lens[b]], rows q_start[b] : q_start[b] + q_lens[b] inside q's T rows and
+    disjoint, max_q_len >= max(q_lens) are checked before the launch (IndexValueError). On CUDA they
+    are the caller's duty (no host sync here): out of range, the kernel reads or writes outside its
+    tensors; a max_q_len below max(q_lens) leaves rows unwritten.
     """
     page_table, seq_lens, fp8 = check_paged_args("paged_prefill", q, k_cache, v_cache, page_table, seq_lens,
                                                   k_scale, v_scale)
     T, hq, d = q.shape
     B = page_table.shape[0]
-    q_start = as_index("paged_prefill", "q_start", q_start, (B,), 1)
-    q_lens = as_index("paged_prefill", "q_lens", q_lens, (B,), 1)
-    if q_start.device != q.device or q_lens.device != q.device:
-        raise ValueError(f"paged_prefill: q_start and q_lens must be on {q.device}")
+    q_start, q_lens, max_q_len = check_ragged_rows("paged_prefill", q, q_start, q_lens, seq_lens, max_q_len)
     hkv = k_cache.shape[2]
-    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    if not sm_scale > 0:  # the kernels fold it into exp2 after the row max
-        raise ValueError(f"paged_prefill: sm_scale must be positive, got {sm_scale}")
+    # positive: the kernels fold it into exp2 after the row max
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else host_float("paged_prefill", "sm_scale", sm_scale, True)
     if out is None:
         out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
+    elif not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"paged_prefill: out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
     if B == 0 or T == 0:
         return out
     if max_q_len is None:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .fp8 import is_fp8, quantize_fp8
+from .launch import check_page_values, check_q_rows, check_slots
 
 
 def _check_scales(cache: Tensor, scale: Tensor | None, name: str) -> None:
@@ -36,9 +37,11 @@ def _check_scales(cache: Tensor, scale: Tensor | None, name: str) -> None:
 
 def store_kv_ref(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
                  k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> None:
-    """Write new rows into their slots. k, v: [T, Hkv, D]; slots: int64 [T] = page * page_size + offset."""
+    """Write new rows into their slots. k, v: [T, Hkv, D]; slots: int64 [T] = page * page_size + offset.
+    CPU slots out of [0, num_pages * page_size) raise IndexValueError before anything is written."""
     _check_scales(k_cache, k_scale, "k_cache")
     _check_scales(v_cache, v_scale, "v_cache")
+    check_slots("store_kv_ref", slots, k_cache)
     page_size = k_cache.shape[1]
     flat = slots.long()
     page, offset = flat // page_size, flat % page_size  # caches and scales may be head-major (not viewable)
@@ -82,18 +85,27 @@ def _compute_dtype(q: Tensor) -> torch.dtype:
 def paged_decode_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor,
                      sm_scale: float | None = None, k_scale: Tensor | None = None,
                      v_scale: Tensor | None = None) -> Tensor:
-    """One query token per sequence, the last of its seq_lens[b] tokens. q: [B, Hq, D] -> [B, Hq, D]."""
+    """One query token per sequence, the last of its seq_lens[b] tokens. q: [B, Hq, D] -> [B, Hq, D].
+    CPU values are checked as paged_decode checks them (launch.check_page_values)."""
+    check_page_values("paged_decode_ref", page_table, seq_lens, k_cache, 1)
     q_start = torch.arange(q.shape[0], dtype=torch.int32)
     q_lens = torch.ones(q.shape[0], dtype=torch.int32)
-    return paged_prefill_ref(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens,
-                             sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale)
+    return _prefill(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale, k_scale, v_scale)
 
 
 def paged_prefill_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor,
                       q_start: Tensor, q_lens: Tensor, sm_scale: float | None = None,
                       k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> Tensor:
     """Ragged causal attention over pages. q: [T, Hq, D]; row b owns q[q_start[b]:q_start[b]+q_lens[b]],
-    the LAST q_lens[b] of its seq_lens[b] tokens. Returns [T, Hq, D] in q's dtype."""
+    the LAST q_lens[b] of its seq_lens[b] tokens. Returns [T, Hq, D] in q's dtype.
+    CPU values are checked as paged_prefill checks them (launch.check_page_values, check_q_rows)."""
+    check_page_values("paged_prefill_ref", page_table, seq_lens, k_cache, 0)
+    check_q_rows("paged_prefill_ref", q.shape[0], q_start, q_lens, seq_lens, None)
+    return _prefill(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale, k_scale, v_scale)
+
+
+def _prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor, q_start: Tensor,
+             q_lens: Tensor, sm_scale: float | None, k_scale: Tensor | None, v_scale: Tensor | None) -> Tensor:
     _check_scales(k_cache, k_scale, "k_cache")
     _check_scales(v_cache, v_scale, "v_cache")
     page_size = k_cache.shape[1]

@@ -74,6 +74,8 @@ def _options(cfg: KernelConfig, device: torch.device) -> dict:
 def _cos_rows(name: str, c: Tensor, qk: Tensor) -> int:
     """The token stride of cos or sin ([T, D] or [T, 1, D]) after checking it."""
     T, _, d = qk.shape
+    if not isinstance(c, Tensor):
+        raise ValueError(f"apply_rope_: {name} must be a tensor, got {type(c).__name__}")
     if tuple(c.shape) not in ((T, d), (T, 1, d)):
         raise ValueError(f"apply_rope_: {name} must be [{T}, {d}] or [{T}, 1, {d}], got {tuple(c.shape)}")
     if c.dtype != qk.dtype or c.device != qk.device:

@@ -11,8 +11,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import for_device
-from .fp8 import fp8_max, is_fp8, scale_range
+from .fp8 import fp8_max, scale_range
+from .launch import (
+    CACHE_DTYPES,
+    Q_DTYPES,
+    check_scales,
+    check_slots,
+    check_tensor,
+    for_device,
+)
 
 
 @triton.jit
@@ -70,31 +77,36 @@ def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tens
 
     FP8 caches need k_scale, v_scale float32 or float16 [P, S, Hkv]; each written row's scale is
     stored there, rounded to that dtype, and the row is quantised by the stored value.
+    Several tokens may share a slot (the CUDA-graph runner pads with one scratch slot; which write
+    wins is unspecified). Values: on CPU every slot must be in [0, P * S), checked before anything
+    is written (launch.check_slots raises IndexValueError naming the first bad one); on CUDA that
+    is the caller's duty (no host sync here): out of range, the kernel writes outside the caches.
     """
+    fn = "store_kv"
+    check_tensor(fn, "k", k, 3, Q_DTYPES)
+    check_tensor(fn, "v", v, 3, Q_DTYPES)
     T, hkv, d = k.shape
     if v.shape != k.shape:
         raise ValueError(f"store_kv: k {tuple(k.shape)} and v {tuple(v.shape)} differ")
-    if k_cache.dim() != 4 or k_cache.shape[2:] != (hkv, d) or v_cache.shape != k_cache.shape:
+    check_tensor(fn, "k_cache", k_cache, 4, CACHE_DTYPES)
+    check_tensor(fn, "v_cache", v_cache, 4)
+    if k_cache.shape[2:] != (hkv, d) or v_cache.shape != k_cache.shape:
         raise ValueError(f"store_kv: caches {tuple(k_cache.shape)}/{tuple(v_cache.shape)} do not hold [*, *, {hkv}, {d}] rows")
     if k_cache.stride() != v_cache.stride() or v_cache.dtype != k_cache.dtype:
         raise ValueError("store_kv: k_cache and v_cache must share dtype and strides")
-    if slots.shape != (T,) or slots.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"store_kv: slots must be int64 [{T}], got {slots.dtype} {tuple(slots.shape)}")
-    fp8 = is_fp8(k_cache.dtype)
-    if fp8:
-        want = tuple(k_cache.shape[:3])
-        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if s is None or tuple(s.shape) != want or s.dtype not in (torch.float32, torch.float16):
-                raise ValueError(f"store_kv: FP8 cache needs {name} float32 or float16 {want}")
-        if k_scale.stride() != v_scale.stride() or k_scale.dtype != v_scale.dtype:
-            raise ValueError("store_kv: k_scale and v_scale must share dtype and strides")
-    elif k_scale is not None or v_scale is not None:
-        raise ValueError(f"store_kv: scales given for a non-FP8 cache ({k_cache.dtype})")
+    if k_cache.shape[1] == 0:
+        raise ValueError(f"store_kv: caches {tuple(k_cache.shape)} have pages of 0 slots")
+    if not isinstance(slots, Tensor) or slots.shape != (T,) or slots.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"store_kv: slots must be int64 [{T}], got {getattr(slots, 'dtype', type(slots))} "
+                         f"{tuple(getattr(slots, 'shape', ()))}")
+    fp8 = check_scales(fn, k_cache, k_scale, v_scale)
     devices = {t.device for t in (k, v, k_cache, v_cache, slots)}
     if len(devices) != 1:
         raise ValueError(f"store_kv: tensors on several devices {devices}")
+    check_slots(fn, slots, k_cache)
     if T == 0:
         return
+    slots = slots.contiguous()  # the kernel reads slots[t] at offset t
     ks = k_scale if fp8 else k_cache  # placeholders: never read when not FP8
     vs = v_scale if fp8 else v_cache
     xstride = k_scale.stride() if fp8 else (0, 0, 0)
