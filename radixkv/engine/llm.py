@@ -187,9 +187,10 @@ class LLM:
                             f"got {type(prompts).__name__}")
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
-        if not isinstance(params, Sequence) or len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params) if isinstance(params, Sequence) else params!r} "
-                             f"SamplingParams")
+        if isinstance(params, (str, bytes)) or not isinstance(params, Sequence):
+            raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got {params!r}")
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         for i, p in enumerate(params):
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"params {i} must be a SamplingParams, got {p!r}")

@@ -55,6 +55,8 @@ def test_bad_engine_options_name_the_problem() -> None:
 def test_params_list_must_match_prompts(llm: LLM) -> None:
     with pytest.raises(ValueError, match="2 prompts but 1 SamplingParams"):
         llm.generate([[4, 5], [6, 7]], [GREEDY])
+    with pytest.raises(TypeError, match="sampling_params must be a SamplingParams or a list of them, got 'greedy'"):
+        llm.generate([[4, 5]], "greedy")
 
 
 def test_request_larger_than_the_pool_is_refused() -> None:
