@@ -3,6 +3,7 @@
     radixkv replay [TRACE | BUNDLED-NAME] [--simulate] [--sequential | --concurrency N] ...
     radixkv gen multi-turn|few-shot|shared-prefix -o OUT.jsonl
     radixkv generate MODEL PROMPT... / radixkv bench   (run the engine)
+    radixkv serve MODEL / radixkv bench-serve --base-url URL   (HTTP server, its benchmark client)
     radixkv --version
 
 Without TRACE, `replay` runs the sample bundled with the package (cut from the Mooncake
@@ -189,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     from radixkv.serve.cli_serve import add_serve_parser  # imports no torch or FastAPI
 
     add_serve_parser(sub)
+    from radixkv.serve.cli_bench import add_bench_serve  # imports no torch or httpx
+
+    add_bench_serve(sub)
     return p
 
 
