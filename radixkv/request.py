@@ -79,16 +79,71 @@ class Request:
         return self.finish_reason is not None
 
 
-@dataclass(frozen=True)
-class RequestOutput:
-    """Result of one prompt. token_ids: generated ids (a stop token that ended it included).
+class RequestId(str):
+    """vLLM's `request_id: str`; it also compares equal to the engine's integer id (`rid`),
+    which is what radixkv returned before, so old callers comparing with ints keep working."""
 
-    cached_tokens: prompt tokens served from the prefix cache instead of being computed.
+    __slots__ = ()
+
+    @property
+    def rid(self) -> int:
+        return int(self)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, int) and not isinstance(other, bool):
+            return str.__eq__(self, str(other))
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = str.__hash__
+
+
+@dataclass(frozen=True)
+class CompletionOutput:
+    """One completion of a prompt (vLLM's shape). index: which of the prompt's `n` completions.
+
+    token_ids: generated ids (a stop token that ended it included; a stop string's tokens kept).
+    text: the detokenised output (a stop string cut off unless include_stop_str_in_output; None
+    when the model has no tokenizer). finish_reason: "stop", "length" or "abort".
+    stop_reason: the stop string or stop token id that ended it (None for EOS, length, abort).
+    logprobs: with SamplingParams.logprobs=k, one dict per generated token mapping token id ->
+    log-probability (the sampled token and the k most likely ones), else None.
     """
 
-    request_id: int
+    index: int
+    text: str | None
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[dict[int, float]] | None = None
+    stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """Result of one prompt, in vLLM's shape plus radixkv's flat fields.
+
+    vLLM's: request_id (str), prompt (text, or None for a token-id prompt), prompt_token_ids,
+    outputs (one CompletionOutput per completion: SamplingParams.n of them), num_cached_tokens,
+    finished. radixkv's (the first completion's): token_ids, text, cached_tokens (prompt tokens
+    served from the prefix cache instead of being computed), finish_reason (a FinishReason, a str).
+    """
+
+    request_id: str
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str | None  # None when the model has no tokenizer
     cached_tokens: int
     finish_reason: FinishReason
+    prompt: str | None = None
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = True
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self.cached_tokens

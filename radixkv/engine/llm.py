@@ -12,37 +12,43 @@ requests already in flight untouched.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import threading
 import operator
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from radixkv.batch import Batch
 from radixkv.cache import PagePool, RadixCache
 from radixkv.config import EngineConfig, KVDtype
-from radixkv.request import Request, RequestOutput
+from radixkv.request import CompletionOutput, FinishReason, Request, RequestId, RequestOutput
 from radixkv.scheduler import Scheduler
 
 from .attention import Backend, PagedAttention
 from .cuda_graphs import DecodeGraphs
 from .kv_store import KVStore, default_num_pages
 from .model import LlamaModel
-from .sampling import SamplingParams, sample, sampling_rows
+from .sampling import SamplingParams, penalize, sample, sampling_rows, top_logprobs
 from .session import Session
 from .weights import LoadedModel, load_model
 
 Prompt = str | Sequence[int]
 
 
-class _RowSampling(NamedTuple):
+@dataclasses.dataclass(eq=False)
+class _RowSampling:
     """What the engine keeps in Request.sampling."""
 
     params: SamplingParams
-    seed: int  # the request's, or one drawn from the engine's seed stream
+    seed: int  # the request's (+ index), or one drawn from the engine's seed stream
+    index: int = 0  # which of its prompt's n completions
+    prompt_text: str | None = None  # the prompt as text, when it was given as text
+    logprobs: list[dict[int, float]] | None = None  # one per generated token, with params.logprobs
+    stop_reason: int | str | None = None  # the stop string or stop token id that ended it
 
 
 class LLM:
@@ -165,14 +171,18 @@ class LLM:
             raise ValueError(f"prompt {index}: {total} tokens need {-(-total // ps)} KV pages, "
                              f"more than the pool's {self.num_pages}")
 
-    def _make_request(self, ids: list[int], params: SamplingParams) -> Request:
-        """A Request for validated ids: takes the next request id and, unseeded, the next seed."""
+    def _make_request(self, ids: list[int], params: SamplingParams, index: int = 0,
+                      prompt_text: str | None = None) -> Request:
+        """A Request for validated ids: takes the next request id and, unseeded, the next seed.
+        Its namespace is params.cache_salt: requests with different salts never share pages."""
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop |= self.eos_token_ids
-        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-        return Request(rid=next(self._rids), prompt=ids, max_tokens=params.max_tokens,
-                       arrival_s=self._now(), stop_token_ids=frozenset(stop), sampling=_RowSampling(params, seed))
+        seed = (params.seed + index if params.seed is not None
+                else int(torch.randint(0, 2**62, (1,), generator=self._seeds)))
+        row = _RowSampling(params, seed, index, prompt_text, [] if params.logprobs is not None else None)
+        return Request(rid=next(self._rids), prompt=ids, max_tokens=params.max_tokens, arrival_s=self._now(),
+                       namespace=params.cache_salt, stop_token_ids=frozenset(stop), sampling=row)
 
     def add_requests(self, prompts: Sequence[Prompt],
                      params: SamplingParams | Sequence[SamplingParams]) -> list[Request]:
@@ -197,7 +207,14 @@ class LLM:
         ids = [self.encode(p, i) for i, p in enumerate(prompts)]
         for i, (tokens, sp) in enumerate(zip(ids, params)):
             self._check_fits(tokens, sp, i)
-        reqs = [self._make_request(tokens, sp) for tokens, sp in zip(ids, params)]
+            if sp.stop and self.tokenizer is None:
+                raise ValueError(f"params {i}: stop strings need a tokenizer; this model has none "
+                                 f"(use stop_token_ids)")
+            if sp.logprobs is not None and sp.logprobs > self.vocab_size:
+                raise ValueError(f"params {i}: logprobs {sp.logprobs} exceeds the vocabulary ({self.vocab_size})")
+        texts = [_prompt_text(p) for p in prompts]
+        reqs = [self._make_request(tokens, sp, j, text) for tokens, sp, text in zip(ids, params, texts)
+                for j in range(sp.n)]
         added: list[Request] = []
         try:
             for r in reqs:
@@ -245,13 +262,37 @@ class LLM:
         if batch is None:
             return []
         try:
-            tokens = self._run(batch)
+            tokens, logprobs = self._run(batch)
             finished = self.scheduler.update(batch, tokens, self._now())
         except BaseException:
             if self.scheduler.in_flight is batch:  # update() refuses before it changes anything
                 self.scheduler.abandon(batch)
             raise
         self.num_steps += 1
+        for b, lp in logprobs.items():
+            batch.requests[b].sampling.logprobs.append(lp)
+        return self._stop_strings(batch, finished)
+
+    def _stop_strings(self, batch: Batch, finished: list[Request]) -> list[Request]:
+        """End the step's requests whose detokenised output now holds one of their stop strings
+        (withdrawn from the scheduler at once: their computed blocks stay cached)."""
+        if self.tokenizer is None:
+            return finished
+        done = {r.rid for r in finished}
+        for b, s in enumerate(batch.sample):
+            r = batch.requests[b]
+            p = r.sampling.params if s and isinstance(r.sampling, _RowSampling) else None
+            if p is None or not p.stop or len(r.output) < p.min_tokens:
+                continue
+            text = self.tokenizer.decode(r.output, skip_special_tokens=p.skip_special_tokens)
+            hit = _find_stop(text, p.stop)
+            if hit is None:
+                continue
+            r.sampling.stop_reason = hit[1]
+            if r.rid not in done:
+                self.scheduler.abort(r.rid)
+                finished.append(r)
+            r.finish_reason = FinishReason.STOP
         return finished
 
     def forward_logits(self, batch: Batch, use_graphs: bool = True) -> torch.Tensor:
@@ -266,23 +307,35 @@ class LLM:
                                   torch.tensor(batch.positions, dtype=torch.int64, device=dev),
                                   self.attention, torch.tensor(last, dtype=torch.int64, device=dev))
 
-    def _run(self, batch: Batch) -> list[int | None]:
-        """The forward pass and the sampler: one token per sampling row (None for the others)."""
+    def _run(self, batch: Batch) -> tuple[list[int | None], dict[int, dict[int, float]]]:
+        """The forward pass and the sampler: one token per sampling row (None for the others), and
+        the logprobs of the rows that asked for them (by row). Changes no request."""
         dev = self.device
         rows = [b for b, s in enumerate(batch.sample) if s]
-        logits = self.forward_logits(batch)
+        raw = logits = self.forward_logits(batch)
         reqs = [batch.requests[b] for b in rows]
         params = [r.sampling.params for r in reqs]
+        if any(p.penalized or p.min_tokens for p in params):
+            logits = penalize(logits, params, [r.prompt for r in reqs], [r.output for r in reqs],
+                              [r.stop_token_ids for r in reqs])
         if all(p.greedy for p in params):
-            drawn = logits.argmax(dim=-1).tolist()  # the step's one host sync
+            drawn_t = logits.argmax(dim=-1)
         else:
             sampling = sampling_rows(params, [r.sampling.seed for r in reqs], [len(r.output) for r in reqs],
                                      logits.shape[1], dev)
-            drawn = sample(logits, sampling).tolist()
+            drawn_t = sample(logits, sampling)
+        want = [i for i, p in enumerate(params) if p.logprobs is not None]
+        logprobs: dict[int, dict[int, float]] = {}
+        if want:
+            idx = torch.tensor(want, dtype=torch.int64, device=dev)
+            lps = top_logprobs(raw.index_select(0, idx), drawn_t.index_select(0, idx),
+                               [params[i].logprobs for i in want])
+            logprobs = {rows[i]: lp for i, lp in zip(want, lps)}
+        drawn = drawn_t.tolist()  # the step's one host sync (without logprobs)
         tokens: list[int | None] = [None] * len(batch.requests)
         for b, t in zip(rows, drawn):
             tokens[b] = t
-        return tokens
+        return tokens, logprobs
 
     @contextlib.contextmanager
     def _exclusive(self, what: str) -> Iterator[None]:
@@ -296,10 +349,34 @@ class LLM:
         finally:
             self._busy.release()
 
-    def output_of(self, req: Request) -> RequestOutput:
+    def completion_of(self, req: Request) -> CompletionOutput:
+        """vLLM's CompletionOutput of one finished request."""
         assert req.finish_reason is not None, f"request {req.rid} has not finished"
-        text = None if self.tokenizer is None else self.tokenizer.decode(req.output, skip_special_tokens=True)
-        return RequestOutput(req.rid, list(req.prompt), list(req.output), text, req.cached_tokens, req.finish_reason)
+        row = req.sampling if isinstance(req.sampling, _RowSampling) else None
+        p = row.params if row is not None else SamplingParams()
+        text = None
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(req.output, skip_special_tokens=p.skip_special_tokens)
+        stop_reason = row.stop_reason if row is not None else None
+        if isinstance(stop_reason, str) and text is not None:
+            i, s = _find_stop(text, p.stop) or (len(text), "")
+            text = text[: i + len(s)] if p.include_stop_str_in_output else text[:i]
+        elif (req.finish_reason is FinishReason.STOP and req.output and req.output[-1] in p.stop_token_ids):
+            stop_reason = req.output[-1]
+        lps = None if row is None or row.logprobs is None else list(row.logprobs)
+        cum = None if lps is None else float(sum(d[t] for d, t in zip(lps, req.output)))
+        return CompletionOutput(row.index if row is not None else 0, text, list(req.output),
+                                req.finish_reason.value, lps, stop_reason, cum)
+
+    def output_of(self, req: Request | Sequence[Request]) -> RequestOutput:
+        """The RequestOutput of one finished request, or of a prompt's n finished requests."""
+        reqs = [req] if isinstance(req, Request) else list(req)
+        first = reqs[0]
+        outs = [self.completion_of(r) for r in reqs]
+        row = first.sampling if isinstance(first.sampling, _RowSampling) else None
+        return RequestOutput(RequestId(first.rid), list(first.prompt), outs[0].token_ids, outs[0].text,
+                             first.cached_tokens, first.finish_reason,
+                             prompt=row.prompt_text if row is not None else None, outputs=outs, finished=True)
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -321,7 +398,46 @@ class LLM:
                     if not r.finished:
                         self.scheduler.abort(r.rid)
                 raise
-        return [self.output_of(r) for r in reqs]
+        groups: list[list[Request]] = []
+        for r in reqs:
+            if r.sampling.index == 0:
+                groups.append([])
+            groups[-1].append(r)
+        return [self.output_of(g) for g in groups]
+
+    def chat(self, messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = False,
+             *, chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of {"role", "content"} dicts) or a list of them,
+        rendered with the tokenizer's chat template (or `chat_template`), then generated.
+        ValueError when the model has no tokenizer or the tokenizer has no chat template."""
+        if self.tokenizer is None:
+            raise ValueError("LLM.chat needs a tokenizer with a chat template; this model has no tokenizer "
+                             "(use generate with token ids)")
+        template = chat_template or getattr(self.tokenizer, "chat_template", None)
+        if not template:
+            raise ValueError("LLM.chat: the tokenizer has no chat template; pass chat_template=... or use generate")
+        if isinstance(messages, Sequence) and messages and isinstance(messages[0], dict):
+            conversations = [messages]
+        elif isinstance(messages, Sequence) and not isinstance(messages, (str, bytes)) and messages:
+            conversations = list(messages)
+        else:
+            raise TypeError(f"messages must be a list of {{'role', 'content'}} dicts or a list of such lists, "
+                            f"got {messages!r}")
+        texts, prompts = [], []
+        for i, conv in enumerate(conversations):
+            if (isinstance(conv, (str, bytes)) or not isinstance(conv, Sequence)
+                    or not all(isinstance(m, dict) and "role" in m for m in conv)):
+                raise TypeError(f"conversation {i} must be a list of {{'role', 'content'}} dicts, got {conv!r}")
+            text = self.tokenizer.apply_chat_template(
+                list(conv), chat_template=template, tokenize=False,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
+                continue_final_message=continue_final_message)
+            texts.append(text)
+            prompts.append(list(self.tokenizer(text, add_special_tokens=False).input_ids))
+        outs = self.generate(prompts, sampling_params, use_tqdm)
+        return [dataclasses.replace(o, prompt=t) for o, t in zip(outs, texts)]
 
     def _run_until_done(self, reqs: list[Request], use_tqdm: bool) -> None:
         pending = {r.rid for r in reqs}
@@ -342,11 +458,14 @@ class LLM:
             if bar is not None:
                 bar.close()
 
-    def session(self, system: str | Sequence[int] | None = None, params: SamplingParams | None = None) -> "Session":
+    def session(self, system: str | Sequence[int] | None = None, params: SamplingParams | None = None,
+                cache_salt: str | None = None) -> "Session":
         """A multi-turn chat whose every turn reuses the KV of all earlier turns.
 
-        system: text, or token ids (a model without tokenizer takes ids only)."""
-        return Session(self, system, params or SamplingParams(temperature=0.0, max_tokens=64))
+        system: text, or token ids (a model without tokenizer takes ids only). cache_salt: the
+        chat's prefix-cache namespace (every turn's params get it): sessions with different salts
+        never share pages."""
+        return Session(self, system, params or SamplingParams(temperature=0.0, max_tokens=64), cache_salt=cache_salt)
 
 
 def _token_id(t: Any) -> int | None:
@@ -357,6 +476,23 @@ def _token_id(t: Any) -> int | None:
         return operator.index(t)
     except TypeError:
         return None
+
+
+def _prompt_text(prompt: Any) -> str | None:
+    """The prompt as text when it was given as text (vLLM's RequestOutput.prompt), else None."""
+    if isinstance(prompt, dict):
+        prompt = prompt.get("prompt")
+    return prompt if isinstance(prompt, str) else None
+
+
+def _find_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
+    """(position, string) of the earliest stop string in text, or None."""
+    best: tuple[int, str] | None = None
+    for s in stops:
+        i = text.find(s)
+        if i >= 0 and (best is None or i < best[0]):
+            best = (i, s)
+    return best
 
 
 def _is_single_prompt(prompts: Any) -> bool:

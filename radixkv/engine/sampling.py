@@ -13,7 +13,7 @@ and recomputation included, and no per-row Python loop, generator or host sync i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -31,6 +31,17 @@ class SamplingParams:
     vLLM's spelling) keeps the whole vocabulary; min_p in [0, 1]. max_tokens: tokens to generate
     at most. stop_token_ids: generation ends after any of them (the model's EOS is added unless
     ignore_eos). seed: per-request RNG seed (None: drawn from the engine's seed).
+
+    vLLM's fields: n completions per prompt (RequestOutput.outputs; with a seed, completion j
+    draws with seed + j). stop: strings; generation ends once the detokenised output contains
+    one (cut before it, or kept with include_stop_str_in_output). min_tokens: EOS and
+    stop_token_ids are suppressed (and stop strings not looked for) until that many tokens are
+    generated. presence_penalty / frequency_penalty in [-2, 2] (on generated tokens) and
+    repetition_penalty > 0 (on prompt and generated tokens), as vLLM applies them, before
+    temperature. logprobs: k >= 0 returns, per generated token, the log-probabilities (of the
+    model's raw distribution) of the sampled token and the k most likely ones. skip_special_tokens:
+    how the text is decoded. cache_salt: the request's prefix-cache namespace: requests with
+    different salts never share KV pages, the same salt (or none) shares.
     """
 
     temperature: float = 1.0
@@ -41,8 +52,43 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: str | Sequence[str] | None = None
+    include_stop_str_in_output: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
+        _check_finite("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_finite("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _check_finite("repetition_penalty", self.repetition_penalty, 0.0, math.inf)
+        if not self.repetition_penalty > 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else self.stop
+        if isinstance(stop, (bytes, dict)) or not isinstance(stop, Sequence):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        for x in stop:
+            if not isinstance(x, str) or not x:
+                raise ValueError(f"stop must hold non-empty strings, got {x!r}")
+        object.__setattr__(self, "stop", tuple(stop))
+        for name in ("include_stop_str_in_output", "skip_special_tokens", "ignore_eos"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
+        if _is_int(self.max_tokens) and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
+            raise ValueError(f"logprobs must be an int >= 0 or None, got {self.logprobs!r}")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string or None, got {self.cache_salt!r}")
         _check_finite("temperature", self.temperature, 0.0, math.inf)
         _check_finite("top_p", self.top_p, 0.0, 1.0)
         if not self.top_p > 0.0:
@@ -64,6 +110,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
 
 def _is_int(x: object) -> bool:
@@ -151,3 +201,67 @@ def _filter(x: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
     drop |= probs < min_p[:, None] * probs[:, :1]
     sorted_x = sorted_x.masked_fill(drop, float("-inf"))
     return torch.empty_like(x).scatter_(1, order, sorted_x)
+
+
+def penalize(logits: Tensor, params: Sequence[SamplingParams], prompts: Sequence[Sequence[int]],
+             outputs: Sequence[Sequence[int]], stop_ids: Sequence[Iterable[int]]) -> Tensor:
+    """logits [S, V] of a step's sampling rows -> the logits the sampler draws from, greedy rows
+    included: vLLM's repetition_penalty (prompt + output tokens: positive logits divided by it,
+    negative ones multiplied), frequency_penalty (times each output token's count) and
+    presence_penalty (once per distinct output token) subtracted; and, for rows below their
+    min_tokens, the stop token ids (EOS included) at -inf. Vectorised over the batch: a few
+    host-to-device copies of the rows' token ids, no per-row loop over the vocabulary. Returns
+    `logits` itself when no row needs anything."""
+    S, V = logits.shape
+    dev = logits.device
+    masked = [(i, t) for i, (p, out, stops) in enumerate(zip(params, outputs, stop_ids))
+              if len(out) < p.min_tokens for t in stops if 0 <= t < V]
+    rows = [i for i, p in enumerate(params) if p.penalized]
+    if not masked and not rows:
+        return logits
+    logits = logits.clone()
+    if rows:
+        R = len(rows)
+        idx = torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True)
+        out_pad = _padded([outputs[i] for i in rows], V).to(dev, non_blocking=True)  # [R, Lo], pad = V
+        seen_pad = _padded([list(prompts[i]) + list(outputs[i]) for i in rows], V).to(dev, non_blocking=True)
+        coef = torch.tensor([[params[i].repetition_penalty, params[i].frequency_penalty, params[i].presence_penalty]
+                             for i in rows], dtype=torch.float32).to(dev, non_blocking=True)  # [R, 3]
+        counts = torch.zeros(R, V + 1, dtype=torch.float32, device=dev)
+        counts.scatter_add_(1, out_pad, torch.ones_like(out_pad, dtype=torch.float32))
+        counts = counts[:, :V]
+        seen = torch.zeros(R, V + 1, dtype=torch.bool, device=dev).scatter_(1, seen_pad, True)[:, :V]
+        x = logits.index_select(0, idx)
+        rep = coef[:, 0:1]
+        x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+        x = x - coef[:, 1:2] * counts - coef[:, 2:3] * (counts > 0).float()
+        logits.index_copy_(0, idx, x)
+    if masked:
+        r, t = zip(*masked)
+        ri = torch.tensor(r, dtype=torch.int64).to(dev, non_blocking=True)
+        ti = torch.tensor(t, dtype=torch.int64).to(dev, non_blocking=True)
+        logits.index_put_((ri, ti), torch.tensor(float("-inf"), device=dev))
+    return logits
+
+
+def _padded(seqs: Sequence[Sequence[int]], pad: int) -> Tensor:
+    """int64 [len(seqs), max(1, longest)] of the sequences, right-padded with `pad`."""
+    width = max(1, max((len(s) for s in seqs), default=0))
+    return torch.tensor([list(map(int, s)) + [pad] * (width - len(s)) for s in seqs], dtype=torch.int64)
+
+
+def top_logprobs(logits: Tensor, tokens: Tensor, ks: Sequence[int]) -> list[dict[int, float]]:
+    """For each row: {token id: log-probability} of the sampled token and the row's k most likely
+    tokens, under log_softmax(logits). One host copy for the whole batch."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    k = max(ks)
+    sampled = lp.gather(1, tokens.view(-1, 1)).squeeze(1)
+    top_v, top_i = lp.topk(k, dim=-1) if k > 0 else (lp[:, :0], lp[:, :0].long())
+    sampled, top_v, top_i, toks = sampled.tolist(), top_v.tolist(), top_i.tolist(), tokens.tolist()
+    result = []
+    for b, kb in enumerate(ks):
+        d = {int(toks[b]): float(sampled[b])}
+        for i, v in zip(top_i[b][:kb], top_v[b][:kb]):
+            d.setdefault(int(i), float(v))
+        result.append(d)
+    return result

@@ -14,6 +14,8 @@ without a tokenizer chats in token ids: `send` takes and returns lists of ids.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Any, Protocol, Sequence
 
 from radixkv.request import RequestOutput
@@ -34,9 +36,14 @@ class ChatEngine(Protocol):
 class Session:
     """Multi-turn chat over one LLM. `history` holds the token ids of every turn so far."""
 
-    def __init__(self, llm: ChatEngine, system: str | Sequence[int] | None, params: SamplingParams) -> None:
-        """system: text (needs a tokenizer), or token ids that every prompt of the chat starts with."""
+    def __init__(self, llm: ChatEngine, system: str | Sequence[int] | None, params: SamplingParams,
+                 cache_salt: str | None = None) -> None:
+        """system: text (needs a tokenizer), or token ids that every prompt of the chat starts with.
+        cache_salt: the prefix-cache namespace of every turn (SamplingParams.cache_salt)."""
         self.llm = llm
+        if cache_salt is not None:
+            params = dataclasses.replace(params, cache_salt=cache_salt)  # validated there
+        self.cache_salt = cache_salt if cache_salt is not None else params.cache_salt
         self.params = params
         self.history: list[int] = []  # prompt + reply ids of all completed turns, as the engine saw them
         if system is not None and not isinstance(system, str):
@@ -51,6 +58,15 @@ class Session:
         self._template = tok is not None and getattr(tok, "chat_template", None) is not None
         self._system = system
 
+    def fork(self) -> "Session":
+        """A branch of this chat: the same history (so its next turn hits every page the history
+        already has in the prefix cache), continuing independently of this one."""
+        child = copy.copy(self)
+        child.history = list(self.history)
+        child.messages = [dict(m) for m in self.messages]
+        child.outputs = list(self.outputs)
+        return child
+
     @property
     def last(self) -> RequestOutput:
         if not self.outputs:
@@ -60,6 +76,8 @@ class Session:
     def send(self, message: str | Sequence[int], params: SamplingParams | None = None) -> Any:
         """Add a user turn, generate the reply, return it (text, or ids for a model without tokenizer)."""
         params = params or self.params
+        if self.cache_salt is not None and params.cache_salt != self.cache_salt:
+            params = dataclasses.replace(params, cache_salt=self.cache_salt)
         if isinstance(message, str):
             if not message:
                 raise ValueError("empty message")

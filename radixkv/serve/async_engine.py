@@ -286,7 +286,7 @@ class AsyncLLM:
             return
         try:
             params = p.params
-            if p.namespace is not None and _has_field(params, "cache_salt"):
+            if p.namespace is not None:  # SamplingParams.cache_salt: the request's prefix-cache namespace
                 import dataclasses
 
                 params = dataclasses.replace(params, cache_salt=p.namespace)
@@ -294,8 +294,6 @@ class AsyncLLM:
         except Exception as err:  # noqa: BLE001 - a refusal goes back to its caller
             p.loop.call_soon_threadsafe(_settle, p.accepted, err)
             return
-        if p.namespace is not None:
-            req.namespace = p.namespace  # before any step: admission matches in this namespace
         p.req = req
         p.prompt_ids = list(req.prompt)
         self._live[p.request_id] = p
@@ -431,9 +429,3 @@ def _settle(fut: asyncio.Future, err: BaseException | None) -> None:
         fut.set_result(None)
     else:
         fut.set_exception(err)
-
-
-def _has_field(obj: Any, name: str) -> bool:
-    import dataclasses
-
-    return dataclasses.is_dataclass(obj) and any(f.name == name for f in dataclasses.fields(obj))
