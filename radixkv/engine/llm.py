@@ -187,7 +187,8 @@ class LLM:
     def add_requests(self, prompts: Sequence[Prompt],
                      params: SamplingParams | Sequence[SamplingParams]) -> list[Request]:
         """Validate every prompt, then queue them all (all or nothing: a refused call consumes no
-        request id and no seed, so later outputs equal a fresh engine's)."""
+        request id and no seed, so later outputs equal a fresh engine's). A prompt whose params
+        have n > 1 gives n requests (consecutive, completion index in request.sampling.index)."""
         with self._exclusive("add_requests"):
             return self._add_requests(prompts, params)
 
@@ -284,8 +285,9 @@ class LLM:
             p = r.sampling.params if s and isinstance(r.sampling, _RowSampling) else None
             if p is None or not p.stop or len(r.output) < p.min_tokens:
                 continue
-            text = self.tokenizer.decode(r.output, skip_special_tokens=p.skip_special_tokens)
-            hit = _find_stop(text, p.stop)
+            # the stop strings can only have completed in the last few tokens: decode a window
+            window = r.output[-(2 * max(map(len, p.stop)) + 8):]
+            hit = _find_stop(self.tokenizer.decode(window, skip_special_tokens=p.skip_special_tokens), p.stop)
             if hit is None:
                 continue
             r.sampling.stop_reason = hit[1]
@@ -359,8 +361,9 @@ class LLM:
             text = self.tokenizer.decode(req.output, skip_special_tokens=p.skip_special_tokens)
         stop_reason = row.stop_reason if row is not None else None
         if isinstance(stop_reason, str) and text is not None:
-            i, s = _find_stop(text, p.stop) or (len(text), "")
+            i, s = _find_stop(text, p.stop) or (len(text), stop_reason)
             text = text[: i + len(s)] if p.include_stop_str_in_output else text[:i]
+            stop_reason = s
         elif (req.finish_reason is FinishReason.STOP and req.output and req.output[-1] in p.stop_token_ids):
             stop_reason = req.output[-1]
         lps = None if row is None or row.logprobs is None else list(row.logprobs)
@@ -384,6 +387,7 @@ class LLM:
         """Generate for every prompt (str or token ids); outputs in prompt order.
 
         sampling_params: one for all prompts or one per prompt (default: SamplingParams()).
+        Each RequestOutput holds its prompt's n completions in `outputs` (vLLM's shape).
         use_tqdm: show a progress bar of finished prompts (vLLM's flag; off by default here).
         """
         if _is_single_prompt(prompts):

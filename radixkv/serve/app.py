@@ -197,7 +197,7 @@ class _Handlers:
                                   top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k,
                                   min_p=body.min_p or 0.0, max_tokens=max_tokens,
                                   stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
-                                  seed=seed)
+                                  seed=seed, cache_salt=body.cache_salt)
         except ValueError as err:
             raise APIError(400, str(err)) from None
 
@@ -210,7 +210,7 @@ class _Handlers:
                 for j in range(body.n):
                     params = self._params(body, len(ids), max_tokens, j)
                     streams.append(await self.engine.add_request(
-                        ids, params, f"{base_id}-{i * body.n + j}", namespace=body.cache_salt,
+                        ids, params, f"{base_id}-{i * body.n + j}",
                         stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
                         skip_special_tokens=body.skip_special_tokens))
         except BaseException as err:
