@@ -215,16 +215,17 @@ class Scheduler:
         try:
             self._admit_all(rows, budget, shared, now)
         except BaseException:
-            for e in self.waiting:
-                if e.locked is not None and e.req.status is Status.WAITING:  # locked, not yet running
+            undone = self.running[first:]
+            del self.running[first:]
+            for e in undone:
+                self._unadmit(e)
+            for e in self.waiting:  # the one it raised on may be locked but not running yet
+                if e.locked is not None:
                     self.cache.unlock(e.locked)
                     e.locked = None
-            for e in self.running[first:]:
-                self._unadmit(e, now)
-            del self.running[first:]
             raise
 
-    def _unadmit(self, e: Entry, now: float) -> None:
+    def _unadmit(self, e: Entry) -> None:
         """Undo an admission of this step: its lock and pages released, back to WAITING."""
         req = e.req
         self.cache.unlock(e.locked)
@@ -233,12 +234,11 @@ class Scheduler:
         req.pages = []
         req.num_computed = 0
         req.status = Status.WAITING
-        e.wait_since = now
 
     def _admit_all(self, rows: BatchBuilder, budget: int, shared: set[ShareKey], now: float) -> None:
         cfg, pool, cache, ps = self.config, self.pool, self.cache, self.page_size
         reserve = sum(self._decode_reserve(r) for r in self.running)
-        admitted: set[int] = set()
+        admitted: list[tuple[Entry, int]] = []  # (entry, cached tokens it starts from)
         order, head_starved = self._ranker.order(self.waiting[: cfg.policy_window],
                                                  lambda e: self._starved(e, now))
         deferred: float | None = None  # arrival of the starved head when it defers
@@ -274,27 +274,30 @@ class Scheduler:
                     break  # head of line: nothing behind it jumps ahead
             else:  # alone: it may take the whole pool, a chunk at a time
                 want = min(want, avail * ps)
+            self.running.append(e)  # from here on, an exception is undone by _unadmit
             pages = m.pages[: usable // ps]
             pool.incref(pages)
-            self.running.append(e)  # from here on, an exception is undone by _unadmit
             req.pages = pages
             req.num_computed = usable
             req.status = Status.RUNNING
-            if not e.admitted_once:
-                e.admitted_once = True
-                req.cached_tokens = usable
-                self.metrics.prompt_tokens += len(req.prompt)
-                self.metrics.hit_tokens += usable
-            e.wait_s += now - e.wait_since
             e.admit_seq = next(self._admit_seq)
-            admitted.add(id(e))
             q_len = self._grow(e, want, len(self.running) - 1, now)
             assert q_len > 0, f"request {req.rid} admitted without room for a token"
             self._add_row(rows, e, usable, q_len, shared)
+            admitted.append((e, usable))
             budget -= q_len
             reserve += own
+        # Every admission stands: count them now (an admission undone by an exception never counts).
+        for e, usable in admitted:
+            if not e.admitted_once:
+                e.admitted_once = True
+                e.req.cached_tokens = usable
+                self.metrics.prompt_tokens += len(e.req.prompt)
+                self.metrics.hit_tokens += usable
+            e.wait_s += now - e.wait_since
         if admitted:
-            self.waiting = [e for e in self.waiting if id(e) not in admitted]
+            ids = {id(e) for e, _ in admitted}
+            self.waiting = [e for e in self.waiting if id(e) not in ids]
 
     def _decode_reserve(self, e: Entry) -> int:
         """Pages admission keeps free for a running request's coming decode tokens: a share

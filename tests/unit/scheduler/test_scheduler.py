@@ -347,7 +347,9 @@ def test_an_exception_inside_admission_undoes_the_steps_admissions(monkeypatch, 
     assert h.s.in_flight is None and h.s.num_running == 0 and h.s.num_waiting == 3
     assert all(r.status is Status.WAITING and not r.pages and r.num_computed == 0 for r in reqs)
     assert h.s.pool.num_free == 64 and h.s.cache.num_locked_pages == 0
+    assert h.s.metrics.prompt_tokens == h.s.metrics.hit_tokens == 0  # an undone admission never counts
     h.s.cache.check_invariants()
     h.drive([])
+    assert h.s.metrics.prompt_tokens == 30
     assert all(len(r.output) == 3 for r in reqs)
     assert_clean(h.s, reqs)
