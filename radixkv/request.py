@@ -79,27 +79,6 @@ class Request:
         return self.finish_reason is not None
 
 
-class RequestId(str):
-    """vLLM's `request_id: str`; it also compares equal to the engine's integer id (`rid`),
-    which is what radixkv returned before, so old callers comparing with ints keep working."""
-
-    __slots__ = ()
-
-    @property
-    def rid(self) -> int:
-        return int(self)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, int) and not isinstance(other, bool):
-            return str.__eq__(self, str(other))
-        return str.__eq__(self, other)
-
-    def __ne__(self, other: object) -> bool:
-        return not self.__eq__(other)
-
-    __hash__ = str.__hash__
-
-
 @dataclass(frozen=True)
 class CompletionOutput:
     """One completion of a prompt (vLLM's shape). index: which of the prompt's `n` completions.

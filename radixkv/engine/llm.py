@@ -25,7 +25,7 @@ import torch
 from radixkv.batch import Batch
 from radixkv.cache import PagePool, RadixCache
 from radixkv.config import EngineConfig, KVDtype
-from radixkv.request import CompletionOutput, FinishReason, Request, RequestId, RequestOutput
+from radixkv.request import CompletionOutput, FinishReason, Request, RequestOutput
 from radixkv.scheduler import Scheduler
 
 from .attention import Backend, PagedAttention
@@ -377,7 +377,7 @@ class LLM:
         first = reqs[0]
         outs = [self.completion_of(r) for r in reqs]
         row = first.sampling if isinstance(first.sampling, _RowSampling) else None
-        return RequestOutput(RequestId(first.rid), list(first.prompt), outs[0].token_ids, outs[0].text,
+        return RequestOutput(str(first.rid), list(first.prompt), outs[0].token_ids, outs[0].text,
                              first.cached_tokens, first.finish_reason,
                              prompt=row.prompt_text if row is not None else None, outputs=outs, finished=True)
 

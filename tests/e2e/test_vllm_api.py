@@ -30,7 +30,7 @@ def llm() -> LLM:
 def test_request_output_has_vllms_shape_and_keeps_radixkvs(llm: LLM) -> None:
     [out] = llm.generate([PROMPT], GREEDY)
     assert isinstance(out, RequestOutput) and isinstance(out.request_id, str)
-    assert out.request_id == str(int(out.request_id)) and out.request_id == int(out.request_id)
+    assert out.request_id == str(int(out.request_id))
     assert out.prompt is None and out.prompt_token_ids == PROMPT and out.finished
     [c] = out.outputs
     assert isinstance(c, CompletionOutput)

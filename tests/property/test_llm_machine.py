@@ -235,7 +235,7 @@ class LLMMachine(RuleBasedStateMachine):
 
     def check_output(self, out: Any, prompt: list[int], params: SamplingParams) -> None:
         want = expected(self.ps, prompt, params)
-        assert out.request_id == self.next_rid, (out.request_id, self.next_rid)
+        assert out.request_id == str(self.next_rid), (out.request_id, self.next_rid)
         self.next_rid += 1
         assert out.prompt_token_ids == prompt
         assert out.token_ids == want, f"prompt {prompt}: got {out.token_ids}, reference {want}"
