@@ -12,10 +12,14 @@ Lifecycle of a request:
 4. `abort(request_id)` (or the consumer leaving the stream: a client disconnect) withdraws the
    request before the next step: its pages are released at once (full blocks stay cached).
 
-A step that raises (a kernel, an out-of-memory) is failure-atomic in the LLM. The loop fails the
-requests admitted in that step (when there were any: a new request is the likely cause) or
-else every running request, with `EngineStepError` on their streams; waiting requests and later
-ones are served as usual.
+A step that raises (a kernel, an out-of-memory) is failure-atomic in the LLM. The loop fails, with
+`EngineStepError` on their streams: the requests admitted in that step when there were any (a
+new request is the likely cause); else, when admission itself raised (it rolls back to waiting),
+the head of the waiting queue, one per failed step, so running requests go on; else every running
+request. Consecutive failures back off (up to a second); each distinct error is logged once.
+
+A caller whose event loop closed (a worker thread's `asyncio.run` that returned with its stream
+unread) cannot be told anything: its request is abandoned (withdrawn, pages released).
 
 Thread model: only the loop thread touches the LLM; `call(fn)` runs `fn(llm)` there between
 steps (reset_prefix_cache, a consistent look at the pool in tests).
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
 import logging
 import queue
@@ -34,47 +39,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixkv.request import FinishReason, Request
+from radixkv.scheduler.scheduler import Scheduler
 
 from .detokenize import TextStream
+from .loglines import LogWindow
+from .streams import EngineDeadError, EngineStepError, RequestStream, StreamOutput, StreamStats
+
+__all__ = ["AsyncLLM", "EngineDeadError", "EngineStepError", "RequestStream", "StreamOutput", "StreamStats"]
 
 log = logging.getLogger("radixkv.serve")
-
-
-class EngineStepError(RuntimeError):
-    """The step that ran this request raised; the request was withdrawn (its pages released)."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop is not running (shut down, or stopped by an unrecoverable error)."""
-
-
-@dataclass(frozen=True)
-class StreamOutput:
-    """One update of a request: the delta since the previous update and the totals so far.
-
-    finish_reason: None while running, else "stop" (a stop token or stop string), "length" or
-    "abort". num_cached_tokens: prompt tokens served from the prefix cache (known from the
-    first token on).
-    """
-
-    request_id: str
-    delta_text: str
-    delta_token_ids: list[int]
-    text: str
-    token_ids: list[int]
-    prompt_token_ids: list[int]
-    num_cached_tokens: int
-    finished: bool
-    finish_reason: str | None
-
-
-@dataclass
-class StreamStats:
-    """Timestamps of one request (time.monotonic seconds), for latency metrics."""
-
-    arrival: float
-    first_token: float | None = None
-    finished: float | None = None
 
 
 @dataclass(eq=False)
@@ -97,44 +70,6 @@ class _Pending:
     aborted: bool = False
 
 
-class RequestStream:
-    """The async stream of one request's StreamOutputs. Leaving it early (break, cancellation,
-    a client disconnect) aborts the request."""
-
-    def __init__(self, engine: "AsyncLLM", pending: _Pending) -> None:
-        self._engine = engine
-        self._p = pending
-        self.request_id = pending.request_id
-        self.prompt_token_ids: list[int] = pending.prompt_ids
-
-    def __aiter__(self) -> AsyncIterator[StreamOutput]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[StreamOutput]:
-        finished = False
-        try:
-            while True:
-                item = await self._p.outbox.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                self._engine.abort(self.request_id)
-
-    async def final(self) -> StreamOutput:
-        """Wait for the request to finish; its last output (the whole text and token ids)."""
-        last = None
-        async for out in self:
-            last = out
-        assert last is not None
-        return last
-
-
 class AsyncLLM:
     """Serves one `radixkv.LLM` to many concurrent callers (see the module docstring).
 
@@ -153,7 +88,11 @@ class AsyncLLM:
         self._stop = False
         self._dead: BaseException | None = None
         self._last_ok: set[str] = set()  # requests running after the last successful step
-        self._window = _LogWindow(time.monotonic())
+        self._lock = threading.Lock()  # _post vs the loop's last drain
+        self._closed = False  # the loop drained for the last time: nothing posted is read now
+        self._failures = 0  # consecutive failed steps (back-off)
+        self._last_error: str | None = None  # the last failure logged
+        self._window = LogWindow(time.monotonic())
         self._thread = threading.Thread(target=self._run, name="radixkv-engine", daemon=True)
         self._thread.start()
 
@@ -178,9 +117,18 @@ class AsyncLLM:
         namespace: the prefix-cache namespace (a tenant's cache_salt): requests in different
         namespaces never share pages. stop: stop strings (the text ends before the first one)."""
         self._check_alive()
+        n = getattr(params, "n", 1)
+        if n != 1:  # LLM.add_requests would queue n requests behind one stream
+            raise ValueError(f"AsyncLLM streams one completion per request, got n={n}: add n requests "
+                             f"(with a seed, seed + j for the j-th) and read each stream")
         loop = asyncio.get_running_loop()
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        text = TextStream(self.llm.tokenizer, stop, include_stop_str_in_output, skip_special_tokens)
+        # the params' stop strings end the request in the LLM; the text stream cuts them too
+        stops = [*stop, *(getattr(params, "stop", None) or ())]
+        text = TextStream(self.llm.tokenizer, stops,
+                          include_stop_str_in_output or getattr(params, "include_stop_str_in_output", False),
+                          skip_special_tokens and getattr(params, "skip_special_tokens", True),
+                          getattr(params, "min_tokens", 0))
         p = _Pending(rid, prompt, params, namespace, text, loop, asyncio.Queue(), loop.create_future(),
                      StreamStats(time.monotonic()))
         self._post(("add", p))
@@ -202,7 +150,10 @@ class AsyncLLM:
         """Withdraw a request (thread-safe, returns at once); the loop releases its pages before
         its next step. Unknown or finished ids are ignored."""
         if self.is_running:
-            self._post(("abort", request_id))
+            try:
+                self._post(("abort", request_id))
+            except EngineDeadError:
+                pass  # the loop ended: every request it held ended with it
 
     def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
         """Run fn(llm) on the loop thread between steps; a Future of its result."""
@@ -226,7 +177,12 @@ class AsyncLLM:
             self._thread.join(timeout)
 
     def _post(self, item: tuple) -> None:
-        self._inbox.put(item)
+        """Hand item to the loop; EngineDeadError once the loop drained for the last time (so
+        nothing posted is left unread: a caller racing `shutdown` never waits forever)."""
+        with self._lock:
+            if self._closed:
+                raise EngineDeadError(f"the engine loop is not running{f': {self._dead!r}' if self._dead else ''}")
+            self._inbox.put(item)
         self._wake.set()
 
     # ------------------------------------------------------------------ the loop thread
@@ -249,6 +205,8 @@ class AsyncLLM:
             log.exception("engine loop stopped")
         finally:
             self._stop = True
+            with self._lock:
+                self._closed = True
             self._drain()
             for p in list(self._live.values()):
                 self._fail(p, EngineDeadError("the engine loop stopped"), withdraw=False)
@@ -278,26 +236,38 @@ class AsyncLLM:
 
     def _add(self, p: _Pending) -> None:
         if self._stop:
-            p.loop.call_soon_threadsafe(_settle, p.accepted, EngineDeadError("the engine is shutting down"))
+            self._send(p, _settle, p.accepted, EngineDeadError("the engine is shutting down"))
             return
         if p.request_id in self._live:
-            err: BaseException = ValueError(f"request id {p.request_id!r} is already running")
-            p.loop.call_soon_threadsafe(_settle, p.accepted, err)
+            self._send(p, _settle, p.accepted, ValueError(f"request id {p.request_id!r} is already running"))
             return
         try:
             params = p.params
             if p.namespace is not None:  # SamplingParams.cache_salt: the request's prefix-cache namespace
-                import dataclasses
-
                 params = dataclasses.replace(params, cache_salt=p.namespace)
-            [req] = self.llm.add_requests([p.prompt], [params])
+            reqs = self.llm.add_requests([p.prompt], [params])
         except Exception as err:  # noqa: BLE001 - a refusal goes back to its caller
-            p.loop.call_soon_threadsafe(_settle, p.accepted, err)
+            self._send(p, _settle, p.accepted, err)
             return
-        p.req = req
-        p.prompt_ids = list(req.prompt)
+        p.req = reqs[0]
+        p.prompt_ids = list(p.req.prompt)
         self._live[p.request_id] = p
-        p.loop.call_soon_threadsafe(_settle, p.accepted, None)
+        for extra in reqs[1:]:  # cannot happen (add_request refuses n != 1): never leave one unobserved
+            self.llm.scheduler.abort(extra.rid)
+        self._send(p, _settle, p.accepted, None)
+
+    def _send(self, p: _Pending, fn: Callable[..., Any], *args: Any) -> bool:
+        """Run fn(*args) on p's event loop. A closed loop (its caller is gone) abandons p:
+        withdrawn, pages released. False then."""
+        try:
+            p.loop.call_soon_threadsafe(fn, *args)
+            return True
+        except RuntimeError:  # 'Event loop is closed'
+            if not p.done:
+                log.debug("request %s abandoned: its event loop is closed", p.request_id)
+                self._withdraw(p)
+                self._done(p, FinishReason.ABORT.value)
+            return False
 
     def _step(self) -> None:
         llm = self.llm
@@ -308,6 +278,7 @@ class AsyncLLM:
         except Exception as err:  # noqa: BLE001 - the step was undone; fail its suspects
             self._step_failed(err)
             return
+        self._failures = 0
         self._last_ok = {p.request_id for p in self._live.values()
                          if p.req is not None and p.req.status.value == "running"}
         generated = 0
@@ -320,15 +291,30 @@ class AsyncLLM:
                                generation_tokens=generated, preemptions=m.preemptions - before[2])
 
     def _step_failed(self, err: Exception) -> None:
+        """Fail the failed step's suspects (the module docstring says which), back off."""
         running = [p for p in self._live.values() if p.req is not None and p.req.status.value == "running"]
         new = [p for p in running if p.request_id not in self._last_ok]
-        victims = new or running
-        log.error("step failed (%r); failing %d request(s): %s", err, len(victims),
-                  ", ".join(p.request_id for p in victims))
+        if new:
+            victims = new
+        elif _raised_in_admission(err):
+            by_rid = {p.req.rid: p for p in self._live.values() if p.req is not None}
+            heads = [by_rid[e.req.rid] for e in self.llm.scheduler.waiting if e.req.rid in by_rid]
+            victims = heads[:1]
+        else:
+            victims = running
+        key = repr(err)
+        if key != self._last_error:
+            self._last_error = key
+            log.error("step failed (%s); failing %d request(s): %s", key, len(victims),
+                      ", ".join(p.request_id for p in victims), exc_info=err)
         for p in victims:
             self._fail(p, EngineStepError(f"the engine step running request {p.request_id!r} failed: {err!r}"))
         if self.stats is not None:
             self.stats.on_step(self.llm, prompt_tokens=0, hit_tokens=0, generation_tokens=0, preemptions=0)
+        self._failures += 1
+        if self._failures > 1 or not victims:  # failing again: do not spin (an abort or add wakes it)
+            self._wake.wait(min(1.0, 0.001 * 2 ** min(self._failures, 10)))
+            self._wake.clear()
 
     def _publish(self, p: _Pending) -> int:
         """Push p's new tokens/text to its consumer; returns how many tokens were new."""
@@ -350,11 +336,22 @@ class AsyncLLM:
 
     def _emit(self, p: _Pending, delta: str, new: list[int], reason: str | None) -> None:
         req = p.req
+        start = len(req.output) - len(new)
+        all_lps = getattr(req.sampling, "logprobs", None)
+        lps = None if all_lps is None else list(all_lps[start:start + len(new)])
         out = StreamOutput(p.request_id, delta, new, p.text.text, list(req.output), p.prompt_ids,
-                           req.cached_tokens, reason is not None, reason)
-        p.loop.call_soon_threadsafe(p.outbox.put_nowait, out)
-        if reason is not None:
+                           req.cached_tokens, reason is not None, reason, self._stop_reason(p, reason), lps)
+        if self._send(p, p.outbox.put_nowait, out) and reason is not None:
             self._done(p, reason)
+
+    def _stop_reason(self, p: _Pending, reason: str | None) -> int | str | None:
+        """The stop string or stop token id that ended p (vLLM's stop_reason; None for EOS)."""
+        if reason != FinishReason.STOP.value:
+            return None
+        if p.text.stop_str is not None:
+            return p.text.stop_str
+        out = p.req.output
+        return out[-1] if out and out[-1] in getattr(p.params, "stop_token_ids", ()) else None
 
     def _finish(self, p: _Pending, reason: str) -> None:
         """End p now with `reason`, releasing whatever text was held back."""
@@ -370,8 +367,8 @@ class AsyncLLM:
     def _fail(self, p: _Pending, err: BaseException, withdraw: bool = True) -> None:
         if withdraw:
             self._withdraw(p)
-        p.loop.call_soon_threadsafe(p.outbox.put_nowait, err)
-        self._done(p, "error")
+        if self._send(p, p.outbox.put_nowait, err):
+            self._done(p, "error")
 
     def _done(self, p: _Pending, reason: str) -> None:
         p.done = True
@@ -389,37 +386,17 @@ class AsyncLLM:
             log.info(line)
 
 
-@dataclass
-class _LogWindow:
-    """Token counts since the last periodic log line."""
+def _raised_in_admission(err: BaseException) -> bool:
+    """Did err come out of the scheduler's admission (which puts its requests back to waiting)?"""
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is _ADMIT_CODE:
+            return True
+        tb = tb.tb_next
+    return False
 
-    start: float
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    quiet: bool = field(default=False)
 
-    def add(self, prompt_tokens: int, generation_tokens: int) -> None:
-        self.prompt_tokens += prompt_tokens
-        self.generation_tokens += generation_tokens
-
-    def roll(self, now: float, interval: float, llm: Any) -> str | None:
-        """The log line when `interval` has passed (None when idle twice in a row)."""
-        if now - self.start < interval:
-            return None
-        dt = now - self.start
-        s = llm.scheduler
-        idle = not (self.prompt_tokens or self.generation_tokens or s.has_work())
-        line = None
-        if not (idle and self.quiet):
-            pool, cache = llm.pool, llm.cache
-            usage = (pool.num_pages - pool.num_free - cache.num_evictable_pages) / pool.num_pages
-            line = (f"Avg prompt throughput: {self.prompt_tokens / dt:.1f} tokens/s, "
-                    f"Avg generation throughput: {self.generation_tokens / dt:.1f} tokens/s, "
-                    f"Running: {s.num_running} reqs, Waiting: {s.num_waiting} reqs, "
-                    f"KV cache usage: {100 * usage:.1f}%, Prefix cache hit rate: {100 * s.metrics.hit_rate:.1f}%")
-        self.quiet = idle
-        self.start, self.prompt_tokens, self.generation_tokens = now, 0, 0
-        return line
+_ADMIT_CODE = Scheduler._admit.__code__
 
 
 def _settle(fut: asyncio.Future, err: BaseException | None) -> None:

@@ -4,7 +4,8 @@ Text is released in deltas that never split a multi-byte character (a decode end
 replacement character U+FFFD waits for the next token) and never show the beginning of a stop
 string that may still complete: the last `len(longest stop) - 1` characters are held back until
 the request finishes. When a stop string appears, the text ends before it (or after it, with
-`include_stop_str_in_output`) and `stopped` tells the engine to end the request.
+`include_stop_str_in_output`) and `stopped` tells the engine to end the request. With `min_tokens`, stop strings are looked for
+only once the output has that many tokens (as `LLM` does).
 """
 from __future__ import annotations
 
@@ -19,14 +20,16 @@ class TextStream:
     """
 
     def __init__(self, tokenizer: Any, stop: Sequence[str] = (), include_stop_str_in_output: bool = False,
-                 skip_special_tokens: bool = True) -> None:
+                 skip_special_tokens: bool = True, min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
+        self.min_tokens = min_tokens
         self.stop = tuple(s for s in stop if s)
         self.include_stop = include_stop_str_in_output
         self.skip_special = skip_special_tokens
         self.text = ""  # everything decoded so far (stop string cut applied once stopped)
         self.sent = 0  # characters of `text` already released
         self.stopped = False  # a stop string was found
+        self.stop_str: str | None = None  # the one found
         self._hold = max((len(s) for s in self.stop), default=1) - 1
         self._prefix = 0  # output tokens before the decode window
         self._read = 0  # output tokens whose text is in `text`
@@ -52,7 +55,7 @@ class TextStream:
         searched_from = max(0, len(self.text) - self._hold)
         self.text += new
         self._prefix, self._read = self._read, len(token_ids)
-        if self.stop:
+        if self.stop and len(token_ids) >= self.min_tokens:
             hit = self._find_stop(searched_from)
             if hit is not None:
                 self.text, self.stopped, finished = hit, True, True
@@ -77,4 +80,5 @@ class TextStream:
         if best is None:
             return None
         i, s = best
+        self.stop_str = s
         return self.text[: i + len(s)] if self.include_stop else self.text[:i]

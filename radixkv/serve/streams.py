@@ -1,0 +1,85 @@
+"""What an AsyncLLM caller holds: a request's stream of StreamOutputs, and the engine's errors."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+
+class EngineStepError(RuntimeError):
+    """The step that ran this request raised; the request was withdrawn (its pages released)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop is not running (shut down, or stopped by an unrecoverable error)."""
+
+
+@dataclass(frozen=True)
+class StreamOutput:
+    """One update of a request: the delta since the previous update and the totals so far.
+
+    finish_reason: None while running, else "stop" (a stop token or stop string), "length" or
+    "abort". num_cached_tokens: prompt tokens served from the prefix cache (known from the
+    first token on). stop_reason: the stop string or stop token id that ended it (None for EOS,
+    length, abort). logprobs: with SamplingParams.logprobs, one {token id: log-probability} per
+    token of delta_token_ids (else None).
+    """
+
+    request_id: str
+    delta_text: str
+    delta_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    num_cached_tokens: int
+    finished: bool
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+    logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass
+class StreamStats:
+    """Timestamps of one request (time.monotonic seconds), for latency metrics."""
+
+    arrival: float
+    first_token: float | None = None
+    finished: float | None = None
+
+
+class RequestStream:
+    """The async stream of one request's StreamOutputs. Leaving it early (break, cancellation,
+    a client disconnect) aborts the request."""
+
+    def __init__(self, engine: Any, pending: Any) -> None:
+        self._engine = engine
+        self._p = pending
+        self.request_id = pending.request_id
+        self.prompt_token_ids: list[int] = pending.prompt_ids
+
+    def __aiter__(self) -> AsyncIterator[StreamOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[StreamOutput]:
+        finished = False
+        try:
+            while True:
+                item = await self._p.outbox.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self._engine.abort(self.request_id)
+
+    async def final(self) -> StreamOutput:
+        """Wait for the request to finish; its last output (the whole text and token ids)."""
+        last = None
+        async for out in self:
+            last = out
+        assert last is not None
+        return last

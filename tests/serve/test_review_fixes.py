@@ -1,0 +1,171 @@
+"""AsyncLLM under abuse: a caller's closed event loop, a failing admission, n > 1, the params' stop
+strings, add_request racing shutdown; the app's vLLM sampling fields, logprobs and error bodies."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from radixkv import SamplingParams
+
+
+@pytest.fixture
+def engine(tiny_folder: str):
+    from radixkv import LLM
+    from radixkv.serve.async_engine import AsyncLLM
+
+    eng = AsyncLLM(LLM(tiny_folder, dtype="float32", device="cpu", num_pages=64), log_interval_s=None)
+    yield eng
+    eng.shutdown()
+
+
+def _idle_and_whole(eng, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while eng.call(lambda llm: llm.has_work()).result(timeout) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+    def whole(llm) -> bool:
+        llm.reset_prefix_cache()
+        return llm.pool.num_free == llm.pool.num_pages and not llm.has_work()
+
+    return eng.call(whole).result(timeout)
+
+
+def test_a_closed_caller_loop_abandons_its_request_only(engine) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+
+    async def fire_and_forget():
+        return await engine.add_request("hello", params)  # the loop closes with the stream unread
+
+    asyncio.run(fire_and_forget())
+    assert _idle_and_whole(engine)  # withdrawn, pages released
+    assert engine.is_running and engine._dead is None
+
+    async def served():
+        return await (await engine.add_request("hello", SamplingParams(temperature=0.0, max_tokens=3))).final()
+
+    assert len(asyncio.run(served()).token_ids) >= 1
+
+
+def test_failing_admission_fails_the_waiting_head_not_the_running(engine) -> None:
+    sch = engine.llm.scheduler
+    real = sch._admit_all
+    calls = [0]
+
+    def faulty(rows, budget, shared, now):
+        if any(e.req.namespace == "poison" for e in sch.waiting):
+            calls[0] += 1
+            raise RuntimeError("admission fault")
+        return real(rows, budget, shared, now)
+
+    sch._admit_all = faulty
+    try:
+        async def main():
+            good = await engine.add_request("hello world", SamplingParams(temperature=0.0, max_tokens=40,
+                                                                          ignore_eos=True))
+            it = good.__aiter__()
+            await it.__anext__()  # running now
+            poison = await engine.add_request("abc", SamplingParams(temperature=0.0, max_tokens=4),
+                                              namespace="poison")
+            with pytest.raises(Exception, match="admission fault"):
+                await poison.final()
+            last = None
+            async for last in it:
+                pass
+            return last
+
+        last = asyncio.run(main())
+        assert last.finish_reason == "length" and len(last.token_ids) == 40  # the running one never noticed
+        assert calls[0] == 1  # failed once, then the suspect was gone: no spinning
+    finally:
+        del sch._admit_all
+    assert _idle_and_whole(engine)
+
+
+def test_a_step_failing_with_no_suspect_backs_off(engine) -> None:
+    llm = engine.llm
+    real = llm.scheduler.schedule
+    calls = [0]
+
+    def failing(now):
+        calls[0] += 1
+        raise RuntimeError("no suspect")  # not in admission, nothing running: nobody to fail
+
+    async def main():
+        gate = threading.Event()
+        engine.call(lambda _: gate.wait(10))
+        llm.scheduler.schedule = failing
+        s = await engine.add_request("abc", SamplingParams(temperature=0.0, max_tokens=2))
+        gate.set()
+        await asyncio.sleep(0.5)
+        n = calls[0]
+        llm.scheduler.schedule = real
+        engine.abort(s.request_id)
+        return n
+
+    try:
+        n = asyncio.run(main())
+    finally:
+        llm.scheduler.__dict__.pop("schedule", None)
+    assert 1 <= n < 40, n  # backed off, not thousands of retries
+    assert _idle_and_whole(engine)
+
+
+def test_n_above_one_is_refused_before_anything_is_queued(engine) -> None:
+    async def main():
+        with pytest.raises(ValueError, match="n=3"):
+            await engine.add_request("hello", SamplingParams(temperature=0.0, max_tokens=4, n=3))
+
+    asyncio.run(main())
+    assert engine.call(lambda llm: llm.has_work()).result(5) is False
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_params_stop_strings_cut_the_streamed_text_as_offline(engine, include) -> None:
+    base = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    full = engine.call(lambda llm: llm.generate(["hello world"], base)[0]).result(60).text
+    stop = full[6:8]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop],
+                            include_stop_str_in_output=include)
+    want = engine.call(lambda llm: llm.generate(["hello world"], params)[0]).result(60).outputs[0]
+
+    async def main():
+        s = await engine.add_request("hello world", params)
+        outs = [o async for o in s]
+        return outs
+
+    outs = asyncio.run(main())
+    assert "".join(o.delta_text for o in outs) == outs[-1].text == want.text
+    assert outs[-1].finish_reason == "stop" and outs[-1].stop_reason == stop == want.stop_reason
+
+
+def test_add_request_racing_shutdown_never_hangs(tiny_folder: str) -> None:
+    from radixkv import LLM
+    from radixkv.serve.async_engine import AsyncLLM, EngineDeadError
+
+    llm = LLM(tiny_folder, dtype="float32", device="cpu", num_pages=64)
+    for _ in range(20):
+        eng = AsyncLLM(llm, log_interval_s=None)
+
+        async def add():
+            try:
+                s = await eng.add_request("hi", SamplingParams(temperature=0.0, max_tokens=2))
+                await s.final()
+            except EngineDeadError:
+                pass
+
+        async def race():
+            t = asyncio.ensure_future(add())
+            await asyncio.sleep(0)
+            eng.shutdown()
+            await asyncio.wait_for(t, 5)
+
+        asyncio.run(race())
+        with pytest.raises(EngineDeadError):
+            eng.call(lambda _: None)
+    # posting after the last drain raises, it is never left unread
+    eng._thread.join(5)
+    with pytest.raises(EngineDeadError):
+        eng._post(("call", lambda _: None, None))
