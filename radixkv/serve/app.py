@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import secrets
 import time
 import uuid
@@ -29,11 +28,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from .async_engine import AsyncLLM, EngineDeadError, EngineStepError, RequestStream, StreamOutput
 from .metrics import ServeMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, UnsupportedField, error_body
+from .responses import LogprobsFormat, _event, _Shape, _sse, _stream_error, _usage
 
 
 class APIError(Exception):
@@ -75,6 +75,14 @@ def create_app(llm: Any, *, served_model_name: str | list[str] | None = None, ap
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(request: Request, exc: EngineDeadError) -> JSONResponse:
+        return APIError(503, str(exc), "ServiceUnavailableError").response()
+
+    @app.exception_handler(EngineStepError)
+    async def _step_error(request: Request, exc: EngineStepError) -> JSONResponse:
+        return APIError(500, str(exc), "InternalServerError").response()
 
     @app.get("/health")
     async def health() -> Response:
@@ -197,9 +205,16 @@ class _Handlers:
                                   top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k,
                                   min_p=body.min_p or 0.0, max_tokens=max_tokens,
                                   stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
-                                  seed=seed, cache_salt=body.cache_salt)
+                                  seed=seed, cache_salt=body.cache_salt, stop=body.stop_strings,
+                                  include_stop_str_in_output=body.include_stop_str_in_output,
+                                  skip_special_tokens=body.skip_special_tokens,
+                                  presence_penalty=body.presence_penalty or 0.0,
+                                  frequency_penalty=body.frequency_penalty or 0.0,
+                                  repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+                                  min_tokens=body.min_tokens or 0, logprobs=body.sampling_logprobs)
         except ValueError as err:
-            raise APIError(400, str(err)) from None
+            name = str(err).split(" ", 1)[0]
+            raise APIError(400, str(err), param=name if name in type(body).model_fields else None) from None
 
     async def _submit(self, body: Any, prompts: list[list[int]], max_tokens: int | None, param: str,
                       base_id: str) -> list[RequestStream]:
@@ -209,10 +224,7 @@ class _Handlers:
             for i, ids in enumerate(prompts):
                 for j in range(body.n):
                     params = self._params(body, len(ids), max_tokens, j)
-                    streams.append(await self.engine.add_request(
-                        ids, params, f"{base_id}-{i * body.n + j}",
-                        stop=body.stop_strings, include_stop_str_in_output=body.include_stop_str_in_output,
-                        skip_special_tokens=body.skip_special_tokens))
+                    streams.append(await self.engine.add_request(ids, params, f"{base_id}-{i * body.n + j}"))
         except BaseException as err:
             for s in streams:
                 self.engine.abort(s.request_id)
@@ -234,8 +246,9 @@ class _Handlers:
         if body.stream:
             return _sse(self._stream(body, streams, shape, echo))
         finals = await _collect(streams, raw, self.engine)
-        choices = [{"index": k, "text": echo[k // body.n] + f.text, "logprobs": None,
-                    "finish_reason": f.finish_reason, "stop_reason": None,
+        choices = [{"index": k, "text": echo[k // body.n] + f.text,
+                    "logprobs": self._logprobs(body, f, len(echo[k // body.n])),
+                    "finish_reason": f.finish_reason, "stop_reason": f.stop_reason,
                     **({"token_ids": f.token_ids, "prompt_token_ids": f.prompt_token_ids}
                        if body.return_token_ids else {})} for k, f in enumerate(finals)]
         return JSONResponse({**shape.head(), "choices": choices, "usage": _usage(finals, body.n)})
@@ -249,8 +262,9 @@ class _Handlers:
         if body.stream:
             return _sse(self._stream(body, streams, shape, [""]))
         finals = await _collect(streams, raw, self.engine)
-        choices = [{"index": k, "message": {"role": "assistant", "content": f.text}, "logprobs": None,
-                    "finish_reason": f.finish_reason, "stop_reason": None,
+        choices = [{"index": k, "message": {"role": "assistant", "content": f.text},
+                    "logprobs": self._logprobs(body, f), "finish_reason": f.finish_reason,
+                    "stop_reason": f.stop_reason,
                     **({"token_ids": f.token_ids} if body.return_token_ids else {})} for k, f in enumerate(finals)]
         out = {**shape.head(), "choices": choices, "usage": _usage(finals, body.n)}
         if body.return_token_ids:
@@ -279,6 +293,20 @@ class _Handlers:
             raise APIError(400, "the rendered chat prompt is empty", param="messages")
         return self._encode(ids, "messages")
 
+    def _logformat(self, body: Any, offset: int = 0) -> LogprobsFormat | None:
+        if body.sampling_logprobs is None:
+            return None
+        chat = isinstance(body, ChatCompletionRequest)
+        return LogprobsFormat(self.llm.tokenizer, chat, body.sampling_logprobs, offset)
+
+    def _logprobs(self, body: Any, final: StreamOutput, offset: int = 0) -> dict[str, Any] | None:
+        """A finished choice's logprobs in OpenAI's shape (None unless asked)."""
+        fmt = self._logformat(body, offset)
+        if fmt is None:
+            return None
+        fmt.add(final, whole=True)
+        return fmt.take()
+
     def _echo_text(self, ids: list[int]) -> str:
         tok = self.llm.tokenizer
         return "" if tok is None else tok.decode(ids, skip_special_tokens=False)
@@ -299,6 +327,7 @@ class _Handlers:
 
         tasks = [asyncio.create_task(pump(k, s)) for k, s in enumerate(streams)]
         finals: dict[int, StreamOutput] = {}
+        lps = [self._logformat(body, len(echo[k // body.n])) for k in range(len(streams))]
         try:
             if shape.chat:
                 for k in range(len(streams)):
@@ -316,12 +345,18 @@ class _Handlers:
                 if out.finished:
                     pending -= 1
                     finals[k] = out
+                if lps[k] is not None:
+                    lps[k].add(out)  # held until a chunk carries text (or the end)
                 if not (out.delta_text or out.finished or body.return_token_ids):
                     continue
                 delta: Any = {"content": out.delta_text} if shape.chat else out.delta_text
                 if shape.chat and out.finished and not out.delta_text:
                     delta = {}
-                extra = {"token_ids": out.delta_token_ids} if body.return_token_ids else {}
+                extra: dict[str, Any] = {"token_ids": out.delta_token_ids} if body.return_token_ids else {}
+                if lps[k] is not None:
+                    extra["logprobs"] = lps[k].take()
+                if out.finished:
+                    extra["stop_reason"] = out.stop_reason
                 yield _event(shape.chunk(k, delta, out.finish_reason, **extra))
             if body.include_usage and finals:
                 yield _event({**shape.head(chunk=True), "choices": [],
@@ -330,48 +365,6 @@ class _Handlers:
         finally:
             for t in tasks:
                 t.cancel()
-
-
-class _Shape:
-    """The envelope of one response: object names, id, model, created."""
-
-    def __init__(self, obj: str, rid: str, model: str, chat: bool) -> None:
-        self.obj, self.rid, self.model, self.chat = obj, rid, model, chat
-        self.created = int(time.time())
-
-    def head(self, chunk: bool = False) -> dict[str, Any]:
-        obj = self.obj + (".chunk" if chunk and self.chat else "")
-        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
-
-    def chunk(self, index: int, delta: Any, finish_reason: str | None, **extra: Any) -> dict[str, Any]:
-        key = "delta" if self.chat else "text"
-        choice = {"index": index, key: delta, "logprobs": None, "finish_reason": finish_reason, **extra}
-        return {**self.head(chunk=True), "choices": [choice]}
-
-
-def _event(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-
-def _stream_error(err: BaseException) -> dict[str, Any]:
-    if isinstance(err, EngineStepError):
-        return error_body(str(err), type="InternalServerError", code=500)
-    if isinstance(err, EngineDeadError):
-        return error_body(str(err), type="ServiceUnavailableError", code=503)
-    return error_body(f"internal error: {err!r}", type="InternalServerError", code=500)
-
-
-def _usage(finals: list[StreamOutput], n: int) -> dict[str, Any]:
-    firsts = finals[::n]  # one per prompt
-    prompt = sum(len(f.prompt_token_ids) for f in firsts)
-    completion = sum(len(f.token_ids) for f in finals)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(f.num_cached_tokens for f in firsts)}}
-
-
-def _sse(gen: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(gen, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def _collect(streams: list[RequestStream], raw: Request, engine: AsyncLLM) -> list[StreamOutput]:

@@ -336,9 +336,8 @@ class AsyncLLM:
 
     def _emit(self, p: _Pending, delta: str, new: list[int], reason: str | None) -> None:
         req = p.req
-        start = len(req.output) - len(new)
         all_lps = getattr(req.sampling, "logprobs", None)
-        lps = None if all_lps is None else list(all_lps[start:start + len(new)])
+        lps = None if all_lps is None else list(all_lps[: len(req.output)])
         out = StreamOutput(p.request_id, delta, new, p.text.text, list(req.output), p.prompt_ids,
                            req.cached_tokens, reason is not None, reason, self._stop_reason(p, reason), lps)
         if self._send(p, p.outbox.put_nowait, out) and reason is not None:

@@ -1,10 +1,12 @@
 """OpenAI request bodies (pydantic, validated) and the OpenAI error object.
 
 Fields follow the OpenAI API, plus vLLM's extras where radixkv has the concept (`top_k`, `min_p`,
-`ignore_eos`, `stop_token_ids`, `cache_salt`, `chat_template`, `return_token_ids`, ...). Unknown
-fields are ignored, as vLLM does, so clients that send more still work; fields that would change
-the output in a way radixkv cannot honour (`logprobs`, penalties, `logit_bias`, `suffix`, tools)
-are refused with HTTP 400 naming the field rather than silently ignored.
+`ignore_eos`, `stop_token_ids`, `min_tokens`, `repetition_penalty`, `cache_salt`, `chat_template`,
+`return_token_ids`, ...); presence/frequency penalties and logprobs (completions: `logprobs: k`;
+chat: `logprobs: true` + `top_logprobs: k`) as OpenAI has them. Unknown fields are ignored, as
+vLLM does, so clients that send more still work; fields that would change the output in a way
+radixkv cannot honour (`logit_bias`, `suffix`, tools) are refused with HTTP 400 naming the field
+rather than silently ignored.
 """
 from __future__ import annotations
 
@@ -61,12 +63,12 @@ class _Common(BaseModel):
     user: str | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=512)
     return_token_ids: bool = False
-    # accepted only at their neutral values (radixkv does not implement them)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0)
+    min_tokens: int | None = Field(None, ge=0)
+    # refused unless neutral (radixkv does not implement them)
     logit_bias: dict[str, float] | None = None
-    min_tokens: int | None = None
     best_of: int | None = None
 
     @field_validator("top_k")
@@ -92,16 +94,16 @@ class _Common(BaseModel):
 
     @model_validator(mode="after")
     def _unsupported(self) -> "_Common":
-        for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0),
-                              ("min_tokens", 0)):
-            v = getattr(self, name)
-            if v is not None and v != neutral:
-                raise UnsupportedField(name, f"{name} is not supported by radixkv (only {neutral})")
         if self.logit_bias:
             raise UnsupportedField("logit_bias", "logit_bias is not supported by radixkv")
         if self.best_of is not None and self.best_of != self.n:
             raise UnsupportedField("best_of", "best_of must equal n (radixkv returns every sample)")
         return self
+
+    @property
+    def sampling_logprobs(self) -> int | None:
+        """SamplingParams.logprobs: how many top alternatives per token (None: no logprobs)."""
+        return None
 
     @property
     def stop_strings(self) -> list[str]:
@@ -128,7 +130,7 @@ class CompletionRequest(_Common):
     prompt: str | list[str] | TokenIds | list[TokenIds]
     max_tokens: int | None = Field(16, ge=1)
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
     suffix: str | None = None
 
     @field_validator("prompt")
@@ -142,11 +144,13 @@ class CompletionRequest(_Common):
 
     @model_validator(mode="after")
     def _completion_unsupported(self) -> "CompletionRequest":
-        if self.logprobs is not None:
-            raise UnsupportedField("logprobs", "logprobs is not supported by radixkv")
         if self.suffix:
             raise UnsupportedField("suffix", "suffix is not supported by radixkv")
         return self
+
+    @property
+    def sampling_logprobs(self) -> int | None:
+        return self.logprobs
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: text or token ids."""
@@ -189,14 +193,14 @@ class ChatCompletionRequest(_Common):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     logprobs: bool | None = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _chat_unsupported(self) -> "ChatCompletionRequest":
-        if self.logprobs or self.top_logprobs:
-            raise UnsupportedField("logprobs", "logprobs is not supported by radixkv")
+        if self.top_logprobs and not self.logprobs:
+            raise UnsupportedField("top_logprobs", "top_logprobs needs logprobs true")
         if self.tools:
             raise UnsupportedField("tools", "tool calling is not supported by radixkv")
         if self.response_format and self.response_format.get("type", "text") != "text":
@@ -205,6 +209,10 @@ class ChatCompletionRequest(_Common):
             raise UnsupportedField("continue_final_message",
                                    "continue_final_message needs add_generation_prompt false")
         return self
+
+    @property
+    def sampling_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def max_new_tokens(self) -> int | None:

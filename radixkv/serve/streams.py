@@ -22,7 +22,7 @@ class StreamOutput:
     "abort". num_cached_tokens: prompt tokens served from the prefix cache (known from the
     first token on). stop_reason: the stop string or stop token id that ended it (None for EOS,
     length, abort). logprobs: with SamplingParams.logprobs, one {token id: log-probability} per
-    token of delta_token_ids (else None).
+    token of token_ids (all so far; else None).
     """
 
     request_id: str

@@ -169,3 +169,90 @@ def test_add_request_racing_shutdown_never_hangs(tiny_folder: str) -> None:
     eng._thread.join(5)
     with pytest.raises(EngineDeadError):
         eng._post(("call", lambda _: None, None))
+
+
+# ---- the app -----------------------------------------------------------------------------------
+
+def test_vllm_sampling_fields_pass_through(server) -> None:
+    import httpx
+
+    from .conftest import offline
+
+    kw = dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.3, min_tokens=3)
+    want = offline(server, "hello world", 8, **kw)
+    r = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
+        "prompt": "hello world", "max_tokens": 8, "temperature": 0, "return_token_ids": True, **kw})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"] == want.token_ids
+    assert want.token_ids != offline(server, "hello world", 8).token_ids  # the penalties did something
+
+
+def test_completion_and_chat_logprobs_in_openai_shape(server) -> None:
+    import httpx
+
+    from .conftest import sse_chunks
+
+    want = server.engine.call(lambda llm: llm.generate(
+        ["hello"], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=2))[0]).result(60)
+    body = {"prompt": "hello", "max_tokens": 5, "temperature": 0, "ignore_eos": True, "logprobs": 2}
+    c = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    lp = c["logprobs"]
+    assert set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+    tok = server.llm.tokenizer
+    assert lp["tokens"] == [tok.decode([t]) for t in want.token_ids]
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(5)]
+    got = want.outputs[0].logprobs
+    assert lp["token_logprobs"] == pytest.approx([d[t] for d, t in zip(got, want.token_ids)])
+    assert all(2 <= len(top) <= 3 for top in lp["top_logprobs"])
+    streamed = sse_chunks(httpx.post(f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=60))
+    toks = sum((ch["choices"][0]["logprobs"]["tokens"] for ch in streamed if ch["choices"][0]["logprobs"]), [])
+    assert toks == lp["tokens"]
+
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
+            "ignore_eos": True, "logprobs": True, "top_logprobs": 2}
+    m = httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60).json()["choices"][0]
+    content = m["logprobs"]["content"]
+    assert len(content) == 4
+    for e in content:
+        assert set(e) == {"token", "logprob", "bytes", "top_logprobs"} and len(e["top_logprobs"]) == 2
+        assert e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][1]["logprob"]
+        assert e["top_logprobs"][0] == {k: e[k] for k in ("token", "logprob", "bytes")}  # greedy: the argmax
+    plain = httpx.post(f"{server.url}/v1/chat/completions", json={**chat, "logprobs": False, "top_logprobs": None},
+                       timeout=60).json()["choices"][0]
+    assert plain["logprobs"] is None
+
+
+def test_stop_reason_is_the_stop_string(server) -> None:
+    import httpx
+
+    full = offline(server, "hello world", 12, ignore_eos=True).text
+    stop = full[4:6]
+    r = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
+        "prompt": "hello world", "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stop": [stop]})
+    c = r.json()["choices"][0]
+    want = offline(server, "hello world", 12, ignore_eos=True, stop=[stop]).outputs[0]
+    assert c["finish_reason"] == "stop" and c["stop_reason"] == stop == want.stop_reason
+    assert c["text"] == want.text and len(c["text"]) < len(full)
+
+
+def offline(server, prompt, max_tokens, **kw):
+    from .conftest import offline as run
+
+    return run(server, prompt, max_tokens, **kw)
+
+
+def test_dead_engine_is_503_json_everywhere(tiny_folder: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from radixkv import LLM
+    from radixkv.serve.app import create_app
+
+    app = create_app(LLM(tiny_folder, dtype="float32", device="cpu", num_pages=64), log_interval_s=None)
+    client = TestClient(app, raise_server_exceptions=False)
+    app.state.engine.shutdown()
+    for path in ("/reset_prefix_cache", "/health", "/v1/completions"):
+        r = (client.get(path) if path == "/health"
+             else client.post(path, json={"prompt": "hi", "max_tokens": 2}))
+        assert r.status_code == 503, (path, r.text)
+        assert r.json()["error"]["type"] == "ServiceUnavailableError"
+    assert client.get("/metrics").status_code == 200  # the series stay readable

@@ -22,8 +22,11 @@ BAD = [
     ("/v1/completions", {"prompt": [[]]}, "prompt"),
     ("/v1/completions", {"prompt": []}, "prompt"),
     ("/v1/completions", {"prompt": [99999]}, "prompt"),  # outside the vocabulary
-    ("/v1/completions", {"prompt": "hi", "logprobs": 2}, "logprobs"),
-    ("/v1/completions", {"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": -1}, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "presence_penalty": 3}, "presence_penalty"),
+    ("/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "min_tokens": 5}, "min_tokens"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"3": 1.0}}, "logit_bias"),
     ("/v1/completions", {"prompt": "x" * 600}, "prompt"),  # longer than the 512-token context
     ("/v1/completions", {"prompt": "x" * 400, "max_tokens": 200}, "prompt"),  # prompt + output too long
     ("/v1/completions", {"prompt": "hi", "cache_salt": ""}, "cache_salt"),
@@ -34,6 +37,7 @@ BAD = [
     ("/v1/chat/completions", {"messages": "hi"}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{% for %}"},
      "chat_template"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
 ]
 
 
@@ -84,10 +88,20 @@ def test_disconnect_aborts_and_frees_pages(server) -> None:
     t0 = time.monotonic()
     assert server.pool_whole(timeout=10)  # aborted, not run to its 400 tokens
     assert time.monotonic() - t0 < 10
-    # a non-streaming client that gives up aborts too
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/completions", json={**body, "stream": False}, timeout=1.0)
-    assert server.pool_whole(timeout=10)
+    # a non-streaming client that gives up aborts too (steps slowed: 400 tokens outlast its timeout)
+    real = server.llm.forward_logits
+
+    def slow(*args, **kwargs):
+        time.sleep(0.01)
+        return real(*args, **kwargs)
+
+    server.llm.forward_logits = slow
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/completions", json={**body, "stream": False}, timeout=1.0)
+        assert server.pool_whole(timeout=10)
+    finally:
+        server.llm.__dict__.pop("forward_logits", None)
     text = httpx.get(f"{server.url}/metrics").text
     assert 'finished_reason="abort"' in text
 
