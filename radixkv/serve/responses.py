@@ -104,4 +104,4 @@ class LogprobsFormat:
 
 def _finite(x: float) -> float:
     """JSON has no -inf: OpenAI's clients read -9999.0 as 'impossible'."""
-    return x if x > -9999.0 else -9999.0
+    return max(-9999.0, x)

@@ -149,14 +149,14 @@ def test_add_request_racing_shutdown_never_hangs(tiny_folder: str) -> None:
     for _ in range(20):
         eng = AsyncLLM(llm, log_interval_s=None)
 
-        async def add():
+        async def add(eng=eng):
             try:
                 s = await eng.add_request("hi", SamplingParams(temperature=0.0, max_tokens=2))
                 await s.final()
             except EngineDeadError:
                 pass
 
-        async def race():
+        async def race(eng=eng):
             t = asyncio.ensure_future(add())
             await asyncio.sleep(0)
             eng.shutdown()
@@ -178,7 +178,7 @@ def test_vllm_sampling_fields_pass_through(server) -> None:
 
     from .conftest import offline
 
-    kw = dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.3, min_tokens=3)
+    kw = {"presence_penalty": 0.5, "frequency_penalty": 0.3, "repetition_penalty": 1.3, "min_tokens": 3}
     want = offline(server, "hello world", 8, **kw)
     r = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
         "prompt": "hello world", "max_tokens": 8, "temperature": 0, "return_token_ids": True, **kw})
