@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from radixkv.argtypes import positive_int
 from radixkv.config import DTYPE_ALIASES, KV_DTYPE_ALIASES, DTYPES, KV_DTYPES, Policy
 from radixkv.replay.replay import ReplayConfig, ReplayMode, run_replay
 from radixkv.replay.report import format_summary, nothing_completed
@@ -104,14 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
     mode = r.add_mutually_exclusive_group()
     mode.add_argument("--sequential", action="store_true",
                       help="serve one request at a time in file order (exact, comparable hit rates)")
-    mode.add_argument("--concurrency", type=_positive, default=256, metavar="N",
+    mode.add_argument("--concurrency", type=positive_int, default=256, metavar="N",
                       help="requests running at once (scheduler max_running; default 256)")
     r.add_argument("--num-pages", type=_pages, metavar="N", help="KV pool size in pages (default: unlimited)")
-    r.add_argument("--page-size", type=_positive, default=16, metavar="N", help="tokens per page (default 16)")
+    r.add_argument("--page-size", type=positive_int, default=16, metavar="N", help="tokens per page (default 16)")
     r.add_argument("--burst", action="store_true",
                    help="every request arrives at t=0 (the hardest case for the scheduler)")
     r.add_argument("--policy", choices=[x.value for x in Policy], default=Policy.LPM.value)
-    r.add_argument("--limit", type=_positive, metavar="N", help="replay only the first N requests")
+    r.add_argument("--limit", type=positive_int, metavar="N", help="replay only the first N requests")
     r.add_argument("--skip-bad", action="store_true", help="skip and count malformed records instead of failing")
     r.add_argument("--json", metavar="OUT.json", help="write the summary (DESIGN.md keys) as JSON")
     r.add_argument("--plot", metavar="OUT.png", help="draw hit rate and pool occupancy over time")
@@ -126,16 +127,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--source", metavar="PATH",
                    help="real text to draw from (ShareGPT JSONL for multi-turn, GSM8K folder/JSONL for few-shot)")
-    g.add_argument("--sessions", type=_positive, default=16, help="multi-turn: chat sessions")
-    g.add_argument("--turns", type=_positive, default=4, help="multi-turn: turns per session (at most)")
-    g.add_argument("--shots", type=_positive, default=5, help="few-shot: examples per prompt")
-    g.add_argument("--templates", type=_positive, default=2, help="few-shot: distinct example sets")
-    g.add_argument("--groups", type=_positive, default=8, help="shared-prefix: groups of prompts")
-    g.add_argument("--prompts", type=_positive, default=16,
+    g.add_argument("--sessions", type=positive_int, default=16, help="multi-turn: chat sessions")
+    g.add_argument("--turns", type=positive_int, default=4, help="multi-turn: turns per session (at most)")
+    g.add_argument("--shots", type=positive_int, default=5, help="few-shot: examples per prompt")
+    g.add_argument("--templates", type=positive_int, default=2, help="few-shot: distinct example sets")
+    g.add_argument("--groups", type=positive_int, default=8, help="shared-prefix: groups of prompts")
+    g.add_argument("--prompts", type=positive_int, default=16,
                    help="shared-prefix: prompts per group; few-shot: prompts per template")
-    g.add_argument("--system-len", type=_positive, default=1024, help="shared-prefix: system prompt tokens")
-    g.add_argument("--question-len", type=_positive, default=128, help="shared-prefix: question tokens")
-    g.add_argument("--max-tokens", type=_positive, default=64, help="output tokens per request")
+    g.add_argument("--system-len", type=positive_int, default=1024, help="shared-prefix: system prompt tokens")
+    g.add_argument("--question-len", type=positive_int, default=128, help="shared-prefix: question tokens")
+    g.add_argument("--max-tokens", type=positive_int, default=64, help="output tokens per request")
     g.add_argument("--rate", type=float, default=4.0, help="mean arrivals per second (Poisson)")
     g.set_defaults(run=_cmd_gen)
 
@@ -144,13 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
                                   "or a config.json (random weights)")
     e.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt text (token ids if the model has no tokenizer: "
                                                                 "comma-separated, e.g. 1,2,3)")
-    e.add_argument("--max-tokens", type=_positive, default=32)
+    e.add_argument("--max-tokens", type=positive_int, default=32)
     e.add_argument("--temperature", type=float, default=0.0)
     e.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, metavar="DTYPE",
                    help=f"compute dtype: {', '.join(DTYPES)} (aliases: {', '.join(DTYPE_ALIASES)})")
     e.add_argument("--kv-dtype", default="auto", choices=KV_DTYPE_CHOICES, metavar="KV_DTYPE",
                    help=f"KV cache dtype: {', '.join(KV_DTYPES)} (aliases: {', '.join(KV_DTYPE_ALIASES)})")
-    e.add_argument("--page-size", type=_positive, default=16)
+    e.add_argument("--page-size", type=positive_int, default=16)
     e.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     e.set_defaults(run=_cmd_generate)
 
@@ -159,12 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "print wall time, hit rate and tokens/s (greedy output must agree).")
     b.add_argument("--model", metavar="PATH", help="model folder, .gguf or config.json (default: a random byte-level Llama)")
     b.add_argument("--gsm8k", metavar="DIR", help="GSM8K folder (train.jsonl, test.jsonl); default: random tokens")
-    b.add_argument("--shots", type=_positive, default=3)
-    b.add_argument("--prompts", type=_positive, default=4, help="prompts per template (2 templates)")
-    b.add_argument("--max-tokens", type=_positive, default=8)
-    b.add_argument("--hidden", type=_positive, default=128, help="hidden size of the default random model")
-    b.add_argument("--layers", type=_positive, default=2, help="layers of the default random model")
-    b.add_argument("--page-size", type=_positive, default=16)
+    b.add_argument("--shots", type=positive_int, default=3)
+    b.add_argument("--prompts", type=positive_int, default=4, help="prompts per template (2 templates)")
+    b.add_argument("--max-tokens", type=positive_int, default=8)
+    b.add_argument("--hidden", type=positive_int, default=128, help="hidden size of the default random model")
+    b.add_argument("--layers", type=positive_int, default=2, help="layers of the default random model")
+    b.add_argument("--page-size", type=positive_int, default=16)
     b.add_argument("--num-pages", type=_pages, default=4096)
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--json", metavar="OUT.json", help="write the rows as JSON")
@@ -181,9 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--kv-dtype", action="append", choices=[k for k in KV_DTYPE_CHOICES if k != "auto"],
                    help="a KV dtype to plan (repeatable; default: all)")
     m.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weight dtype (default: the config's)")
-    m.add_argument("--page-size", "--block-size", dest="page_size", type=_positive, default=16)
-    m.add_argument("--context", type=_positive, default=4096, help="tokens per request at its peak")
-    m.add_argument("--batch", type=_positive, default=16, help="concurrent requests of the load to check")
+    m.add_argument("--page-size", "--block-size", dest="page_size", type=positive_int, default=16)
+    m.add_argument("--context", type=positive_int, default=4096, help="tokens per request at its peak")
+    m.add_argument("--batch", type=positive_int, default=16, help="concurrent requests of the load to check")
     m.add_argument("--json", metavar="OUT.json", help="also write the plan as JSON ('-' for stdout only)")
     m.set_defaults(run=_cmd_plan)
 
@@ -196,18 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
 def _pages(text: str) -> int:
-    v = _positive(text)
+    v = positive_int(text)
     if v > MAX_PAGES:
         raise argparse.ArgumentTypeError(f"expected at most {MAX_PAGES:,} pages (2**31 - 1: page ids are int32), "
                                          f"got {v:,}")

@@ -14,25 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def _nonneg(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return v
+from radixkv.argtypes import nonnegative_int, positive_int
 
 
 def _rate(text: str) -> float:
@@ -70,32 +52,32 @@ def add_bench_serve(subparsers: Any) -> argparse.ArgumentParser:
     b.add_argument("--dataset-name", choices=["random", "prefix-repetition", "sharegpt", "trace"], default="random")
     b.add_argument("--dataset-path", metavar="PATH",
                    help="sharegpt: the JSON file; trace: a trace file/folder or a bundled trace name")
-    b.add_argument("--num-prompts", type=_positive, default=None, metavar="N",
+    b.add_argument("--num-prompts", type=positive_int, default=None, metavar="N",
                    help="requests to send (default 1000; trace: all of it)")
     b.add_argument("--request-rate", type=_rate, default=None, metavar="RATE",
                    help="requests/s, Poisson arrivals; inf = all at once (default: inf, or a trace's arrival times)")
-    b.add_argument("--max-concurrency", type=_positive, metavar="N", help="requests in flight at most")
+    b.add_argument("--max-concurrency", type=positive_int, metavar="N", help="requests in flight at most")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true (vLLM/radixkv extra field)")
     b.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0, greedy)")
-    b.add_argument("--vocab-size", type=_positive, default=256, metavar="N",
+    b.add_argument("--vocab-size", type=positive_int, default=256, metavar="N",
                    help="token-id prompts use ids below N (default 256; up to the model's vocab size)")
-    b.add_argument("--token-id-low", type=_nonneg, default=0, metavar="N",
+    b.add_argument("--token-id-low", type=nonnegative_int, default=0, metavar="N",
                    help="token-id prompts use ids >= N (e.g. to skip special tokens; default 0)")
     g = b.add_argument_group("random")
-    g.add_argument("--random-input-len", type=_positive, default=1024, metavar="N")
-    g.add_argument("--random-output-len", type=_positive, default=128, metavar="N")
+    g.add_argument("--random-input-len", type=positive_int, default=1024, metavar="N")
+    g.add_argument("--random-output-len", type=positive_int, default=128, metavar="N")
     g.add_argument("--random-range-ratio", type=float, default=0.0, metavar="R")
-    g.add_argument("--random-prefix-len", type=_nonneg, default=0, metavar="N")
+    g.add_argument("--random-prefix-len", type=nonnegative_int, default=0, metavar="N")
     g = b.add_argument_group("prefix-repetition")
-    g.add_argument("--prefix-repetition-prefix-len", type=_nonneg, default=256, metavar="N")
-    g.add_argument("--prefix-repetition-suffix-len", type=_nonneg, default=256, metavar="N")
-    g.add_argument("--prefix-repetition-num-prefixes", type=_positive, default=10, metavar="N")
-    g.add_argument("--prefix-repetition-output-len", type=_positive, default=128, metavar="N")
+    g.add_argument("--prefix-repetition-prefix-len", type=nonnegative_int, default=256, metavar="N")
+    g.add_argument("--prefix-repetition-suffix-len", type=nonnegative_int, default=256, metavar="N")
+    g.add_argument("--prefix-repetition-num-prefixes", type=positive_int, default=10, metavar="N")
+    g.add_argument("--prefix-repetition-output-len", type=positive_int, default=128, metavar="N")
     g = b.add_argument_group("sharegpt / trace")
-    g.add_argument("--sharegpt-output-len", type=_positive, metavar="N", help="output tokens (default: reply chars / 4)")
-    g.add_argument("--trace-output-len", type=_positive, metavar="N", help="output tokens (default: the trace's)")
-    g.add_argument("--trace-max-input-len", type=_positive, metavar="N", help="cut trace prompts to N tokens")
+    g.add_argument("--sharegpt-output-len", type=positive_int, metavar="N", help="output tokens (default: reply chars / 4)")
+    g.add_argument("--trace-output-len", type=positive_int, metavar="N", help="output tokens (default: the trace's)")
+    g.add_argument("--trace-max-input-len", type=positive_int, metavar="N", help="cut trace prompts to N tokens")
     g.add_argument("--trace-time-scale", type=float, default=1.0, metavar="F",
                    help="multiply the trace's arrival times (0.1 = 10x faster; default 1)")
     g = b.add_argument_group("results")

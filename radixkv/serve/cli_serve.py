@@ -13,6 +13,8 @@ import os
 import sys
 from typing import Any
 
+from radixkv.argtypes import positive_int
+
 # option dest -> default (applied after the config file, so a flag left out can come from it)
 DEFAULTS: dict[str, Any] = {
     "model": None, "host": "127.0.0.1", "port": 8000, "page_size": 16, "dtype": "auto", "kv_cache_dtype": "auto",
@@ -22,16 +24,6 @@ DEFAULTS: dict[str, Any] = {
 }
 # config-file spellings that differ from the dest
 _ALIASES = {"block_size": "page_size", "block-size": "page_size"}
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
 
 
 def _fraction(text: str) -> float:
@@ -56,17 +48,17 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--config", metavar="FILE.yaml", help="YAML file of these options (flags given here win)")
     s.add_argument("--host", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int, help="port (default 8000)")
-    s.add_argument("--block-size", "--page-size", dest="page_size", type=_positive, metavar="N",
+    s.add_argument("--block-size", "--page-size", dest="page_size", type=positive_int, metavar="N",
                    help="tokens per KV page (default 16)")
     s.add_argument("--dtype", help="compute dtype: auto, float32, bfloat16, float16 (default auto)")
     s.add_argument("--kv-cache-dtype", help="KV cache dtype: auto, fp32, bf16, fp16, fp8 (= fp8_e4m3), fp8_e5m2")
     s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     s.add_argument("--gpu-memory-utilization", type=_fraction, metavar="F",
                    help="share of free GPU memory for weights + KV (default 0.9)")
-    s.add_argument("--num-gpu-blocks-override", type=_positive, metavar="N", help="KV pages, overriding the sizing")
-    s.add_argument("--max-model-len", type=_positive, metavar="N", help="prompt + output tokens per request")
-    s.add_argument("--max-num-seqs", type=_positive, metavar="N", help="requests running at once")
-    s.add_argument("--max-num-batched-tokens", type=_positive, metavar="N", help="tokens computed per step")
+    s.add_argument("--num-gpu-blocks-override", type=positive_int, metavar="N", help="KV pages, overriding the sizing")
+    s.add_argument("--max-model-len", type=positive_int, metavar="N", help="prompt + output tokens per request")
+    s.add_argument("--max-num-seqs", type=positive_int, metavar="N", help="requests running at once")
+    s.add_argument("--max-num-batched-tokens", type=positive_int, metavar="N", help="tokens computed per step")
     s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="share KV of common prompt prefixes (default on)")
     s.add_argument("--enforce-eager", action="store_true", default=None, help="never replay CUDA graphs")
