@@ -276,7 +276,7 @@ class LLM:
 
     def _stop_strings(self, batch: Batch, finished: list[Request]) -> list[Request]:
         """End the step's requests whose detokenised output now holds one of their stop strings
-        (withdrawn from the scheduler at once: their computed blocks stay cached)."""
+        (finished in the scheduler at once, counted as completed: their computed blocks stay cached)."""
         if self.tokenizer is None:
             return finished
         done = {r.rid for r in finished}
@@ -292,7 +292,7 @@ class LLM:
                 continue
             r.sampling.stop_reason = hit[1]
             if r.rid not in done:
-                self.scheduler.abort(r.rid)
+                self.scheduler.finish(r.rid, FinishReason.STOP)
                 finished.append(r)
             r.finish_reason = FinishReason.STOP
         return finished

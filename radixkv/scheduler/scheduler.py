@@ -113,6 +113,19 @@ class Scheduler:
         req.finish_reason = FinishReason.ABORT
         return req
 
+    def finish(self, rid: int, reason: FinishReason) -> Request:
+        """End a running request now as a natural finish (the engine found a stop string in its
+        text): cached, released and counted as completed, like a stop token. Refused (RuntimeError)
+        for a row of the batch in flight, ValueError unless rid is running."""
+        if self._inflight is not None and any(r.rid == rid for r in self._inflight.requests):
+            raise RuntimeError(f"request {rid} is in the batch in flight; update() or abandon() it first")
+        e = self._entries.get(rid)
+        if e is None or e.req.status is not Status.RUNNING:
+            raise ValueError(f"request {rid} is not running")
+        self._finish(e)
+        e.req.finish_reason = reason
+        return e.req
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -241,11 +241,13 @@ def test_stop_strings_cut_the_text(smol: LLM) -> None:
     full = smol.generate(prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
     assert full.prompt == prompt and "Paris" in full.text
     stop = "Paris"
+    completed = smol.scheduler.metrics.completed
     cut = smol.generate(prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=[stop]))[0]
     c = cut.outputs[0]
     assert c.finish_reason == "stop" and c.stop_reason == stop
     assert c.text == full.text[: full.text.index(stop)] and stop not in c.text
     assert len(c.token_ids) < len(full.token_ids) and c.token_ids == full.token_ids[: len(c.token_ids)]
+    assert smol.scheduler.metrics.completed == completed + 1  # a stop string is a natural finish
     kept = smol.generate({"prompt": prompt}, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
                                                             stop=stop, include_stop_str_in_output=True))[0]
     assert kept.text == full.text[: full.text.index(stop) + len(stop)]

@@ -13,7 +13,7 @@ import pytest
 from radixkv import PagePool, Policy, RadixCache, SchedulerConfig
 from radixkv.scheduler.metrics import SchedulerMetrics, WaitStats, wait_stats
 from radixkv.scheduler.policies import AdmissionRanker, policy_order
-from radixkv.request import Request, Status
+from radixkv.request import FinishReason, Request, Status
 from radixkv.scheduler.scheduler import Scheduler
 from radixkv.replay.simulator import KVShadow, fake_token, run_scheduler
 
@@ -353,3 +353,19 @@ def test_an_exception_inside_admission_undoes_the_steps_admissions(monkeypatch, 
     assert h.s.metrics.prompt_tokens == 30
     assert all(len(r.output) == 3 for r in reqs)
     assert_clean(h.s, reqs)
+
+
+def test_finish_ends_a_running_request_as_completed():
+    h = Harness(num_pages=64)
+    a = Request(0, list(range(20)), max_tokens=8)
+    h.s.add(a, 0.0)
+    b = h.s.schedule(0.0)
+    with pytest.raises(RuntimeError, match="in flight"):
+        h.s.finish(0, FinishReason.STOP)
+    h.s.update(b, [5], 1.0)
+    assert h.s.finish(0, FinishReason.STOP) is a and a.finish_reason is FinishReason.STOP
+    assert h.s.metrics.completed == 1 and not h.s.has_work()
+    with pytest.raises(ValueError, match="not running"):
+        h.s.finish(0, FinishReason.STOP)
+    assert h.s.cache.num_cached_pages == 5  # its 20 computed tokens stay cached (page 4)
+    assert_clean(h.s, [a])
