@@ -368,4 +368,7 @@ def test_finish_ends_a_running_request_as_completed():
     with pytest.raises(ValueError, match="not running"):
         h.s.finish(0, FinishReason.STOP)
     assert h.s.cache.num_cached_pages == 5  # its 20 computed tokens stay cached (page 4)
-    assert_clean(h.s, [a])
+    assert a.status is Status.FINISHED and a.pages == [] and a.output == [5]
+    h.s.cache.check_invariants()
+    h.s.cache.evict(5)
+    assert h.s.pool.num_free == h.s.pool.num_pages
