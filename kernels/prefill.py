@@ -158,7 +158,8 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
     if config is None and hopper_prefill_supported(q, k_cache, v_cache, out, max_q_len):
         from .prefill_hopper_gluon import launch
 
-        launch(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale * LOG2E, max_q_len, out)
+        launch(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale * LOG2E, max_q_len, out,
+               k_scale if fp8 else None, v_scale if fp8 else None)
         return out
     config = config or default_config(KernelKind.PREFILL, q, k_cache, max_q_len)
     xs = k_scale.stride() if fp8 else (0, 0, 0)

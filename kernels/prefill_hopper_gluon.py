@@ -137,8 +137,9 @@ BLOCK_M, BLOCK_N, STAGES, WARPS, MAX_REGISTERS = 128, 64, 2, 8, 128
 
 
 def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor, q_start: Tensor,
-           q_lens: Tensor, qk_scale: float, max_q_len: int, out: Tensor) -> None:
-    """Arguments as checked by paged_prefill; qk_scale includes log2(e)."""
+           q_lens: Tensor, qk_scale: float, max_q_len: int, out: Tensor, k_scale: Tensor | None = None,
+           v_scale: Tensor | None = None) -> None:
+    """Arguments as checked by paged_prefill; qk_scale includes log2(e); k_scale, v_scale: FP8 pages' scales."""
     if v_cache.stride() != k_cache.stride():  # the kernel reads both with k_cache's strides
         raise ValueError("paged_prefill_hopper: k_cache and v_cache must share strides")
     hq = q.shape[1]
