@@ -225,13 +225,13 @@ HOPPER_PREFILL_MIN_NEW = 64
 
 def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor, max_q_len: int) -> bool:
     """Whether paged_prefill (given no explicit config) runs paged_prefill_hopper's kernel: an sm_90 GPU,
-    16-bit q and pages of the same dtype, head_dim 128, unit head-dim strides, pages whose rows cp.async
+    16-bit q, pages of q's dtype or FP8 (with scales), head_dim 128, unit head-dim strides, pages whose rows cp.async
     can copy in 16-byte pieces (strides of 16 elements, aligned base), more than HOPPER_PREFILL_MIN_NEW
     new tokens, a Triton with the Gluon API it was written for, and RADIXKV_HOPPER_PREFILL not set to
     turn it off."""
     if q.device.type != "cuda" or max_q_len <= HOPPER_PREFILL_MIN_NEW or q.shape[2] != 128:
         return False
-    if q.dtype not in (torch.float16, torch.bfloat16) or k_cache.dtype != q.dtype:
+    if q.dtype not in (torch.float16, torch.bfloat16) or not (k_cache.dtype == q.dtype or is_fp8(k_cache.dtype)):
         return False
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or out.stride(2) != 1:
         return False

@@ -1,4 +1,4 @@
-"""paged_prefill on Hopper (sm_90): the extend kernel in Gluon, for 16-bit q and pages.
+"""paged_prefill on Hopper (sm_90): the extend kernel in Gluon, for 16-bit q over 16-bit or FP8 pages.
 
 Triton's code for paged_prefill's 256 x 64 tile (two warpgroups of one program, 255 registers, one
 program an SM) meets at a barrier every key tile, so softmax never runs under the other warpgroup's
@@ -14,6 +14,13 @@ registers:
   registers, 128 x 128 tiles at one program an SM, 256 rows in 16 warps, 32-key tiles); the figures
   are in benchmarks/RESULTS.md.
 - Blocks go heaviest first; keys below every row of the block skip the causal mask.
+- FP8 pages (KVStore's: per-token-per-head scales): tiles of FP8_BLOCK_N keys are copied as bytes
+  (cp.async, 16-byte pieces, two buffers), then each thread widens its rows to q's dtype times the
+  row's scale (fp32 product, rounded once) into one 16-bit K and V buffer that the products read; the
+  scales of tile j + 1 are loaded with its copies and held in registers (LATE_SCALES loads them just
+  before the widening instead). 32-key tiles: 64 keep one more tile in flight but spill registers.
+  The products and the softmax are the 16-bit path's, so the result differs from the Triton kernel's
+  (which scales scores and P instead) by bf16 rounding of the widened K and V.
 
 Same contract and results as paged_prefill's Triton kernel (fp32 accumulation, qk_scale in the
 exponent): on the H200 the two gave bit-identical outputs on 40 random ragged cases (page sizes 1-64,
@@ -55,17 +62,57 @@ def _issue(k_smem, v_smem, buf, kc_ptr, vc_ptr, pt_row, k_lo, seq_len, kv_off, s
 
 
 @gluon.jit
-def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr, qk_scale,
-                   stride_qt, stride_qh, stride_cp, stride_cs, stride_ch, stride_ptb, stride_ot, stride_oh,
-                   GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+def _row_scales(ks_ptr, vs_ptr, pt_row, k_lo, seq_len, scale_off, stride_xp, stride_xs,
+                LOAD_L: gl.constexpr, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """FP8 scales (k, v) [BLOCK_N] of keys k_lo.., one per row of a tile in LOAD_L; 0 at or past seq_len."""
+    offs_n = k_lo + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD_L))
+    ok = offs_n < seq_len
+    page = gl.load(pt_row + offs_n // PAGE_SIZE, mask=ok, other=0).to(gl.int64)
+    row = page * stride_xp + (offs_n % PAGE_SIZE) * stride_xs + scale_off
+    return gl.load(ks_ptr + row, mask=ok, other=0.0), gl.load(vs_ptr + row, mask=ok, other=0.0)
+
+
+@gluon.jit
+def _tile_scales(ks_ptr, vs_ptr, pt_row, k_lo, seq_len, scale_off, stride_xp, stride_xs,
+                 LOAD_L: gl.constexpr, PIECE: gl.constexpr, TWO: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """A tile's scales by pieces of PIECE keys: k and v of keys k_lo.. and, if TWO, of keys k_lo + PIECE..
+    (else the first piece's again, unused)."""
+    k0, v0 = _row_scales(ks_ptr, vs_ptr, pt_row, k_lo, seq_len, scale_off, stride_xp, stride_xs, LOAD_L, PIECE,
+                         PAGE_SIZE)
+    if TWO:
+        k1, v1 = _row_scales(ks_ptr, vs_ptr, pt_row, k_lo + PIECE, seq_len, scale_off, stride_xp, stride_xs,
+                             LOAD_L, PIECE, PAGE_SIZE)
+    else:
+        k1, v1 = k0, v0
+    return k0, v0, k1, v1
+
+
+@gluon.jit
+def _widen(op_smem, smem, lo, scale, LOAD_L: gl.constexpr, PIECE: gl.constexpr, DTYPE: gl.constexpr):
+    """op_smem = smem * scale[:, None] in DTYPE for rows lo : lo + PIECE of an FP8 tile [BLOCK_N, D]
+    (a piece at a time: a whole 64-key tile's fp32 products would spill registers)."""
+    x = smem.slice(lo, PIECE).load(LOAD_L).to(gl.float32)
+    op_smem.slice(lo, PIECE).store((x * scale.to(gl.float32)[:, None]).to(DTYPE))
+
+
+@gluon.jit
+def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr, qk_scale,
+                   stride_qt, stride_qh, stride_cp, stride_cs, stride_ch, stride_xp, stride_xs, stride_xh,
+                   stride_ptb, stride_ot, stride_oh,
+                   GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, IS_FP8: gl.constexpr,
+                   LATE_SCALES: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
     P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-    LOAD_L: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # 16-byte vectors
+    Q_L: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # 16-byte vectors of q
     DTYPE: gl.constexpr = q_ptr.dtype.element_ty
+    KV_DT: gl.constexpr = kc_ptr.dtype.element_ty  # DTYPE, or an FP8 type
+    KV_VEC: gl.constexpr = 16 // KV_DT.primitive_bitwidth * 8  # elements in 16 bytes
+    LOAD_L: gl.constexpr = gl.BlockedLayout([1, KV_VEC], [32 * KV_VEC // HEAD_DIM, HEAD_DIM // KV_VEC], [WARPS, 1], [1, 0])
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], DTYPE)
     KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], DTYPE)
+    STAGE_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], KV_DT)
 
     h = gl.program_id(0)
     b = gl.program_id(1)
@@ -77,15 +124,20 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_pt
         prefix = seq_len - q_len
         kvh = h // GROUP
         kv_off = kvh.to(gl.int64) * stride_ch
+        scale_off = kvh.to(gl.int64) * stride_xh
         pt_row = pt_ptr + b * stride_ptb
 
-        qm = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LOAD_L))
-        qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LOAD_L))
+        qm = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, Q_L))
+        qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, Q_L))
         q = gl.load(q_ptr + (q_s + qm).to(gl.int64)[:, None] * stride_qt + h.to(gl.int64) * stride_qh + qd[None, :],
                     mask=(qm < q_len)[:, None], other=0.0)
         q_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_M, HEAD_DIM], Q_SMEM, q)  # q: [BLOCK_M, D]
-        k_smem = gl.allocate_shared_memory(DTYPE, [STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
-        v_smem = gl.allocate_shared_memory(DTYPE, [STAGES, BLOCK_N, HEAD_DIM], KV_SMEM)
+        # K/V tiles as stored [STAGES, BLOCK_N, D]; FP8 ones are widened into k_op/v_op for the products
+        k_smem = gl.allocate_shared_memory(KV_DT, [STAGES, BLOCK_N, HEAD_DIM], STAGE_SMEM)
+        v_smem = gl.allocate_shared_memory(KV_DT, [STAGES, BLOCK_N, HEAD_DIM], STAGE_SMEM)
+        if IS_FP8:
+            k_op = gl.allocate_shared_memory(DTYPE, [BLOCK_N, HEAD_DIM], KV_SMEM)
+            v_op = gl.allocate_shared_memory(DTYPE, [BLOCK_N, HEAD_DIM], KV_SMEM)
 
         rows = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_L))
         q_pos = prefix + rows  # [BLOCK_M] absolute positions of the rows
@@ -99,15 +151,45 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_pt
         for s in gl.static_range(STAGES - 1):
             _issue(k_smem, v_smem, s, kc_ptr, vc_ptr, pt_row, s * BLOCK_N, end, kv_off, stride_cp, stride_cs,
                    LOAD_L, BLOCK_N, HEAD_DIM, PAGE_SIZE)
+        if IS_FP8:
+            gl.static_assert(STAGES == 2)
+            PIECE: gl.constexpr = 32 * KV_VEC * WARPS // HEAD_DIM  # the rows LOAD_L covers once
+            gl.static_assert(BLOCK_N == PIECE or BLOCK_N == 2 * PIECE)
+            TWO: gl.constexpr = BLOCK_N == 2 * PIECE
+            if not LATE_SCALES:  # tile j's scales are loaded with its copies and held in registers until widened
+                ks0, vs0, ks1, vs1 = _tile_scales(ks_ptr, vs_ptr, pt_row, 0, end, scale_off, stride_xp, stride_xs,
+                                                  LOAD_L, PIECE, TWO, PAGE_SIZE)
         for j in range(n_tiles):
             async_copy.wait_group(STAGES - 2)
-            fence_async_shared()  # this thread's copies of tile j (and q) visible to wgmma's async proxy
+            if not IS_FP8:
+                fence_async_shared()  # this thread's copies of tile j (and q) visible to wgmma's async proxy
             _barrier()  # ... everyone's; and everyone is done with the buffer the next issue reuses
             nj = j + STAGES - 1
             _issue(k_smem, v_smem, nj % STAGES, kc_ptr, vc_ptr, pt_row, nj * BLOCK_N, end, kv_off, stride_cp,
                    stride_cs, LOAD_L, BLOCK_N, HEAD_DIM, PAGE_SIZE)
             buf = j % STAGES
-            s_tok = warpgroup_mma(q_smem, k_smem.index(buf).permute((1, 0)),
+            if IS_FP8:  # tile j times its scales, in DTYPE, for the products
+                if LATE_SCALES:
+                    ks0, vs0, ks1, vs1 = _tile_scales(ks_ptr, vs_ptr, pt_row, j * BLOCK_N, end, scale_off, stride_xp,
+                                                      stride_xs, LOAD_L, PIECE, TWO, PAGE_SIZE)
+                else:
+                    kn0, vn0, kn1, vn1 = _tile_scales(ks_ptr, vs_ptr, pt_row, nj * BLOCK_N, end, scale_off,
+                                                      stride_xp, stride_xs, LOAD_L, PIECE, TWO, PAGE_SIZE)
+                _widen(k_op, k_smem.index(buf), 0, ks0, LOAD_L, PIECE, DTYPE)
+                _widen(v_op, v_smem.index(buf), 0, vs0, LOAD_L, PIECE, DTYPE)
+                if TWO:
+                    _widen(k_op, k_smem.index(buf), PIECE, ks1, LOAD_L, PIECE, DTYPE)
+                    _widen(v_op, v_smem.index(buf), PIECE, vs1, LOAD_L, PIECE, DTYPE)
+                if not LATE_SCALES:
+                    ks0, ks1, vs0, vs1 = kn0, kn1, vn0, vn1
+                fence_async_shared()
+                _barrier()
+                k_t = k_op
+                v_t = v_op
+            else:
+                k_t = k_smem.index(buf)
+                v_t = v_smem.index(buf)
+            s_tok = warpgroup_mma(q_smem, k_t.permute((1, 0)),
                                   gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_L), use_acc=False, is_async=True)
             sc = warpgroup_mma_wait(0, deps=[s_tok])  # q.K^T [BLOCK_M, BLOCK_N]
             k_lo = j * BLOCK_N
@@ -120,7 +202,7 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_pt
             l_i = l_i * alpha + gl.sum(p, axis=1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
             p_op = gl.convert_layout(p.to(DTYPE), P_OP)
-            o_tok = warpgroup_mma(p_op, v_smem.index(buf), acc, is_async=True)
+            o_tok = warpgroup_mma(p_op, v_t, acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[o_tok])
             m_i = m_new
         async_copy.wait_group(0)
@@ -134,6 +216,8 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_pt
 
 
 BLOCK_M, BLOCK_N, STAGES, WARPS, MAX_REGISTERS = 128, 64, 2, 8, 128
+LATE_SCALES = False
+FP8_BLOCK_N = 32  # keys a tile over FP8 pages: 64 spills registers (tests/kernels/test_prefill_hopper_compile.py)
 
 
 def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor, q_start: Tensor,
@@ -142,11 +226,16 @@ def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_
     """Arguments as checked by paged_prefill; qk_scale includes log2(e); k_scale, v_scale: FP8 pages' scales."""
     if v_cache.stride() != k_cache.stride():  # the kernel reads both with k_cache's strides
         raise ValueError("paged_prefill_hopper: k_cache and v_cache must share strides")
+    fp8 = k_scale is not None
+    if fp8 and (v_scale is None or v_scale.stride() != k_scale.stride()):
+        raise ValueError("paged_prefill_hopper: k_scale and v_scale must both be given and share strides")
     hq = q.shape[1]
     grid = (hq, page_table.shape[0], -(-max_q_len // BLOCK_M))
-    _extend_kernel[grid](q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, out, qk_scale,
-                         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+    xs = k_scale.stride() if fp8 else (0, 0, 0)
+    _extend_kernel[grid](q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table,
+                         seq_lens, q_start, q_lens, out, qk_scale,
+                         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *xs,
                          page_table.stride(0), out.stride(0), out.stride(1),
-                         GROUP=hq // k_cache.shape[2], HEAD_DIM=q.shape[2], PAGE_SIZE=k_cache.shape[1],
-                         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, WARPS=WARPS, num_warps=WARPS,
+                         GROUP=hq // k_cache.shape[2], HEAD_DIM=q.shape[2], PAGE_SIZE=k_cache.shape[1], IS_FP8=fp8, LATE_SCALES=LATE_SCALES,
+                         BLOCK_M=BLOCK_M, BLOCK_N=FP8_BLOCK_N if fp8 else BLOCK_N, STAGES=STAGES, WARPS=WARPS, num_warps=WARPS,
                          maxnreg=MAX_REGISTERS)

@@ -130,6 +130,9 @@ def test_hopper_prefill_rule_on_cpu_tensors(fresh_switches):
     monkeypatch.setattr(dispatch, "_gluon_hopper_gpu", lambda index: True)
     assert hopper_prefill_supported(gpu, cache, cache, q, HOPPER_PREFILL_MIN_NEW + 1)
     assert not hopper_prefill_supported(gpu, cache, cache, q, HOPPER_PREFILL_MIN_NEW)
+    fp8 = torch.empty(2, 2, 16, 128, dtype=torch.float8_e4m3fn).transpose(1, 2)  # KVStore's head-major pages
+    assert hopper_prefill_supported(gpu, fp8, fp8, q, 512)  # FP8 pages are widened in the kernel
+    assert not hopper_prefill_supported(gpu, cache.view(torch.int16), cache.view(torch.int16), q, 512)
     monkeypatch.setenv(HOPPER_PREFILL_ENV, "0")
     hopper_prefill_enabled.cache_clear()  # the switch is read once per process
     assert not hopper_prefill_supported(gpu, cache, cache, q, HOPPER_PREFILL_MIN_NEW + 1)  # the way out
