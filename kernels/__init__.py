@@ -7,6 +7,7 @@
     silu_and_mul(gate_up, *, out=None) -> out                                    # [T, 2 I] -> [T, I]
     apply_rope_(qk, cos, sin) -> qk                                              # in place
     gumbel_argmax(x, inv_temperature, seed, counter, *, splits=None) -> tokens   # [S, V] -> int64 [S]
+    nucleus_draw(x, inv_temperature, top_p, min_p, seed, counter) -> tokens      # top-p / min-p, no sort
     IndexValueError   # an out-of-range slot, page id, length or row start (IndexError and ValueError)
 
 Argument checks live in launch.py: shapes, dtypes and devices on every call; the values of the
@@ -15,7 +16,8 @@ is written. On CUDA tensors those values are the caller's duty (no host syncs in
 launch.py's docstring lists the ranges.
 
 One kernel a file: store.py, decode.py, decode_fp8_gluon.py, prefill.py, prefill_hopper_gluon.py,
-norm.py, activation.py, rope.py, sample.py (the sampler's hash + Gumbel-max draw).
+norm.py, activation.py, rope.py, sample.py (the sampler's hash + Gumbel-max draw), nucleus.py
+(top-p / min-p draws by rejection).
 Beside them: dispatch.py (which kernel runs, with how many splits; environment switches read once),
 launch.py (tile configs, argument checks), fp8.py (quantisation helpers) and reference.py (the
 plain-PyTorch twins, the ground truth).
@@ -36,7 +38,7 @@ from typing import Any
 
 _LAUNCHERS = {"store_kv": ".store", "paged_decode": ".decode", "paged_prefill": ".prefill",
               "rms_norm": ".norm", "silu_and_mul": ".activation", "apply_rope_": ".rope",
-              "gumbel_argmax": ".sample", "IndexValueError": ".launch"}
+              "gumbel_argmax": ".sample", "nucleus_draw": ".nucleus", "IndexValueError": ".launch"}
 
 __all__ = list(_LAUNCHERS)
 

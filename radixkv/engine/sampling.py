@@ -1,9 +1,10 @@
 """SamplingParams (validated) and the batched sampler.
 
-temperature below GREEDY_BELOW is greedy (argmax). Otherwise logits are divided by the
-temperature, cut to the `top_k` largest, the smallest set whose probability reaches `top_p`
-and the tokens at least `min_p` times as likely as the most likely one, and one token is drawn
-by the Gumbel-max trick: argmax(logits / T + g) with g = -log(-log(u)).
+temperature below GREEDY_BELOW is greedy (argmax). Otherwise logits are scaled by 1 / temperature,
+cut to the `top_k` largest, the smallest set whose probability reaches `top_p` and the tokens at
+least `min_p` times as likely as the most likely one, and one token is drawn by the Gumbel-max
+trick: argmax(logits / T + g) with g = -log(-log(u)). Nothing is sorted: top-k masks below each
+row's k-th largest logit (torch.topk), top-p and min-p draw by rejection (kernels/nucleus.py).
 
 The uniforms u come from a counter-based hash of (request seed, index of the token in the
 request's output, vocabulary id), computed on the logits' device for the whole batch at once.
@@ -13,7 +14,7 @@ and recomputation included, and no per-row Python loop, generator or host sync i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -140,6 +141,7 @@ class SamplingRows(NamedTuple):
     counter: Tensor  # int64 [S]: index of the token being drawn in its request's output
     all_greedy: bool  # host-side: skip everything but the argmax
     filtered: bool  # host-side: some row has top_k, top_p or min_p
+    max_top_k: int  # host-side: the largest top_k below V of any row (0: no row has one)
 
 
 def sampling_rows(params: Sequence[SamplingParams], seeds: Sequence[int], counters: Sequence[int],
@@ -151,7 +153,8 @@ def sampling_rows(params: Sequence[SamplingParams], seeds: Sequence[int], counte
     ints = torch.tensor([k, _as_int64(seeds), list(counters)], dtype=torch.int64).to(device, non_blocking=True)
     return SamplingRows(temperature=floats[0], top_k=ints[0], top_p=floats[1], min_p=floats[2], seed=ints[1],
                         counter=ints[2], all_greedy=all(p.greedy for p in params),
-                        filtered=any(p.top_k is not None or p.top_p < 1.0 or p.min_p > 0.0 for p in params))
+                        filtered=any(p.top_k is not None or p.top_p < 1.0 or p.min_p > 0.0 for p in params),
+                        max_top_k=max((x for x in k if x < vocab_size), default=0))
 
 
 def _as_int64(seeds: Sequence[int]) -> list[int]:
@@ -162,45 +165,40 @@ def _as_int64(seeds: Sequence[int]) -> list[int]:
 def sample(logits: Tensor, rows: SamplingRows) -> Tensor:
     """logits: [S, V] float32 -> token ids int64 [S] on logits' device (no host sync).
 
-    The draw is argmax(x / T + gumbel) in one pass over the vocabulary: the Triton kernel
-    kernels/sample.py on the GPU, its twin on the CPU. Filters (top-k, top-p, min-p) sort first."""
+    Unfiltered rows: argmax(x * (1 / T) + gumbel) in one pass over the vocabulary (kernels/sample.py's
+    gumbel_argmax on the GPU, its twin on the CPU). With a filter in the batch: x masked below each
+    top-k row's k-th largest logit, then kernels/nucleus.py's rejection draw for top-p and min-p
+    (its twin on the CPU), which gives a row without filters the same token gumbel_argmax would."""
     greedy = logits.argmax(dim=-1)
     if rows.all_greedy:
         return greedy
     is_greedy = rows.temperature < GREEDY_BELOW
-    temperature = torch.where(is_greedy, 1.0, rows.temperature)  # [S]
-    if rows.filtered:
-        x = _filter(logits / temperature[:, None], rows.top_k, rows.top_p, rows.min_p)  # [S, V]
-        inv_temperature = torch.ones_like(temperature)
+    inv_temperature = 1.0 / torch.where(is_greedy, 1.0, rows.temperature)  # [S]
+    cuda = logits.device.type == "cuda"
+    if not rows.filtered:
+        if cuda:
+            from radixkv.kernels import gumbel_argmax as draw
+        else:
+            from radixkv.kernels.reference import gumbel_argmax_ref as draw
+        return torch.where(is_greedy, greedy, draw(logits, inv_temperature, rows.seed, rows.counter))
+    x = _top_k(logits, rows.top_k, rows.max_top_k)  # [S, V]
+    if cuda:
+        from radixkv.kernels import nucleus_draw as nucleus
     else:
-        x, inv_temperature = logits, 1.0 / temperature
-    draw = _gumbel_argmax(x.device)
-    return torch.where(is_greedy, greedy, draw(x, inv_temperature, rows.seed, rows.counter))
+        from radixkv.kernels.reference import nucleus_draw_ref as nucleus
+    return torch.where(is_greedy, greedy, nucleus(x, inv_temperature, rows.top_p, rows.min_p, rows.seed, rows.counter))
 
 
-def _gumbel_argmax(device: torch.device) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
-    """The Triton kernel on CUDA (imports Triton), else its PyTorch twin."""
-    if device.type == "cuda":
-        from radixkv.kernels import gumbel_argmax
-
-        return gumbel_argmax
-    from radixkv.kernels.reference import gumbel_argmax_ref
-
-    return gumbel_argmax_ref
-
-
-def _filter(x: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
-    """x: [S, V] scaled logits -> the same with tokens outside top-k / top-p / min-p at -inf."""
-    V = x.shape[1]
-    sorted_x, order = x.sort(dim=-1, descending=True)  # [S, V]
-    rank = torch.arange(V, device=x.device)[None, :]
-    sorted_x = sorted_x.masked_fill(rank >= top_k[:, None], float("-inf"))
-    probs = torch.softmax(sorted_x, dim=-1)
-    before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
-    drop = (before >= top_p[:, None]) & (rank > 0)  # the smallest prefix reaching top_p; never the first
-    drop |= probs < min_p[:, None] * probs[:, :1]
-    sorted_x = sorted_x.masked_fill(drop, float("-inf"))
-    return torch.empty_like(x).scatter_(1, order, sorted_x)
+def _top_k(logits: Tensor, top_k: Tensor, max_top_k: int) -> Tensor:
+    """logits [S, V] with entries below each row's top_k-th largest at -inf (ties with it kept);
+    rows whose top_k is V untouched. max_top_k: the largest top_k below V (0: none, logits returned)."""
+    if max_top_k == 0:
+        return logits
+    V = logits.shape[1]
+    top = logits.topk(max_top_k, dim=-1).values  # [S, max_top_k], descending
+    kth = top.gather(1, (top_k.clamp(max=max_top_k) - 1)[:, None])  # [S, 1]
+    kth = torch.where(top_k[:, None] >= V, float("-inf"), kth)
+    return logits.masked_fill(logits < kth, float("-inf"))
 
 
 def penalize(logits: Tensor, params: Sequence[SamplingParams], prompts: Sequence[Sequence[int]],

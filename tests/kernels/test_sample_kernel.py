@@ -221,7 +221,7 @@ def test_registered_and_the_hash_has_one_home():
     assert "gumbel_argmax" in kernels.__all__ and "gumbel_argmax(" in kernels.__doc__
     assert kernels.gumbel_argmax is importlib.import_module("radixkv.kernels.sample").gumbel_argmax
     assert not hasattr(sampling, "uniform_bits")  # the hash lives in kernels/reference.py alone
-    assert sampling._gumbel_argmax(torch.device("cpu")) is reference.gumbel_argmax_ref
+    assert kernels.nucleus_draw is importlib.import_module("radixkv.kernels.nucleus").nucleus_draw
 
 
 # ----------------------------------------------------------------------------- sm_90 compile
