@@ -47,7 +47,7 @@ class TraceFormat(enum.Enum):
 
 
 def expand_hash_ids(hash_ids: Sequence[int] | np.ndarray, input_length: int,
-                    block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> np.ndarray:
+                    block_tokens: int = MOONCAKE_BLOCK_TOKENS, out: np.ndarray | None = None) -> np.ndarray:
     """Deterministic int32 tokens [input_length] for a list of block hash ids.
 
     Block id h holds tokens h * block_tokens + i for i < block_tokens: equal ids give equal
@@ -56,6 +56,10 @@ def expand_hash_ids(hash_ids: Sequence[int] | np.ndarray, input_length: int,
     the Mooncake synthetic trace expand in ~0.03 s). The last block is cut so the result has
     exactly `input_length` tokens, which must lie in ((n - 1) * block_tokens, n * block_tokens]
     for n = len(hash_ids). Ids must be < 2**31 // block_tokens (tokens stay int32).
+
+    out: an int32 scratch array of at least n * block_tokens elements to expand into (a
+    sequential replay reuses one, so no fresh pages are faulted in per request); the result is
+    then a view of it, valid until the next expansion into the same array.
     """
     if block_tokens < 1:
         raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
@@ -72,8 +76,28 @@ def expand_hash_ids(hash_ids: Sequence[int] | np.ndarray, input_length: int,
         raise ValueError(f"hash ids must lie in [0, {TOKEN_SPACE // block_tokens}) for "
                          f"{block_tokens}-token blocks, got {int(ids.min())}..{int(ids.max())}")
     base = ids.astype(np.int32) * np.int32(block_tokens)  # [num_blocks]
-    tokens = base[:, None] + np.arange(block_tokens, dtype=np.int32)  # [num_blocks, block_tokens]
-    return tokens.reshape(-1)[:input_length]
+    size = len(ids) * block_tokens
+    if out is None:
+        flat = np.empty(size, dtype=np.int32)
+    elif out.dtype != np.int32 or out.ndim != 1 or not out.flags.c_contiguous or len(out) < size:
+        raise ValueError(f"out must be a contiguous int32 array of at least {size} elements")
+    else:
+        flat = out[:size]
+    # the block's offsets first: the inner loop then runs over contiguous memory
+    np.add(_offsets(block_tokens), base[:, None], out=flat.reshape(len(ids), block_tokens))
+    return flat[:input_length]
+
+
+_OFFSETS: dict[int, np.ndarray] = {}
+
+
+def _offsets(block_tokens: int) -> np.ndarray:
+    """0, 1, ..., block_tokens - 1 as int32 (read-only, one per block size)."""
+    arr = _OFFSETS.get(block_tokens)
+    if arr is None:
+        arr = _OFFSETS[block_tokens] = np.arange(block_tokens, dtype=np.int32)
+        arr.flags.writeable = False
+    return arr
 
 
 def byte_tokenize(text: str) -> np.ndarray:
@@ -106,11 +130,14 @@ class TraceRequest:
         p = self.prompt
         return p.input_length if isinstance(p, HashedPrompt) else len(p)
 
-    def tokens(self) -> np.ndarray:
-        """Prompt tokens, int32 [num_prompt_tokens] (hash ids are expanded on each call)."""
+    def tokens(self, out: np.ndarray | None = None) -> np.ndarray:
+        """Prompt tokens, int32 [num_prompt_tokens] (hash ids are expanded on each call; into
+        the int32 scratch array `out` when given and large enough, see `expand_hash_ids`)."""
         p = self.prompt
         if isinstance(p, HashedPrompt):
-            return expand_hash_ids(p.hash_ids, p.input_length, p.block_tokens)
+            if out is not None and len(out) < len(p.hash_ids) * p.block_tokens:
+                out = None
+            return expand_hash_ids(p.hash_ids, p.input_length, p.block_tokens, out)
         return p
 
 
@@ -192,7 +219,8 @@ def _hashed(f: RecordFields, ids_field: str, length_field: str, block_tokens: in
 
 def _first_free_id(requests: list[TraceRequest]) -> int:
     """One past the largest hash id the requests use (0 when they use none)."""
-    return max((int(r.prompt.hash_ids.max()) + 1 for r in requests if len(r.prompt.hash_ids)), default=0)
+    ids = [r.prompt.hash_ids for r in requests]
+    return int(np.concatenate(ids).max()) + 1 if ids and any(len(i) for i in ids) else 0
 
 
 def _compact_ids(requests: list[TraceRequest], block_tokens: int, where: Any) -> list[TraceRequest]:

@@ -182,6 +182,62 @@ class RadixCache:
             self._last_match = _LastMatch(tokens, namespace, end, len(end.key), d.matched, self._adoptions)
         return MatchResult(d.matched, pages, end)
 
+    def serve_prompt(self, tokens: np.ndarray, private_pages: int = 0,
+                     namespace: Namespace = None) -> tuple[int, bool, int]:
+        """One request served start to finish, as a sequential replay serves it: match `tokens`
+        (a C-contiguous int32 array, e.g. from `as_tokens`), make room for its uncached full
+        blocks plus `private_pages` pages only it uses (a partial tail), cache those blocks with
+        fresh pool pages that the tree then holds alone, and release the request.
+
+        Leaves the tree, pool and LRU order as match, lock, evict (when the pool is short),
+        alloc, extend(..., donate=True), unlock and the decref of the private pages would, one
+        after the other; the private pages are only counted, never allocated (nothing could see
+        them between the allocation and the release). Returns (cached tokens matched, whether
+        it ran, pool pages in use while it held its own, private ones included). A request
+        needing more pages than the pool can give even after evicting everything else does not
+        run: nothing is evicted or cached (its match still refreshes its path)."""
+        ps, pool = self.page_size, self.pool
+        root = self.root(namespace)
+        d = self._descend(tokens, root)
+        end = self._touch(d, root)
+        self._push_if_evictable(end)
+        hit = d.matched
+        full = len(tokens) // ps * ps
+        blocks = (full - hit) // ps
+        need = blocks + private_pages
+        locked = None
+        if need > pool.num_free:
+            locked = MatchResult(hit, [], end)
+            self.lock(locked)  # our own path is never a victim
+            if need > pool.num_free + self.num_evictable_pages:
+                self.unlock(locked)
+                return hit, False, pool.num_used
+            self.evict(need - pool.num_free)
+        if blocks:
+            pages = pool.alloc_array(blocks)  # refcount 1 each: the tree's reference from now on
+            key = tokens[hit:full]
+            if key.flags.writeable or 2 * len(key) < len(tokens):
+                key = key.copy()
+            first = key[:ps]
+            clock = self._clock = self._clock + 1
+            leaf = Node(key, first.tobytes(), pages, end, self._hash(first), end.namespace)
+            leaf.last_access = clock
+            attach_child(end, leaf)
+            self.num_cached_pages += blocks
+            self._num_nodes += 1
+            self._adoptions += 1
+            node = end  # extend's touch of `end`, then unlock handing that time up the path
+            while node.parent is not None:
+                node.last_access = clock
+                node = node.parent
+            if node is end:
+                end.last_access = clock
+            self._push_if_evictable(leaf)
+        in_use = pool.num_used + private_pages
+        if locked is not None:
+            self.unlock(locked)
+        return hit, True, in_use
+
     def _descend_again(self, tokens: np.ndarray, namespace: Namespace, root: Node) -> _Descent | None:
         """The latest match's descent if it still holds for `tokens` (None otherwise)."""
         last = self._last_match
@@ -442,6 +498,8 @@ class RadixCache:
 
     def clear(self) -> int:
         """Evict every unlocked page; returns pages returned to the pool."""
+        if self.num_locked_pages == 0 and self.num_cached_pages:
+            return self._drop_all()
         freed = 0
         while self.num_evictable_pages:
             n = self.num_evictable_pages
@@ -449,6 +507,28 @@ class RadixCache:
             if self.num_evictable_pages == n:
                 break
         return freed
+
+    def _drop_all(self) -> int:
+        """clear() with nothing locked: every node leaves the tree in one pass over it (no LRU
+        order to follow when everything goes), and the pages go back in one decref."""
+        dropped: list[np.ndarray] = []
+        for root in self._roots.values():
+            stack = list(root.iter_children())
+            root.children = {}
+            while stack:
+                node = stack.pop()
+                stack.extend(node.iter_children())
+                dropped.append(node.pages)
+                node.children = {}
+                node.parent = node.next_sibling = None  # a stale match through it is refused
+                node.heap_seq = None
+        self._lru = LruLeaves()
+        self._num_nodes = 0
+        self.num_cached_pages = 0
+        self._last_match = None
+        if not dropped:
+            return 0
+        return self.pool.decref_distinct(np.concatenate(dropped))
 
     # ---- invariants --------------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -22,9 +22,8 @@ from radixkv.cache.node import as_tokens
 from radixkv.cache.pages import PagePool
 from radixkv.cache.radix_tree import RadixCache
 from radixkv.config import Policy, SchedulerConfig
-from radixkv.request import Request
 from radixkv.scheduler.metrics import SchedulerMetrics, TimelinePoint, wait_stats
-from radixkv.workloads.traces import TraceRequest
+from radixkv.workloads.traces import HashedPrompt, TraceRequest
 from .cost_model import CostModel, StepShape
 
 if TYPE_CHECKING:  # real mode only; importing the engine loads torch
@@ -175,35 +174,23 @@ class _SequentialServer:
         self.page_size = page_size
 
     def serve(self, tokens: Sequence[int] | np.ndarray) -> Served:
-        """Match, evict LRU leaves if short, allocate, cache the full blocks, release.
+        """Match, evict LRU leaves if short, allocate, cache the full blocks, release
+        (`RadixCache.serve_prompt`: one walk down the tree, the new blocks cached below the
+        match with pages the tree then holds alone, the partial tail page only counted).
 
         `tokens`: an int32 array is used as it is (no copy); any other container is checked and
-        converted once. The uncached blocks go in with `RadixCache.extend` below the locked match
-        (no second walk from the root); the request's own pages are one int32 array throughout.
-        A request needing more pages than the pool can give even after evicting everything else
-        does not run: it evicts and inserts nothing.
+        converted once. A request needing more pages than the pool can give even after evicting
+        everything else does not run: it evicts and inserts nothing.
         """
-        ps, pool, cache = self.page_size, self.pool, self.cache
         tokens = as_tokens(tokens)
-        n = len(tokens)
-        m = cache.match(tokens)
-        cache.lock(m)
-        hit = m.num_tokens
-        need = -(-n // ps) - hit // ps  # pages for the uncached rest (tail page included)
-        if need > pool.num_free:
-            if need > pool.num_free + cache.num_evictable_pages:
-                cache.unlock(m)
-                return Served(hit, False, pool.num_used)
-            cache.evict(need - pool.num_free)
-        new = pool.alloc_array(need)
-        full = n // ps * ps
-        if full > hit:  # the tree adopts new[:blocks] with the request's references (donate)
-            m = cache.extend(m, tokens[hit:full], new, donate=True)  # the lock moves along
-        in_use = pool.num_used
-        cache.unlock(m)
-        if n > full:  # the request is done: its partial tail page is freed
-            pool.decref_distinct(new[-1:])
-        return Served(hit, True, in_use)
+        return Served(*self.cache.serve_prompt(tokens, int(len(tokens) % self.page_size != 0)))
+
+
+def _expansion_scratch(requests: Sequence[TraceRequest]) -> np.ndarray | None:
+    """An int32 array large enough to expand any of the requests' hash-id prompts into."""
+    size = max((len(p.hash_ids) * p.block_tokens for p in (r.prompt for r in requests)
+                if isinstance(p, HashedPrompt)), default=0)
+    return np.empty(size, dtype=np.int32) if size else None
 
 
 def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost: CostModel,
@@ -220,30 +207,34 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
     ps = cfg.page_size
     num_pages = cfg.num_pages if cfg.num_pages is not None else unlimited_pages(requests, ps, False)
     server = _SequentialServer(num_pages, ps)
-    pool = server.pool
+    pool, serve_prompt = server.pool, server.cache.serve_prompt
     service = ServiceTime(cost)
     m = SchedulerMetrics()  # filled per request here: no scheduler runs
-    output_tokens = rejected = 0
+    waits, timeline = m.waits_s, m.timeline
+    output_tokens = rejected = completed = prompt_tokens = hit_tokens = peak = 0
     clock = 0.0
+    scratch = _expansion_scratch(requests)  # hash ids expand into one reused array
     for r in requests:
-        tokens = r.tokens()  # int32 [L]
-        hit, ran, in_use = server.serve(tokens)
-        m.prompt_tokens += len(tokens)
-        m.hit_tokens += hit
+        tokens = as_tokens(r.tokens(scratch))  # int32 [L]; the tree copies what it keeps
+        n = len(tokens)
+        hit, ran, in_use = serve_prompt(tokens, int(n % ps != 0))
+        prompt_tokens += n
+        hit_tokens += hit
         if not ran:
             rejected += 1
         else:
-            m.peak_pages = max(m.peak_pages, in_use)
+            peak = max(peak, in_use)
             arrival = 0.0 if cfg.burst else r.arrival_s
             start = max(clock, arrival)
-            clock = start + service.serve(len(tokens), hit, r.max_tokens)
-            m.waits_s.append(start - arrival)
-            m.completed += 1
+            clock = start + service.serve(n, hit, r.max_tokens)
+            waits.append(start - arrival)
+            completed += 1
             output_tokens += r.max_tokens
-            m.timeline.append(TimelinePoint(clock, m.hit_rate, pool.num_used))
+            timeline.append(TimelinePoint(clock, hit_tokens / prompt_tokens, pool.num_used))
         if progress:
             progress(1)
-    server.cache.evict(pool.num_pages)
+    m.prompt_tokens, m.hit_tokens, m.completed, m.peak_pages = prompt_tokens, hit_tokens, completed, peak
+    server.cache.clear()
     return ReplayResult.build(ReplayMode.SEQUENTIAL, cfg, requests=len(requests), metrics=m, pool=pool,
                               started=t0, clock_s=clock, output_tokens=output_tokens, rejected=rejected)
 
@@ -278,6 +269,8 @@ def replay_simulated(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost: 
                      progress: Progress | None = None) -> ReplayResult:
     """Arrivals at their timestamps (all at 0 with `cfg.burst`) through Scheduler + RadixCache,
     the clock driven by `cost` (radixkv.replay.simulator). Prompts go in as int32 arrays."""
+    from radixkv.request import Request
+
     from .simulator import simulate
 
     t0 = time.perf_counter()

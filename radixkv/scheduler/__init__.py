@@ -3,7 +3,19 @@
 scheduler.py (Scheduler: queues, admission, chunked prefill, preemption), policies.py (admission
 order: fcfs, lpm, dfs-weight, with the starvation guard), metrics.py (hits, waits, pool occupancy).
 """
+from __future__ import annotations
+
+from typing import Any
+
 from .metrics import SchedulerMetrics, TimelinePoint, WaitStats, wait_stats
-from .scheduler import Scheduler
 
 __all__ = ["Scheduler", "SchedulerMetrics", "TimelinePoint", "WaitStats", "wait_stats"]
+
+
+def __getattr__(name: str) -> Any:
+    # Scheduler loads on first use: a sequential replay needs only the metrics (start-up time)
+    if name == "Scheduler":
+        from .scheduler import Scheduler
+
+        return Scheduler
+    raise AttributeError(f"module 'radixkv.scheduler' has no attribute {name!r}")

@@ -174,6 +174,40 @@ class TreeMachine(RuleBasedStateMachine):
             cache.lock(running.match)
             self.locked.append(running)
 
+    @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=6),
+          tail=st.integers(0, 15), readonly=st.booleans())
+    def serve_prompt(self, ns: Namespace, bids: list[int], tail: int, readonly: bool) -> None:
+        """serve_prompt: `request`'s match -> lock -> evict -> alloc -> cache -> release in one
+        call, the partial tail page only counted. The model does those steps one by one."""
+        cache, pool, ps = self.cache, self.pool, self.PAGE_SIZE
+        tokens = np.asarray(self.tokens(bids, tail), dtype=np.int32)
+        if readonly:
+            tokens.flags.writeable = False
+        private = int(tail % ps != 0)
+        prefix = self.model_match(ns, bids)
+        self.touch(ns, prefix)
+        need = len(bids) - len(prefix) + private
+        ran = True
+        if need > pool.num_free:
+            held = Held(None, ns, prefix, None)  # the model's lock on the matched path
+            self.locked.append(held)
+            evictable = sum(1 for q, cached in self.model.items() for p in cached if not self.is_locked(q, p))
+            ran = need <= pool.num_free + evictable
+            if ran:
+                self.model_evict(need - pool.num_free)
+            self.locked.remove(held)
+        hit, did_run, in_use = cache.serve_prompt(tokens, private, ns)
+        assert (hit, did_run) == (len(prefix) * ps, ran)
+        if not ran:
+            event("serve_prompt: larger than the pool can give")
+            return
+        assert in_use == pool.num_used + private
+        if len(bids) > len(prefix):
+            contents = self.tree_contents()
+            new = [contents[(ns, tuple(bids[:i]))] for i in range(len(prefix) + 1, len(bids) + 1)]
+            self.record_insert(ns, bids, len(prefix), new)
+        event(f"serve_prompt: {'evicted' if need > 0 and in_use == pool.num_pages else 'ran'}")
+
     def record_insert(self, ns: Namespace, bids: list[int], k: int, new: list[int]) -> None:
         """Model side of an insert of `bids` whose first k blocks were cached."""
         self.clock += 1
