@@ -15,12 +15,13 @@ registers:
   are in benchmarks/RESULTS.md.
 - Blocks go heaviest first; keys below every row of the block skip the causal mask.
 - FP8 pages (KVStore's: per-token-per-head scales): tiles of FP8_BLOCK_N keys are copied as bytes
-  (cp.async, 16-byte pieces, two buffers), then each thread widens its rows to q's dtype times the
-  row's scale (fp32 product, rounded once) into one 16-bit K and V buffer that the products read; the
-  scales of tile j + 1 are loaded with its copies and held in registers (LATE_SCALES loads them just
-  before the widening instead). 32-key tiles: 64 keep one more tile in flight but spill registers.
-  The products and the softmax are the 16-bit path's, so the result differs from the Triton kernel's
-  (which scales scores and P instead) by bf16 rounding of the widened K and V.
+  (cp.async, 16-byte pieces, two buffers); then each thread loads its rows' scales and widens its
+  rows to q's dtype times the scale (fp32 product, rounded once), 32 rows at a time, into one 16-bit
+  K and V buffer that the products read. The products and the softmax are the 16-bit path's, so the
+  result differs from the Triton kernel's (which scales scores and P) by bf16 rounding of the widened
+  K and V. Measured on the H200 (benchmarks/RESULTS.md): 0.71-0.77 of the bf16 kernel's TFLOP/s,
+  2-2.7x the Triton kernel's over FP8 pages; 64-key tiles beat 32 (which spill no registers; 64
+  spills ~80 bytes), scales held from the previous tile in registers, and V widened under q.K^T.
 
 Same contract and results as paged_prefill's Triton kernel (fp32 accumulation, qk_scale in the
 exponent): on the H200 the two gave bit-identical outputs on 40 random ragged cases (page sizes 1-64,
@@ -100,7 +101,6 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
                    stride_qt, stride_qh, stride_cp, stride_cs, stride_ch, stride_xp, stride_xs, stride_xh,
                    stride_ptb, stride_ot, stride_oh,
                    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, IS_FP8: gl.constexpr,
-                   LATE_SCALES: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
@@ -156,9 +156,6 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
             PIECE: gl.constexpr = 32 * KV_VEC * WARPS // HEAD_DIM  # the rows LOAD_L covers once
             gl.static_assert(BLOCK_N == PIECE or BLOCK_N == 2 * PIECE)
             TWO: gl.constexpr = BLOCK_N == 2 * PIECE
-            if not LATE_SCALES:  # tile j's scales are loaded with its copies and held in registers until widened
-                ks0, vs0, ks1, vs1 = _tile_scales(ks_ptr, vs_ptr, pt_row, 0, end, scale_off, stride_xp, stride_xs,
-                                                  LOAD_L, PIECE, TWO, PAGE_SIZE)
         for j in range(n_tiles):
             async_copy.wait_group(STAGES - 2)
             if not IS_FP8:
@@ -169,19 +166,14 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
                    stride_cs, LOAD_L, BLOCK_N, HEAD_DIM, PAGE_SIZE)
             buf = j % STAGES
             if IS_FP8:  # tile j times its scales, in DTYPE, for the products
-                if LATE_SCALES:
-                    ks0, vs0, ks1, vs1 = _tile_scales(ks_ptr, vs_ptr, pt_row, j * BLOCK_N, end, scale_off, stride_xp,
-                                                      stride_xs, LOAD_L, PIECE, TWO, PAGE_SIZE)
-                else:
-                    kn0, vn0, kn1, vn1 = _tile_scales(ks_ptr, vs_ptr, pt_row, nj * BLOCK_N, end, scale_off,
-                                                      stride_xp, stride_xs, LOAD_L, PIECE, TWO, PAGE_SIZE)
+                ks0, vs0, ks1, vs1 = _tile_scales(ks_ptr, vs_ptr, pt_row, j * BLOCK_N, end, scale_off, stride_xp,
+                                                  stride_xs, LOAD_L, PIECE, TWO, PAGE_SIZE)
                 _widen(k_op, k_smem.index(buf), 0, ks0, LOAD_L, PIECE, DTYPE)
-                _widen(v_op, v_smem.index(buf), 0, vs0, LOAD_L, PIECE, DTYPE)
                 if TWO:
                     _widen(k_op, k_smem.index(buf), PIECE, ks1, LOAD_L, PIECE, DTYPE)
+                _widen(v_op, v_smem.index(buf), 0, vs0, LOAD_L, PIECE, DTYPE)
+                if TWO:
                     _widen(v_op, v_smem.index(buf), PIECE, vs1, LOAD_L, PIECE, DTYPE)
-                if not LATE_SCALES:
-                    ks0, ks1, vs0, vs1 = kn0, kn1, vn0, vn1
                 fence_async_shared()
                 _barrier()
                 k_t = k_op
@@ -216,8 +208,7 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
 
 
 BLOCK_M, BLOCK_N, STAGES, WARPS, MAX_REGISTERS = 128, 64, 2, 8, 128
-LATE_SCALES = False
-FP8_BLOCK_N = 32  # keys a tile over FP8 pages: 64 spills registers (tests/kernels/test_prefill_hopper_compile.py)
+FP8_BLOCK_N = 64  # keys a tile over FP8 pages
 
 
 def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor, q_start: Tensor,
@@ -236,6 +227,7 @@ def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_
                          seq_lens, q_start, q_lens, out, qk_scale,
                          q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *xs,
                          page_table.stride(0), out.stride(0), out.stride(1),
-                         GROUP=hq // k_cache.shape[2], HEAD_DIM=q.shape[2], PAGE_SIZE=k_cache.shape[1], IS_FP8=fp8, LATE_SCALES=LATE_SCALES,
-                         BLOCK_M=BLOCK_M, BLOCK_N=FP8_BLOCK_N if fp8 else BLOCK_N, STAGES=STAGES, WARPS=WARPS, num_warps=WARPS,
+                         GROUP=hq // k_cache.shape[2], HEAD_DIM=q.shape[2], PAGE_SIZE=k_cache.shape[1], IS_FP8=fp8,
+                         BLOCK_M=BLOCK_M, BLOCK_N=FP8_BLOCK_N if fp8 else BLOCK_N, STAGES=STAGES,
+                         WARPS=WARPS, num_warps=WARPS,
                          maxnreg=MAX_REGISTERS)

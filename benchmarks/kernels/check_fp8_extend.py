@@ -8,7 +8,7 @@ page sizes 1-64, GQA groups 1-8, e4m3 and e5m2, bf16 and fp16 q): paged_prefill'
 take the Gluon kernel (on sm_90), match the Triton kernel within bf16 rounding and the fp64 oracle on
 the dequantised values as closely as the Triton kernel does. Timing: the extend benchmark's shapes
 (kernel_common.EXTEND and shorter extends), bf16 and FP8 pages, each kernel in one run.
---variants also times the FP8 kernel's alternatives (64-key tiles, scales loaded late).
+--variants also times the FP8 kernel with 32-key tiles.
 Needs a CUDA GPU (sm_90 for the Gluon kernel)."""
 from __future__ import annotations
 
@@ -99,15 +99,14 @@ def time_shape(ops, dev: torch.device, gen: torch.Generator, shape: tuple[int, i
 
     row("gluon", "bf16", time_fn(run(pool.k, pool.v), False))
     tile = default_config(KernelKind.PREFILL, q, pool.k, new)
-    default = (hop.FP8_BLOCK_N, hop.LATE_SCALES)
-    configs = [default] + ([(bn, late) for bn in (32, 64) for late in (False, True) if (bn, late) != default]
-                           if variants else [])
+    default = hop.FP8_BLOCK_N
+    configs = [default] + ([bn for bn in (32, 64) if bn != default] if variants else [])
     for name, dt in FP8.items():
         kq, vq, ks, vs = quantize_pool(pool, dt, ops)
-        for bn, late in configs:
-            hop.FP8_BLOCK_N, hop.LATE_SCALES = bn, late
-            row(f"gluon n{bn}{' late' if late else ''}", name, time_fn(run(kq, vq, ks, vs), False))
-        hop.FP8_BLOCK_N, hop.LATE_SCALES = default
+        for bn in configs:
+            hop.FP8_BLOCK_N = bn
+            row(f"gluon n{bn}", name, time_fn(run(kq, vq, ks, vs), False))
+        hop.FP8_BLOCK_N = default
         row("triton", name, time_fn(run(kq, vq, ks, vs, config=tile), False))
     return rows
 
