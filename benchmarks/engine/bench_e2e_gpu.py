@@ -589,6 +589,26 @@ def part_a(device: torch.device, a: argparse.Namespace, rows: list[dict], emit: 
     _free(device)
 
 
+def long_decode(device: torch.device, a: argparse.Namespace, rows: list[dict], emit: Any) -> None:
+    """bf16 against fp8_e4m3 KV on one long-context decode point (--long-decode BATCH:PROMPT, graphs,
+    greedy), each in its own pool sized for it: the issue's "FP8 decode faster than bf16" at the
+    largest batch x context whose bf16 KV fits beside the weights (256 x 4k needs ~140 GB)."""
+    batch, prompt = (int(x) for x in a.long_decode.split(":"))
+    done = {r["config"] for r in rows if r.get("workload") == "decode-long" and r.get("prompt") == prompt
+            and r.get("batch") == batch}
+    bw = read_bandwidth(device, a.smoke)
+    for kv in ("auto", "fp8_e4m3"):
+        config = "cache-on-fp8" if kv.startswith("fp8") else "cache-on-bf16"
+        if config in done:
+            continue
+        llm = LLM(llama3_8b_config(a.smoke), dtype="bfloat16", device=device, kv_dtype=kv,
+                  num_pages=batch * (-(-(prompt + 128) // 16) + 1) + 64, max_model_len=prompt + 256)
+        row = decode_sweep(llm, batch, prompt, GREEDY, llm.graphs is not None, bw, a.smoke)
+        emit({**row, "workload": "decode-long", "prompt": prompt})
+        del llm
+        _free(device)
+
+
 def _f(v: Any, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -596,7 +616,7 @@ def _f(v: Any, fmt: str) -> str:
 def summary(rows: list[dict]) -> str:
     lines = [f"{'batch':>5} {'config':>14} {'graphs':>6} {'sampled':>7} {'step ms':>8} {'floor ms':>8} {'of floor':>8}"]
     for r in rows:
-        if r.get("workload") == "decode-sweep":
+        if r.get("workload") in ("decode-sweep", "decode-long"):
             lines.append(f"{r['batch']:>5} {r['config']:>14} {str(r['graphs']):>6} {str(r['sampled']):>7} "
                          f"{r['step_ms']:>8.2f} {r['floor_ms']:>8.2f} {r['fraction_of_floor']:>8.2f}")
     lines.append(f"\n{'workload':>10} {'config':>14} {'reqs':>5} {'out tok/s':>10} {'req/s':>7} {'ttft p50':>8} "
@@ -623,6 +643,8 @@ def main() -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS), help="Part B configs, comma-separated")
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--long-decode", default=None, metavar="BATCH:PROMPT",
+                    help="also time bf16 against fp8_e4m3 KV decode at this point (e.g. 128:4096)")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--gsm8k", default=None, help="GSM8K folder (train.jsonl, test.jsonl) for the few-shot prompts")
     ap.add_argument("--sharegpt", default=None, help="ShareGPT JSONL for the multi-turn lengths (else synthetic)")
@@ -653,6 +675,8 @@ def main() -> int:
 
     if "A" in parts:
         part_a(device, a, rows, emit)
+    if a.long_decode:
+        long_decode(device, a, rows, emit)
     if "B" in parts:
         done = {(r["workload"], r["config"]) for r in rows if r.get("workload") in WORKLOADS}
         workloads_part(device, a, emit, done)
