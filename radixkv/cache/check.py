@@ -31,8 +31,11 @@ def check_tree(cache: TreeView) -> None:
     Pool pages free xor held (1); keys whole blocks with one page each, siblings with
     distinct first blocks, hash keys right (2, which with token comparison gives 3); lock
     counts consistent (a node's locks are the locks of matches ending at it plus its
-    children's) and every evictable leaf in the LRU heap at its last-use time, children
-    never used more recently than parents (4); each node in its namespace's subtree and no
+    children's) and every evictable leaf in the LRU heap at its last-use time (4; a node with
+    children may show an older time than its subtree: `match(since=...)` refreshes only a
+    match's end, and a leaf's time passes to its parent when it leaves, so only leaves' times
+    order eviction, and the state machine checks that order against a naive LRU); depths
+    (tokens from the root) add up; each node in its namespace's subtree and no
     page in two places (5); counters equal to what the tree holds (6 follows: a cleared tree
     with no other holders leaves every page free).
     """
@@ -42,7 +45,7 @@ def check_tree(cache: TreeView) -> None:
     uses = np.zeros(cache.pool.num_pages, dtype=np.int64)  # [num_pages] blocks holding each page
     cached = locked = nodes = 0
     for ns, root in cache.roots.items():
-        assert root.parent is None and len(root.key) == 0, f"namespace {ns!r}: malformed root"
+        assert root.parent is None and len(root.key) == 0 and root.depth == 0, f"namespace {ns!r}: malformed root"
         assert root.namespace == ns, f"namespace {ns!r}: root says {root.namespace!r}"
         stack = [root]
         while stack:
@@ -63,8 +66,8 @@ def check_tree(cache: TreeView) -> None:
                 firsts.add(fb)
                 assert child.lock_count >= 0, f"{child}: negative lock count"
                 child_locks += child.lock_count
-                assert node.parent is None or child.last_access <= node.last_access or child.lock_count, \
-                    f"{child}: used more recently than its parent {node} (and not locked)"
+                assert child.depth == node.depth + k, \
+                    f"{child}: depth {child.depth} is not its parent's {node.depth} + its {k} tokens"
                 pages = child.pages
                 np.add.at(uses, pages, 1)
                 twice = pages[uses[pages] > 1]

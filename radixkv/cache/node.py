@@ -17,6 +17,7 @@ import xxhash
 HashFn = Callable[[np.ndarray], int]
 Namespace = str | None
 _UINT32 = "I" if array("I").itemsize == 4 else "L"  # array's 4-byte unsigned type code
+_INT32 = np.dtype(np.int32)
 
 
 def xxhash_block(block: np.ndarray) -> int:
@@ -26,6 +27,9 @@ def xxhash_block(block: np.ndarray) -> int:
 
 def as_tokens(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
     """tokens as a C-contiguous int32 [L] array (no copy when it already is one)."""
+    if (type(tokens) is np.ndarray and tokens.dtype is _INT32 and tokens.ndim == 1  # the hot path: cheap tests
+            and tokens.flags.c_contiguous):
+        return tokens
     if (isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 and tokens.ndim == 1
             and tokens.flags.c_contiguous):
         return tokens
@@ -53,7 +57,7 @@ class Node:
     """One edge of the tree: `key` tokens (whole blocks) and one page per block."""
 
     __slots__ = ("key", "first", "pages", "children", "parent", "next_sibling", "hkey",
-                 "lock_count", "end_locks", "last_access", "heap_seq", "namespace")
+                 "lock_count", "end_locks", "last_access", "heap_seq", "namespace", "depth")
 
     def __init__(self, key: np.ndarray, first: bytes, pages: np.ndarray, parent: Node | None,
                  hkey: int, namespace: Namespace) -> None:
@@ -73,6 +77,10 @@ class Node:
         self.last_access = 0
         self.heap_seq: int | None = None  # sequence number of its live LRU-heap entry, if any
         self.namespace = namespace
+        # Tokens from the root to the end of this key. Changes only when the node's own tail is
+        # evicted (a split leaves the lower part ending where it did), so an earlier match ending
+        # here with `depth` tokens still spells the same path while the node is in the tree.
+        self.depth = (parent.depth if parent is not None else 0) + len(key)
 
     def iter_children(self) -> Iterator[Node]:
         for head in self.children.values():

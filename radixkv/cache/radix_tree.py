@@ -12,9 +12,11 @@ Lifetime rules:
   and counts as locked) and `unlock`s it exactly once; a match whose path was since evicted
   is stale. unlock(m) undoes a lock of a match ending at m.node, never one of a longer match
   through it (lock(long); unlock(short) raises). `extend` grows a locked match in place.
-- A node is used no later than its parent, except along a locked path that `extend` grew:
-  extend refreshes only the nodes below the match it grows, and the unlock of the longer
-  match hands their time up to the root (eviction never looks at a locked path's times).
+- Only leaves' times order eviction. A match refreshes its whole path; `match(since=...)`
+  (re-checking an earlier match) only the path's end, and `extend` only the nodes below the
+  match it grows (the unlock of the longer match hands their time up). A leaf leaving the
+  tree hands its time to its parent, so a node that becomes a leaf carries the latest use of
+  its subtree: the order a refresh of every path node would give.
 - `num_cached_pages == num_evictable_pages + num_locked_pages` at all times.
 - Bad input (too few pages, a non-integer page id, one outside the pool or free, a stale,
   unlocked or other cache's match, a negative eviction count) raises before the tree or the
@@ -162,11 +164,22 @@ class RadixCache:
         root.last_access = clock
         return path[-1] if path else root
 
-    def match(self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None) -> MatchResult:
+    def match(self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None, *,
+              since: MatchResult | None = None) -> MatchResult:
         """Longest cached prefix of `tokens` in whole blocks; refreshes its LRU time.
 
-        Splits an edge the prefix ends inside, so the result's `node` ends exactly there."""
+        Splits an edge the prefix ends inside, so the result's `node` ends exactly there.
+
+        since: an earlier `match` of the same leading tokens in this namespace (the tokens may
+        have grown since). When its path still holds its tokens and no child of its end takes
+        the next block of `tokens`, it is still the longest match: it is refreshed as a fresh
+        match would be and returned as it is, for O(path nodes) instead of a walk over the
+        tokens (a scheduler re-ranking its queue every step). Otherwise the tree is walked."""
         tokens = as_tokens(tokens)
+        if since is not None:
+            m = self._rematch(tokens, namespace, since)
+            if m is not None:
+                return m
         root = self.root(namespace)
         d = self._descend(tokens, root)
         end = self._touch(d, root)
@@ -181,6 +194,29 @@ class RadixCache:
         if not tokens.flags.writeable:
             self._last_match = _LastMatch(tokens, namespace, end, len(end.key), d.matched, self._adoptions)
         return MatchResult(d.matched, pages, end)
+
+    def _rematch(self, tokens: np.ndarray, namespace: Namespace, prev: MatchResult) -> MatchResult | None:
+        """`prev` refreshed, if it is still the longest match of `tokens` (see match's `since`)."""
+        ps, n, end = self.page_size, prev.num_tokens, prev.node
+        if prev.pages_from or n > len(tokens) or end.depth != n:
+            return None
+        # O(1): end still in the tree (an evicted node's parent is None, and only a leaf leaves)
+        # still ending n tokens down (a node's depth drops only when its own tail is evicted; a
+        # split keeps the lower part's) is the same path with the same pages.
+        root = self._roots.get(namespace)
+        if (end.parent is None and end is not root) or end.namespace != namespace or root is None:
+            return None
+        if end.children and n + ps <= len(tokens) and self._find_child(end, tokens[n: n + ps]) is not None:
+            return None  # cached since: the match now goes further
+        # Refresh the end only: the nodes above it keep older times, which eviction never reads
+        # while they have children, and a child leaving the tree hands its time to its parent
+        # (_take_victims), so every leaf is evicted at the time a full-path refresh would give it.
+        clock = self._clock = self._clock + 1
+        end.last_access = clock
+        root.last_access = clock
+        if not end.children and not end.lock_count and end.parent is not None:
+            self._push_if_evictable(end)
+        return prev
 
     def serve_prompt(self, tokens: np.ndarray, private_pages: int = 0,
                      namespace: Namespace = None) -> tuple[int, bool, int]:
@@ -381,6 +417,7 @@ class RadixCache:
         upper.lock_count = node.lock_count  # every lock on node's path also covers its prefix
         # upper.end_locks stays 0: a match that ended at node still ends at node
         upper.last_access = node.last_access
+        upper.depth = node.depth - len(node.key) + blocks * ps  # node (the lower part) keeps its depth
         replace_child(parent, node, upper)  # upper takes node's place among the siblings
         node.key = node.key[blocks * ps:]
         node.pages = node.pages[blocks:]
@@ -468,6 +505,7 @@ class RadixCache:
             if keep > 0:
                 pages = node.pages[keep:]
                 node.pages = node.pages[:keep]
+                node.depth -= len(node.key) - keep * ps
                 node.key = node.key[: keep * ps]
                 self._lru.requeue(node)
             else:
@@ -475,6 +513,8 @@ class RadixCache:
                 parent = node.parent
                 detach_child(node)
                 self._num_nodes -= 1
+                # see _rematch: once a leaf, the parent carries its subtree's latest use
+                parent.last_access = max(parent.last_access, node.last_access)
                 self._push_if_evictable(parent)
             dropped.append(pages)
             taken += len(pages)

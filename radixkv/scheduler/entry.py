@@ -28,9 +28,18 @@ class Entry:
     admitted_once: bool = False
     score: int | None = None  # cached tokens at its last match (None: not matched yet)
     node: Node | None = None  # where that match ended (DFS_WEIGHT's grouping)
+    last: MatchResult | None = None  # its latest match while waiting (RadixCache.match's `since`)
 
     def order_key(self) -> tuple[float, int]:
         return (self.arrival, self.seq)
+
+    def waiting_tokens(self) -> np.ndarray:
+        """All its tokens (prompt + output) as int32: what a waiting request is matched with.
+        The prompt array itself while there is no output (no slice, no copy)."""
+        out = self.req.output
+        if not out:
+            return self.prompt_arr
+        return self.token_array(len(self.prompt_arr) + len(out))
 
     def token_array(self, n: int) -> np.ndarray:
         """The first n tokens of prompt + output as int32."""

@@ -213,12 +213,14 @@ class Scheduler:
 
     def _match(self, e: Entry) -> None:
         """Match a queued request against the tree now; the ranker orders by the result."""
-        m = self._lookup(e.token_array(e.req.num_tokens), e.req.namespace)
+        tokens = e.waiting_tokens() if self.config.prefix_caching else e.prompt_arr[:0]
+        m = e.last = self.cache.match(tokens, e.req.namespace, since=e.last)
         e.score, e.node = m.num_tokens, m.node
 
-    def _lookup(self, tokens: np.ndarray, namespace: str | None) -> MatchResult:
-        """The cached prefix of tokens; with prefix caching off, always the empty one."""
-        return self.cache.match(tokens if self.config.prefix_caching else tokens[:0], namespace)
+    def _lookup(self, tokens: np.ndarray, namespace: str | None, since: MatchResult | None = None) -> MatchResult:
+        """The cached prefix of tokens; with prefix caching off, always the empty one. `since`: the
+        request's previous match (while it still holds, re-checking it skips the walk)."""
+        return self.cache.match(tokens if self.config.prefix_caching else tokens[:0], namespace, since=since)
 
     def _admit(self, rows: BatchBuilder, budget: int, shared: set[ShareKey], now: float) -> None:
         """Admit waiting requests into this step. If anything raises (a Ctrl-C in the pool, an
@@ -263,7 +265,7 @@ class Scheduler:
             req = e.req
             total = req.num_tokens
             tokens = e.token_array(total)
-            m = self._lookup(tokens, req.namespace)
+            m = e.last = self._lookup(tokens, req.namespace, e.last)
             usable = min(m.num_tokens, (total - 1) // ps * ps)  # leave >= 1 token to compute
             if (cfg.in_batch_sharing and cfg.prefix_caching and shared and usable == m.num_tokens
                     and share_key(m, tokens, ps) in shared):
@@ -365,7 +367,7 @@ class Scheduler:
         req.num_computed = 0
         req.status = Status.WAITING
         e.wait_since = now
-        e.score = e.node = None
+        e.score = e.node = e.last = None
         self.running.remove(e)
         bisect.insort(self.waiting, e, key=Entry.order_key)
         self.metrics.preemptions += 1

@@ -60,6 +60,7 @@ class TreeMachine(RuleBasedStateMachine):
         self.serials = itertools.count()
         self.locked: list[Held] = []
         self.seen: list[Held] = []  # old matches, some of them stale by now
+        self.earlier: list[tuple[Namespace, list[int], MatchResult]] = []  # for match(since=...)
         self.pending: tuple[Namespace, list[int], np.ndarray] | None = None  # see match_read_only
 
     # ---- helpers -------------------------------------------------------------------------
@@ -259,7 +260,28 @@ class TreeMachine(RuleBasedStateMachine):
     @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=6),
           tail=st.integers(0, 15))
     def match_only(self, ns: Namespace, bids: list[int], tail: int) -> None:
-        self.seen.append(self.match(ns, bids, tail))
+        held = self.match(ns, bids, tail)
+        self.seen.append(held)
+        del self.seen[:-16]
+        self.earlier.append((ns, bids, held.match))
+        del self.earlier[:-16]
+
+    @precondition(lambda self: self.earlier)
+    @rule(data=st.data(), more=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=3),
+          tail=st.integers(0, 15))
+    def match_since(self, data: st.DataObject, more: list[int], tail: int) -> None:
+        """match(since=an earlier match of the same leading tokens, which may have grown since):
+        the model's answer whatever happened in between (stale, split, extended below, trimmed),
+        with the same LRU refresh (the evict rules check the order against the model after)."""
+        ns, bids, old = self.earlier[data.draw(st.integers(0, len(self.earlier) - 1))]
+        bids = bids + more
+        m = self.cache.match(self.tokens(bids, tail), ns, since=old)
+        prefix = self.model_match(ns, bids)
+        assert m.num_tokens == len(prefix) * self.PAGE_SIZE, f"since: {m.num_tokens} tokens, model {len(prefix)}"
+        assert m.pages == self.model_pages(ns, prefix), "since: other pages than the model's"
+        event(f"match(since=...): {'reused' if m is old else 'walked'}")
+        self.touch(ns, prefix)
+        self.seen.append(Held(m, ns, prefix, self.serial_of(ns, prefix)))
         del self.seen[:-16]
 
     @rule(ns=NAMESPACES, bids=st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=6))
