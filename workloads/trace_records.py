@@ -178,9 +178,29 @@ class Undecodable(NamedTuple):
     line: int | None  # 1-based line within the bytes; None when JSON does not say
 
 
+_SCAN = json.JSONDecoder().scan_once  # json.loads' own scanner, without its per-call wrappers
+_NOT_QUICK = object()
+
+
+def _quick_decode(raw: bytes) -> Any:
+    """decode_json's common case, a well-formed line, in one scan (~2x faster than json.loads);
+    _NOT_QUICK for anything else, which the full path then names."""
+    try:
+        text = raw.decode("utf-8")
+        value, end = _SCAN(text, 0)
+    except (UnicodeDecodeError, StopIteration, ValueError, RecursionError):
+        return _NOT_QUICK
+    if end == len(text) or not text[end:].strip(" \t\n\r"):
+        return value
+    return _NOT_QUICK
+
+
 def decode_json(raw: bytes) -> Any:
     """The JSON value in `raw` (one line of a JSONL file, or a whole document), else an
     Undecodable saying why: not UTF-8, not JSON, a 5,000-digit number, nesting thousands deep."""
+    value = _quick_decode(raw)
+    if value is not _NOT_QUICK:
+        return value
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -1,15 +1,18 @@
 """radixkv's tree against the peers' own radix caches, side by side in one invocation.
 
-The same sequential replay (the bundled Mooncake synthetic trace, `bundled_trace('mooncake-synthetic')`,
-page 16, file order) runs through
+The same sequential replay (page 16, file order) of the bundled Mooncake synthetic trace
+(`bundled_trace('mooncake-synthetic')`, 3,993 requests, 61M prompt tokens) and of the WEKA coding-agent
+conversations (`../shared/traces/weka_claude_code`, 11 files, 572 requests, 77M prompt tokens, 96% reuse;
+`--traces weka`) runs through
 
   radixkv/list   radixkv's `_SequentialServer` (radixkv/replay/replay.py) fed a Python list per request
   radixkv/int32  the same fed the int32 array `TraceRequest.tokens()` returns
   mini-sglang    `minisgl.kvcache.radix_cache.RadixPrefixCache` fed an int32 CPU torch tensor
   sglang         `sglang.srt.mem_cache.radix_cache.RadixCache` fed a `RadixKey` over array('q')
 
-for two pools: unlimited (nothing is ever evicted) and a 3,000,000-token cap (187,500 pages; LRU
-eviction before allocating). Each request, in every row: match, lock, evict if the pool is short,
+for two pools: unlimited (nothing is ever evicted) and a cap (LRU eviction before allocating):
+3,000,000 tokens for Mooncake (187,500 pages), 1,000,000 for WEKA (62,500 pages; its largest
+request is 623k tokens). Each request, in every row: match, lock, evict if the pool is short,
 allocate the uncached pages (tail page included), insert the prompt's full blocks, unlock, free the
 request's own pages; a request larger than the whole pool is skipped (counted, no insert). The peers
 get a minimal page allocator written here (a free stack of pages handing out page*16+i token slots,
@@ -24,8 +27,8 @@ busy jiffies of /proc/stat over the timed region minus this process's own CPU ti
 Memory: peak RSS growth of the child over the replay (ru_maxrss after minus RSS before, pool built).
 
     python benchmarks/cache/setup_peers.py          # once: peers into benchmarks/cache/peers/
-    python benchmarks/cache/bench_tree_peers.py [--runs 3] [--pools unlimited cap] [--rows ...]
-                                                [--json benchmarks/results/tree_peers.json]
+    python benchmarks/cache/bench_tree_peers.py [--runs 3] [--traces mooncake weka] [--pools unlimited cap]
+                                                [--rows ...] [--json benchmarks/results/tree_peers.json]
 """
 from __future__ import annotations
 
@@ -43,8 +46,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / "peers"
+WEKA = HERE.parents[1].parent / "shared" / "traces" / "weka_claude_code"
 PAGE_SIZE = 16
-CAP_TOKENS = 3_000_000
+CAP_TOKENS = {"mooncake": 3_000_000, "weka": 1_000_000}
+TRACES = list(CAP_TOKENS)
 ROWS = ["radixkv/list", "radixkv/int32", "mini-sglang", "sglang"]
 POOLS = ["unlimited", "cap"]
 
@@ -94,16 +99,19 @@ class _PeerPages:
         self.free_slots(slots)
 
 
-def _requests():
+def _requests(trace: str = "mooncake"):
+    from radixkv.workloads.traces import read_mooncake, read_weka
+
+    if trace == "weka":
+        return read_weka(WEKA).requests
     from radixkv.workloads.data import bundled_trace
-    from radixkv.workloads.traces import read_mooncake
 
     return read_mooncake(bundled_trace("mooncake-synthetic")).requests
 
 
-def _num_pages(requests, pool: str) -> int:
+def _num_pages(requests, pool: str, trace: str = "mooncake") -> int:
     if pool == "cap":
-        return CAP_TOKENS // PAGE_SIZE
+        return CAP_TOKENS[trace] // PAGE_SIZE
     return sum(-(-r.num_prompt_tokens // PAGE_SIZE) for r in requests) + 1
 
 
@@ -216,9 +224,9 @@ def _run_sglang(requests, num_pages: int):
     return prepare, serve, evicts, cache
 
 
-def child(row: str, pool: str) -> dict:
-    requests = _requests()
-    num_pages = _num_pages(requests, pool)
+def child(row: str, pool: str, trace: str) -> dict:
+    requests = _requests(trace)
+    num_pages = _num_pages(requests, pool, trace)
     if row.startswith("radixkv/"):
         prepare, serve, evicts, _keep = _run_radixkv(requests, num_pages, row.split("/")[1])
     elif row == "mini-sglang":
@@ -250,17 +258,17 @@ def child(row: str, pool: str) -> dict:
     busy1, _ = _busy_jiffies()
     hz = os.sysconf("SC_CLK_TCK")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"row": row, "pool": pool, "num_pages": num_pages, "seconds": timed, "cpu_seconds": timed_cpu, "prompt_tokens": prompt,
+    return {"trace": trace, "row": row, "pool": pool, "num_pages": num_pages, "seconds": timed, "cpu_seconds": timed_cpu, "prompt_tokens": prompt,
             "hit_tokens": hits, "hit_rate": hits / prompt, "rejected": rejected, "evict_calls": evicts[0],
             "rss_growth_mb": max(peak - rss0, 0) / 2**20,
             "other_cpu_cores": max((busy1 - busy0) / hz - cpu, 0.0) / wall, "wall_s": wall}
 
 
 # ---- the parent: alternate fresh child processes, summarise -----------------------------------
-def _spawn(row: str, pool: str) -> dict:
+def _spawn(row: str, pool: str, trace: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     load = os.getloadavg()[0]
-    out = subprocess.run([sys.executable, __file__, "--child", row, pool], env=env, check=True,
+    out = subprocess.run([sys.executable, __file__, "--child", row, pool, trace], env=env, check=True,
                          capture_output=True, text=True).stdout
     res = json.loads(out.strip().splitlines()[-1])
     res["load_1m_before"] = load
@@ -289,16 +297,17 @@ def _peer_note() -> dict:
     return note
 
 
-def summarise(runs: list[dict], rows: list[str], pools: list[str]) -> list[dict]:
+def summarise(runs: list[dict], rows: list[str], pools: list[str], traces: list[str] = TRACES) -> list[dict]:
     table = []
-    for pool in pools:
+    for trace, pool in ((t, p) for t in traces for p in pools):
         best_peer = None
+        group = []
         for row in rows:
-            rs = [r for r in runs if r["row"] == row and r["pool"] == pool]
+            rs = [r for r in runs if r["row"] == row and r["pool"] == pool and r.get("trace", "mooncake") == trace]
             if not rs:
                 continue
             secs = [r["seconds"] for r in rs]
-            entry = {"pool": pool, "row": row, "runs": len(rs), "median_s": statistics.median(secs),
+            entry = {"trace": trace, "pool": pool, "row": row, "runs": len(rs), "median_s": statistics.median(secs),
                      "min_s": min(secs), "max_s": max(secs),
                      "median_cpu_s": statistics.median(r["cpu_seconds"] for r in rs), "hit_rate": rs[0]["hit_rate"],
                      "hit_rates_agree": len({r["hit_tokens"] for r in rs}) == 1,
@@ -307,10 +316,11 @@ def summarise(runs: list[dict], rows: list[str], pools: list[str]) -> list[dict]
                      "load_1m": [round(r["load_1m_before"], 2) for r in rs],
                      "other_cpu_cores": [round(r["other_cpu_cores"], 2) for r in rs]}
             table.append(entry)
+            group.append(entry)
             if not row.startswith("radixkv") and (best_peer is None or entry["median_s"] < best_peer["median_s"]):
                 best_peer = entry
-        for e in table:
-            if e["pool"] == pool and e["row"].startswith("radixkv") and best_peer is not None:
+        for e in group:
+            if e["row"].startswith("radixkv") and best_peer is not None:
                 e["vs_fastest_peer"] = e["median_s"] / best_peer["median_s"]
                 e["cpu_vs_fastest_peer"] = e["median_cpu_s"] / best_peer["median_cpu_s"]
                 e["fastest_peer"] = best_peer["row"]
@@ -319,12 +329,12 @@ def summarise(runs: list[dict], rows: list[str], pools: list[str]) -> list[dict]
 
 
 def print_table(table: list[dict]) -> None:
-    print(f"{'pool':<10} {'row':<14} {'median s':>9} {'min-max s':>13} {'cpu s':>6} {'hit rate':>9} {'RSS MB':>8} "
+    print(f"{'trace':<9} {'pool':<10} {'row':<14} {'median s':>9} {'min-max s':>13} {'cpu s':>6} {'hit rate':>9} {'RSS MB':>8} "
           f"{'evicts':>7} {'/fastest':>8} {'cpu/f':>6}  load 1m / other cores per run")
     for e in table:
         ratio = f"{e['vs_fastest_peer']:.2f}" if "vs_fastest_peer" in e else ""
         cratio = f"{e['cpu_vs_fastest_peer']:.2f}" if "cpu_vs_fastest_peer" in e else ""
-        print(f"{e['pool']:<10} {e['row']:<14} {e['median_s']:>9.3f} {e['min_s']:>6.3f}-{e['max_s']:<6.3f} "
+        print(f"{e['trace']:<9} {e['pool']:<10} {e['row']:<14} {e['median_s']:>9.3f} {e['min_s']:>6.3f}-{e['max_s']:<6.3f} "
               f"{e['median_cpu_s']:>6.3f} {e['hit_rate']:>9.4f} {e['rss_growth_mb']:>8.1f} {e['evict_calls']:>7} "
               f"{ratio:>8} {cratio:>6}  "
               f"{e['load_1m']} / {e['other_cpu_cores']}")
@@ -333,10 +343,11 @@ def print_table(table: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--traces", nargs="+", choices=TRACES, default=TRACES)
     ap.add_argument("--pools", nargs="+", choices=POOLS, default=POOLS)
     ap.add_argument("--rows", nargs="+", choices=ROWS, default=ROWS)
     ap.add_argument("--json", type=Path, default=None, help="write the runs and the table here")
-    ap.add_argument("--child", nargs=2, metavar=("ROW", "POOL"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=3, metavar=("ROW", "POOL", "TRACE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)))
@@ -346,14 +357,14 @@ def main() -> None:
     started = datetime.now(timezone.utc)
     for i in range(args.runs):
         order = rows[i % len(rows):] + rows[: i % len(rows)]  # rotate so no row always runs first
-        for pool in args.pools:
+        for trace, pool in ((t, p) for t in args.traces for p in args.pools):
             for row in order:
-                res = _spawn(row, pool)
+                res = _spawn(row, pool, trace)
                 runs.append(res)
-                print(f"# run {i + 1}/{args.runs} {pool:<9} {row:<14} {res['seconds']:.3f} s  "
+                print(f"# run {i + 1}/{args.runs} {trace:<8} {pool:<9} {row:<14} {res['seconds']:.3f} s  "
                       f"hit {res['hit_rate']:.4f}  load {res['load_1m_before']:.2f}  "
                       f"other {res['other_cpu_cores']:.2f} cores", flush=True)
-    table = summarise(runs, rows, args.pools)
+    table = summarise(runs, rows, args.pools, args.traces)
     print_table(table)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
