@@ -72,10 +72,10 @@ def expand_hash_ids(hash_ids: Sequence[int] | np.ndarray, input_length: int,
                          f"{block_tokens} tokens (needs {lo} < input_length <= {hi})")
     if len(ids) == 0:
         return np.empty(0, dtype=np.int32)
-    if int(ids.min()) < 0 or int(ids.max()) >= TOKEN_SPACE // block_tokens:
+    if int(ids.view(np.uint64).max()) >= TOKEN_SPACE // block_tokens:  # one pass: a negative id reads huge
         raise ValueError(f"hash ids must lie in [0, {TOKEN_SPACE // block_tokens}) for "
                          f"{block_tokens}-token blocks, got {int(ids.min())}..{int(ids.max())}")
-    base = ids.astype(np.int32) * np.int32(block_tokens)  # [num_blocks]
+    base = np.multiply(ids, block_tokens, dtype=np.int32, casting="unsafe")  # [num_blocks], fits (checked)
     size = len(ids) * block_tokens
     if out is None:
         flat = np.empty(size, dtype=np.int32)

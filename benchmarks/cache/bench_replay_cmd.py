@@ -15,7 +15,8 @@ Cases (TRACE = the Mooncake synthetic trace, WEKA = the folder of WEKA conversat
   weka-fcfs  radixkv replay WEKA --simulate --page-size 64 --num-pages 2000 --policy fcfs
   weka-lpm   the same with --policy lpm                        (the target: <= 1.5x weka-fcfs)
 `radixkv` is the console script next to this Python (its pyenv shim adds ~0.1 s when run as
-`radixkv` from a shell; the figures here exclude it).
+`radixkv` from a shell; the figures here exclude it). `--bytecode-cache`: Python's default module
+cache on (this environment sets PYTHONDONTWRITEBYTECODE=1, so radixkv's sources compile each run).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,6 +39,8 @@ DEFAULT_TRACES = ROOT.parent / "shared" / "traces"
 
 def cases(traces: Path) -> dict[str, list[str]]:
     trace = str(traces / "mooncake" / "synthetic_trace.jsonl")
+    if not Path(trace).exists():  # the same file, bundled with the package
+        trace = "mooncake-synthetic"
     weka = str(traces / "weka_claude_code")
     sim = ["--simulate", "--page-size", "64", "--num-pages", "2000"]
     return {"seq": ["replay", trace, "--sequential"],
@@ -59,8 +63,11 @@ def radixkv_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "radixkv.cli"]
 
 
-def run_once(argv: list[str]) -> dict:
+def run_once(argv: list[str], pycache: str | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    if pycache is not None:  # Python's default: compiled modules cached (here in a private folder)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = pycache
     load = os.getloadavg()[0]
     busy0 = _busy_jiffies()
     t0 = time.perf_counter()
@@ -88,6 +95,9 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", default=None, help="default: all")
     ap.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--bytecode-cache", action="store_true",
+                    help="let Python cache compiled modules (its default; PYTHONDONTWRITEBYTECODE=1 "
+                         "otherwise recompiles radixkv's sources on every run), in a temporary folder")
     args = ap.parse_args()
     table = cases(args.traces)
     names = args.cases or list(table)
@@ -95,12 +105,15 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown cases {sorted(unknown)}; known: {list(table)}")
     cmd = radixkv_command()
+    pycache = tempfile.mkdtemp(prefix="radixkv-pyc-") if args.bytecode_cache else None
+    if pycache is not None:
+        run_once(cmd + table[names[0]], pycache)  # warm-up: writes the cache
     started = datetime.now(timezone.utc)
     runs: list[dict] = []
     for i in range(args.runs):
         order = names[i % len(names):] + names[: i % len(names)]
         for name in order:
-            res = run_once(cmd + table[name])
+            res = run_once(cmd + table[name], pycache)
             res.update(case=name, round=i + 1)
             runs.append(res)
             print(f"# {i + 1}/{args.runs} {name:<10} wall {res['wall_s']:.3f} s cpu {res['cpu_s']:.3f} s "
@@ -129,6 +142,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"command": " ".join([Path(sys.executable).name, *sys.argv]),
                                          "started_utc": started.isoformat(), "radixkv": cmd, "cpus": os.cpu_count(),
+                                         "bytecode_cache": pycache is not None,
                                          "summary": summary, "runs": runs}, indent=1))
 
 

@@ -3,7 +3,7 @@
 The same sequential replay (page 16, file order) of the bundled Mooncake synthetic trace
 (`bundled_trace('mooncake-synthetic')`, 3,993 requests, 61M prompt tokens) and of the WEKA coding-agent
 conversations (`../shared/traces/weka_claude_code`, 11 files, 572 requests, 77M prompt tokens, 96% reuse;
-`--traces weka`) runs through
+`--traces weka`; another folder in $RADIXKV_WEKA_TRACES) runs through
 
   radixkv/list   radixkv's `_SequentialServer` (radixkv/replay/replay.py) fed a Python list per request
   radixkv/int32  the same fed the int32 array `TraceRequest.tokens()` returns
@@ -46,7 +46,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / "peers"
-WEKA = HERE.parents[1].parent / "shared" / "traces" / "weka_claude_code"
+WEKA = Path(os.environ.get("RADIXKV_WEKA_TRACES", HERE.parents[1].parent / "shared" / "traces" / "weka_claude_code"))
 PAGE_SIZE = 16
 CAP_TOKENS = {"mooncake": 3_000_000, "weka": 1_000_000}
 TRACES = list(CAP_TOKENS)
