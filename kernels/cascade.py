@@ -1,0 +1,515 @@
+"""Cascade (shared-prefix) decode: a prefix shared by a group of rows is read once per group, not once a row.
+
+One cascade level is a set of groups; group g is a set of decode rows whose first prefix_lens[g] tokens
+are the same pages (a node of the radix tree several running requests sit under). Layout (CascadeGroups):
+
+    group_start   int32 [G + 1]              CSR offsets: group g owns group_rows[group_start[g] : group_start[g + 1]]
+    group_rows    int32 [R]                  batch rows (indices into q), each in at most one group of a level
+    prefix_pages  int32 [G, max_prefix_pages] group g's shared page run (a page-table row)
+    prefix_lens   int32 [G]                  tokens of the run (a multiple of page_size when suffix tables
+                                             start after it, as plan_cascade builds them)
+    suffix_pages  int32 [B, max_suffix_pages] (CascadePlan) each row's pages after its group's run (all of
+                                             them for a row in no group), suffix_lens int32 [B] their tokens
+
+Three launches (cascade_decode composes them):
+1. cascade_prefix_attention: grid (M tiles, Hkv, G x splits). A program stacks BLOCK_M query rows of ONE
+   group and ONE KV head, rows = (decode row, q head of the GQA group) pairs in group order, as the M
+   dimension of tl.dot (a prefill-like tile: tensor cores, no causal mask: every row sees the whole
+   prefix), and streams the group's prefix keys gathered from its pages (a split's share of them:
+   flash-decoding splits keep the GPU busy when groups are few). Programs past a group's rows do nothing.
+2. paged_decode_partial: decode.py's kernel over the suffix tables in its split mode (FP8 pages on the
+   GPU: paged_decode_fp8's Gluon kernel, as paged_decode dispatches), so it returns states, not outputs.
+3. merge_attention_states: every state of a (row, head) folded by the max-subtracted log-sum-exp rule.
+
+Partial attention states (decode.py's split partials, so one merge takes any mix):
+    o    float32 [B, Hq, S, D]   S states per (row, q head), each normalised over its own keys
+    lse  float32 [B, Hq, S]      log2 of the state's softmax denominator, in the kernels' units
+                                 (scores q.k * sm_scale * log2(e)); -inf for an empty state (its o is
+                                 then ignored: it may be zeros or unwritten)
+Rows in no group get prefix states with lse -inf (and o 0). FP8 pages (per-token-per-head k_scale /
+v_scale [P, S, Hkv], any strides, e.g. KVStore's head-major pages) are dequantised in-kernel as in
+decode.py: K scales multiply the score columns, V scales the probabilities. INT4/INT2 pages are not
+supported here yet. bf16 runs on the GPU only (the interpreter mis-computes bf16 dots; tests use fp16/fp32).
+Values of the index tensors are checked on CPU only (launch.py's rule); on CUDA they are the caller's.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .decode import _kernel as _decode_kernel
+from .dispatch import choose_num_splits, decode_warps_per_sm, fp8_decode_gluon, sm_count
+from .launch import (
+    CPU_TILES,
+    LOG2E,
+    IndexValueError,
+    KernelConfig,
+    KernelKind,
+    as_index,
+    check_paged_args,
+    check_tensor,
+    default_config,
+    for_device,
+    host_float,
+    host_int,
+    launch_options,
+)
+
+# Shared-prefix tiles on the GPU (head_dim 128): 128 stacked query rows (two warpgroups) x 64 keys, 32 over
+# FP8 pages (the widening converts need the registers: 64-key FP8 tiles spill in an sm_90 compile). Not yet
+# timed on the H200 (benchmarks/kernels/bench_cascade.py --sweep does).
+PREFIX_GPU = KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+PREFIX_FP8_GPU = KernelConfig(block_m=128, block_n=32, num_warps=8, num_stages=3)
+PREFIX_FP32_GPU = KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
+MIN_PREFIX_KEYS_PER_SPLIT = 256
+
+
+@triton.jit
+def _prefix_tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, hi, qk_scale, kv_head, scale_head,
+                 stride_cp, stride_cs, stride_cd, stride_xp, stride_xs, offs_d, d_mask,
+                 PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IS_FP8: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """Keys k_lo : k_lo + BLOCK_N (those below hi when MASKED) folded into the online softmax state."""
+    offs_n = k_lo + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < hi
+    if MASKED:
+        page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+    else:
+        page = tl.load(pt_row + offs_n // PAGE_SIZE).to(tl.int64)
+        kv_mask = d_mask[None, :]
+    row = page * stride_cp + (offs_n % PAGE_SIZE) * stride_cs + kv_head  # [BLOCK_N]
+    k = tl.load(kc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+    qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+    if IS_FP8:  # K scales and qk_scale multiply the score columns
+        xrow = page * stride_xp + (offs_n % PAGE_SIZE) * stride_xs + scale_head
+        qk = qk * (tl.load(ks_ptr + xrow, mask=n_mask, other=0.0).to(tl.float32) * qk_scale)[None, :]
+        exp_scale = 1.0
+    else:  # qk_scale joins the exponent: one FFMA per score
+        exp_scale = qk_scale
+    if MASKED:
+        qk = tl.where(n_mask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1) * exp_scale)
+    alpha = tl.exp2(m_i - m_new)
+    acc = acc * alpha[:, None]
+    p = tl.exp2(qk * exp_scale - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if IS_FP8:
+        p = p * tl.load(vs_ptr + xrow, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    v = tl.load(vc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)
+    acc += tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefix_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, plen_ptr, gstart_ptr, grows_ptr, o_ptr, lse_ptr,
+                   qk_scale,
+                   stride_qb, stride_qh, stride_qd,
+                   stride_cp, stride_cs, stride_ch, stride_cd,
+                   stride_xp, stride_xs, stride_xh, stride_ptg,
+                   stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls, num_splits,
+                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    tile = tl.program_id(0)  # M tiles of one (group, KV head, split) are launch neighbours: K/V shared in L2
+    kvh = tl.program_id(1)
+    g = tl.program_id(2) // num_splits
+    split = tl.program_id(2) % num_splits
+    r0 = tl.load(gstart_ptr + g)
+    m_total = (tl.load(gstart_ptr + g + 1) - r0) * GROUP  # stacked (row, head) pairs of the group
+    plen = tl.load(plen_ptr + g)
+    per_split = tl.cdiv(tl.cdiv(plen, num_splits), BLOCK_N) * BLOCK_N  # tile-aligned key range of this split
+    lo = split * per_split
+    n_keys = tl.where(tile * BLOCK_M < m_total, tl.maximum(tl.minimum(lo + per_split, plen) - lo, 0), 0)
+    n_full = (n_keys // BLOCK_N) * BLOCK_N
+
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < m_total
+    d_mask = offs_d < HEAD_DIM
+    rows = tl.load(grows_ptr + r0 + offs_m // GROUP, mask=m_mask, other=0).to(tl.int64)  # [BLOCK_M] batch rows
+    heads = kvh * GROUP + offs_m % GROUP  # [BLOCK_M] q heads
+    q = tl.load(q_ptr + rows[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # q: [BLOCK_M, BLOCK_D]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    pt_row = pt_ptr + g.to(tl.int64) * stride_ptg
+    kv_head = kvh.to(tl.int64) * stride_ch
+    scale_head = kvh * stride_xh
+    hi = lo + n_keys
+    # ---- whole tiles, no mask
+    for start in range(0, n_full, BLOCK_N):
+        acc, m_i, l_i = _prefix_tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, lo + start, hi,
+                                     qk_scale, kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp,
+                                     stride_xs, offs_d, d_mask, PAGE_SIZE, BLOCK_N, False, IS_FP8, DOT_PRECISION)
+    # ---- the split's last, partial tile
+    for start in range(0, n_keys - n_full, BLOCK_N):
+        acc, m_i, l_i = _prefix_tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, lo + n_full + start,
+                                     hi, qk_scale, kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp,
+                                     stride_xs, offs_d, d_mask, PAGE_SIZE, BLOCK_N, True, IS_FP8, DOT_PRECISION)
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    tl.store(o_ptr + rows[:, None] * stride_ob + heads[:, None] * stride_oh + split * stride_os
+             + offs_d[None, :] * stride_od, o, mask=m_mask[:, None] & d_mask[None, :])
+    lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+    tl.store(lse_ptr + rows * stride_lb + heads * stride_lh + split * stride_ls, lse, mask=m_mask)
+
+
+@triton.jit
+def _fold_state(m, l, acc, o_ptrs, lse_ptrs, h_mask, d_mask):
+    """One partial state (o [BLOCK_H, BLOCK_D], lse [BLOCK_H]) folded into the running merge."""
+    lse = tl.load(lse_ptrs, mask=h_mask, other=float("-inf"))
+    m_new = tl.maximum(m, lse)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: no inf - inf
+    alpha = tl.exp2(m - m_safe)
+    w = tl.exp2(lse - m_safe)
+    live = h_mask & (lse > float("-inf"))  # an empty state's o is never read (it may be unwritten)
+    o = tl.load(o_ptrs, mask=live[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+    return m_new, l * alpha + w, acc * alpha[:, None] + o * w[:, None]
+
+
+@triton.jit
+def _merge_kernel(oa_ptr, la_ptr, ob_ptr, lb_ptr, out_ptr, lse_out_ptr, num_heads, num_a, num_b,
+                  stride_oab, stride_oah, stride_oas, stride_oad, stride_lab, stride_lah, stride_las,
+                  stride_obb, stride_obh, stride_obs, stride_obd, stride_lbb, stride_lbh, stride_lbs,
+                  stride_outb, stride_outh, stride_outd, stride_lob, stride_loh,
+                  HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, WRITE_LSE: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_mask = heads < num_heads
+    d_mask = offs_d < HEAD_DIM
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    oa = oa_ptr + b * stride_oab + heads[:, None] * stride_oah + offs_d[None, :] * stride_oad
+    la = la_ptr + b * stride_lab + heads * stride_lah
+    for s in range(num_a):
+        m, l, acc = _fold_state(m, l, acc, oa + s * stride_oas, la + s * stride_las, h_mask, d_mask)
+    ob = ob_ptr + b * stride_obb + heads[:, None] * stride_obh + offs_d[None, :] * stride_obd
+    lb = lb_ptr + b * stride_lbb + heads * stride_lbh
+    for s in range(num_b):
+        m, l, acc = _fold_state(m, l, acc, ob + s * stride_obs, lb + s * stride_lbs, h_mask, d_mask)
+    l_safe = tl.where(l > 0, l, 1.0)
+    tl.store(out_ptr + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :] * stride_outd,
+             (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
+    if WRITE_LSE:
+        tl.store(lse_out_ptr + b * stride_lob + heads * stride_loh,
+                 tl.where(l > 0, m + tl.log2(l_safe), float("-inf")), mask=h_mask)
+
+
+# ----------------------------------------------------------------------------- the group layout
+class CascadeGroups(NamedTuple):
+    """One cascade level's groups (device tensors; shapes in the module docstring) and host bounds."""
+
+    group_start: Tensor  # int32 [G + 1]
+    group_rows: Tensor  # int32 [R]
+    prefix_pages: Tensor  # int32 [G, max_prefix_pages]
+    prefix_lens: Tensor  # int32 [G]
+    max_group_rows: int  # rows of the largest group: sizes the grid without a host sync
+
+
+class CascadePlan(NamedTuple):
+    """A decode batch as one cascade level plus each row's own pages after it (plan_cascade builds it)."""
+
+    groups: CascadeGroups
+    suffix_pages: Tensor  # int32 [B, max_suffix_pages]
+    suffix_lens: Tensor  # int32 [B]
+    max_suffix_len: int  # host: the longest suffix (picks the suffix split count)
+    empty_suffix: bool  # host: some row has suffix_lens 0 (all its tokens shared)
+
+
+def plan_cascade(page_tables: Sequence[Sequence[int]], seq_lens: Sequence[int],
+                 groups: Sequence[tuple[Sequence[int], int]], page_size: int, device: torch.device | str) -> CascadePlan:
+    """Host lists -> a CascadePlan on `device`. page_tables[b] / seq_lens[b]: row b's whole sequence;
+    groups: (rows, shared_tokens) pairs, shared_tokens a multiple of page_size that every row of the group
+    has, on the same pages. Rows in no group attend their whole sequence as the suffix. ValueError names
+    the group or row that does not fit."""
+    fn = "plan_cascade"
+    page_size = host_int(fn, "page_size", page_size, lo=1)
+    B = len(page_tables)
+    if len(seq_lens) != B:
+        raise ValueError(f"{fn}: {B} page tables but {len(seq_lens)} seq_lens")
+    shared = [0] * B
+    in_group = [False] * B
+    starts, flat, runs, lens = [0], [], [], []
+    for gi, (rows, n) in enumerate(groups):
+        rows, n = [int(r) for r in rows], int(n)
+        if not rows:
+            raise ValueError(f"{fn}: groups[{gi}] has no rows")
+        if n < 0 or n % page_size:
+            raise ValueError(f"{fn}: groups[{gi}] shares {n} tokens, not a whole number of {page_size}-token pages")
+        run = list(page_tables[rows[0]][: n // page_size]) if 0 <= rows[0] < B else []
+        for r in rows:
+            if not 0 <= r < B:
+                raise ValueError(f"{fn}: groups[{gi}] names row {r} outside the batch of {B}")
+            if in_group[r]:
+                raise ValueError(f"{fn}: row {r} is in two groups (groups[{gi}] and an earlier one)")
+            if n > seq_lens[r] or list(page_tables[r][: n // page_size]) != run:
+                raise ValueError(f"{fn}: row {r} of groups[{gi}] does not hold the group's {n} shared tokens "
+                                 "on the same pages")
+            in_group[r], shared[r] = True, n
+        flat += rows
+        starts.append(len(flat))
+        runs.append(run)
+        lens.append(n)
+    suffix = [list(page_tables[b][shared[b] // page_size: -(-seq_lens[b] // page_size)]) for b in range(B)]
+    suffix_lens = [seq_lens[b] - shared[b] for b in range(B)]
+
+    def table(rows: list[list[int]]) -> Tensor:
+        width = max([len(r) for r in rows] + [1])
+        return torch.tensor([r + [0] * (width - len(r)) for r in rows] or [[0]], dtype=torch.int32)[: len(rows)]
+
+    i32 = {"dtype": torch.int32, "device": device}
+    cg = CascadeGroups(torch.tensor(starts, **i32), torch.tensor(flat, **i32), table(runs).to(device),
+                       torch.tensor(lens, **i32), max([starts[g + 1] - starts[g] for g in range(len(lens))] + [0]))
+    return CascadePlan(cg, table(suffix).to(device), torch.tensor(suffix_lens, **i32), max(suffix_lens + [0]),
+                       min(suffix_lens + [1]) == 0)
+
+
+def _check_groups(fn: str, q: Tensor, k_cache: Tensor, prefix_pages: Tensor, prefix_lens: Tensor,
+                  group_start: Tensor, group_rows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Shapes and dtypes always; on CPU also the values (IndexValueError naming the argument)."""
+    pages = as_index(fn, "prefix_pages", prefix_pages, None, 2)
+    G = pages.shape[0]
+    lens = as_index(fn, "prefix_lens", prefix_lens, (G,), 1)
+    start = as_index(fn, "group_start", group_start, (G + 1,), 1)
+    rows = as_index(fn, "group_rows", group_rows, None, 1)
+    if len({t.device for t in (q, prefix_pages, prefix_lens, group_start, group_rows)}) != 1:
+        raise ValueError(f"{fn}: prefix_pages, prefix_lens, group_start and group_rows must be on q's device {q.device}")
+    if q.device.type != "cpu":
+        return pages, lens, start, rows
+    num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
+    B, R, cap = q.shape[0], rows.shape[0], pages.shape[1] * page_size
+    s = start.tolist()
+    if s[0] != 0 or s[-1] != R or any(a > b for a, b in itertools.pairwise(s)):
+        raise IndexValueError(f"{fn}: group_start must rise from 0 to len(group_rows) = {R}, got {s}")
+    r = rows.tolist()
+    bad = [x for x in r if not 0 <= x < B]
+    if bad or len(set(r)) != R:
+        why = f"row {bad[0]} outside q's {B} rows" if bad else "a row in two groups"
+        raise IndexValueError(f"{fn}: group_rows holds {why}")
+    for g, n in enumerate(lens.tolist()):
+        if not 0 <= n <= cap:
+            raise IndexValueError(f"{fn}: prefix_lens[{g}] = {n} out of range [0, {cap}] (prefix_pages rows of "
+                                  f"{pages.shape[1]} pages x {page_size} tokens)")
+        used = pages[g, : -(-n // page_size)]
+        if used.numel() and not (0 <= int(used.min()) and int(used.max()) < num_pages):
+            j = int(((used < 0) | (used >= num_pages)).nonzero()[0])
+            raise IndexValueError(f"{fn}: prefix_pages[{g}, {j}] = {int(used[j])} out of range [0, {num_pages})")
+    return pages, lens, start, rows
+
+
+def _check_float_cache(fn: str, k_cache: Tensor) -> None:
+    if k_cache.dtype == torch.uint8:
+        raise ValueError(f"{fn}: INT4/INT2 (uint8) pages are not supported by the cascade kernels yet")
+
+
+def _check_attention_args(fn: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
+                          v_scale: Tensor | None) -> bool:
+    """q, caches and scales as paged_decode checks them (launch.check_paged_args, through an empty page
+    table, so the group tensors keep their own names in _check_groups). Returns whether pages are FP8."""
+    dev = q.device if isinstance(q, Tensor) else None
+    empty = torch.zeros(0, 1, dtype=torch.int32, device=dev)
+    args = check_paged_args(fn, q, k_cache, v_cache, empty, empty[:, 0], k_scale, v_scale)
+    _check_float_cache(fn, k_cache)
+    return args.fp8
+
+
+def prefix_num_splits(tiles: int, num_kv_heads: int, max_prefix_len: int, num_sms: int,
+                      min_keys: int = MIN_PREFIX_KEYS_PER_SPLIT, max_splits: int = 64) -> int:
+    """Key splits of the shared-prefix kernel: none when its tiles x KV heads programs already fill two
+    waves; else the fewest splits (each of >= min_keys keys) whose waves of one program per SM waste
+    within 5% of the best (one 128-row program fills an SM)."""
+    programs = max(1, tiles * num_kv_heads)
+    cap = int(max(1, min(max_splits, max_prefix_len // min_keys)))
+    if programs >= 2 * num_sms:
+        return 1
+    cost = [-(-programs * s // num_sms) / s for s in range(1, cap + 1)]
+    return next(s for s, c in enumerate(cost, 1) if c <= min(cost) * 1.05)
+
+
+def suffix_num_splits(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None, plan: CascadePlan) -> int:
+    """Splits of the suffix decode, by paged_decode's rule (dispatch.choose_num_splits for the kernel that
+    runs: the Gluon FP8 one unless a suffix is empty) over the plan's longest suffix."""
+    hkv = k_cache.shape[2]
+    warps = 0 if plan.empty_suffix else decode_warps_per_sm(q.dtype, k_cache, v_cache, k_scale, q.shape[1] // hkv)
+    return choose_num_splits(q.shape[0], hkv, plan.max_suffix_len, sm_count(q.device), warps_per_sm=warps)
+
+
+def _prefix_config(q: Tensor, k_cache: Tensor) -> KernelConfig:
+    if q.device.type == "cpu":
+        return CPU_TILES
+    if q.element_size() == 4 or k_cache.element_size() == 4:
+        return PREFIX_FP32_GPU
+    return PREFIX_FP8_GPU if k_cache.element_size() == 1 else PREFIX_GPU
+
+
+# ----------------------------------------------------------------------------- launchers
+def cascade_prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix_pages: Tensor, prefix_lens: Tensor,
+                             group_start: Tensor, group_rows: Tensor, sm_scale: float | None = None,
+                             k_scale: Tensor | None = None, v_scale: Tensor | None = None, *,
+                             max_group_rows: int | None = None, num_splits: int | None = None,
+                             config: KernelConfig | None = None) -> tuple[Tensor, Tensor]:
+    """Each group's rows (all their q heads) against the group's shared prefix, no causal mask.
+
+    q: [B, Hq, D]; caches [P, S, Hkv, D]; group tensors as the module docstring. Returns partial states
+    (o float32 [B, Hq, num_splits, D], lse float32 [B, Hq, num_splits]); rows in no group: lse -inf, o 0.
+    max_group_rows (host int) sizes the grid (default len(group_rows): exact for one group, no host sync);
+    num_splits cuts each prefix into that many key ranges (default: prefix_num_splits).
+    """
+    fn = "cascade_prefix_attention"
+    fp8 = _check_attention_args(fn, q, k_cache, v_cache, k_scale, v_scale)
+    pages, lens, start, rows = _check_groups(fn, q, k_cache, prefix_pages, prefix_lens, group_start, group_rows)
+    B, hq, d = q.shape
+    hkv, page_size = k_cache.shape[2], k_cache.shape[1]
+    group, G, R = hq // hkv, pages.shape[0], rows.shape[0]
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else host_float(fn, "sm_scale", sm_scale, positive=True)
+    max_group_rows = R if max_group_rows is None else host_int(fn, "max_group_rows", max_group_rows)
+    if q.device.type == "cpu" and G and max_group_rows < int((start[1:] - start[:-1]).max()):
+        raise IndexValueError(f"{fn}: max_group_rows = {max_group_rows} is below the largest group's rows")
+    config = config or _prefix_config(q, k_cache)
+    if num_splits is None:
+        tiles = max(G, triton.cdiv(R * group, config.block_m))
+        num_splits = prefix_num_splits(tiles, hkv, pages.shape[1] * page_size, sm_count(q.device))
+    num_splits = host_int(fn, "num_splits", num_splits, lo=1)
+    f32 = {"dtype": torch.float32, "device": q.device}
+    if R >= B:  # rows are unique (checked on CPU, the caller's duty on CUDA): every row is in a group
+        o, lse = torch.empty(B, hq, num_splits, d, **f32), torch.empty(B, hq, num_splits, **f32)
+    else:
+        o, lse = torch.zeros(B, hq, num_splits, d, **f32), torch.full((B, hq, num_splits), float("-inf"), **f32)
+    tiles = triton.cdiv(max_group_rows * group, config.block_m)
+    if G == 0 or tiles == 0 or B == 0:
+        return o, lse
+    xs = k_scale.stride() if fp8 else (0, 0, 0)
+    for_device(_prefix_kernel, q.device)[(tiles, hkv, G * num_splits)](
+        q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, pages, lens, start, rows,
+        o, lse, sm_scale * LOG2E, *q.stride(), *k_cache.stride(), *xs, pages.stride(0), *o.stride(), *lse.stride(),
+        num_splits, GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size, BLOCK_M=config.block_m,
+        BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=config.block_n, IS_FP8=fp8,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
+    return o, lse
+
+
+def paged_decode_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor,
+                         sm_scale: float | None = None, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+                         num_splits: int = 1, config: KernelConfig | None = None) -> tuple[Tensor, Tensor]:
+    """paged_decode's attention as partial states: (o float32 [B, Hq, num_splits, D], lse float32
+    [B, Hq, num_splits]), the split partials of decode.py's kernel, unmerged. seq_lens may be 0 (lse -inf),
+    except on the GPU's FP8 Gluon path (taken where paged_decode takes it, with num_splits raised to >= 2
+    since that kernel writes states only when split), where every row needs a token."""
+    fn = "paged_decode_partial"
+    args = check_paged_args(fn, q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, min_seq_len=0)
+    _check_float_cache(fn, k_cache)
+    B, hq, d = q.shape
+    if B != args.page_table.shape[0]:
+        raise ValueError(f"{fn}: q has {B} rows, page_table {args.page_table.shape[0]}")
+    num_splits = host_int(fn, "num_splits", num_splits, lo=1)
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else host_float(fn, "sm_scale", sm_scale)
+    gluon_fp8 = args.fp8 and config is None and fp8_decode_gluon(q, k_cache, v_cache, q)
+    if gluon_fp8:
+        num_splits = max(2, num_splits)
+    block_d = d if gluon_fp8 else max(16, triton.next_power_of_2(d))
+    mid_o = torch.empty(B, hq, num_splits, block_d, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(B, hq, num_splits, dtype=torch.float32, device=q.device)
+    if B == 0:
+        return mid_o[..., :d], mid_lse
+    fp8, hkv = args.fp8, k_cache.shape[2]
+    if gluon_fp8:
+        from .decode_fp8_gluon import launch
+
+        launch(q, k_cache, v_cache, k_scale, v_scale, args.page_table, args.seq_lens, sm_scale * LOG2E, num_splits,
+               q, mid_o, mid_lse)
+        return mid_o, mid_lse
+    config = config or default_config(KernelKind.DECODE, q, k_cache)
+    xs = k_scale.stride() if fp8 else (0, 0, 0)
+    for_device(_decode_kernel, q.device)[(hkv, B, num_splits)](
+        q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, args.page_table,
+        args.seq_lens, q, mid_o, mid_lse, sm_scale * LOG2E, *q.stride(), *k_cache.stride(), *xs,
+        args.page_table.stride(0), *q.stride(), num_splits, GROUP=hq // hkv, HEAD_DIM=d,
+        PAGE_SIZE=k_cache.shape[1], BLOCK_H=max(16, triton.next_power_of_2(hq // hkv)), BLOCK_D=block_d,
+        BLOCK_N=config.block_n, SPLIT=True, IS_FP8=fp8, K_FIRST=config.k_first,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
+    return mid_o[..., :d], mid_lse
+
+
+def _as_states(fn: str, name: str, o: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
+    """o [B, Hq, D] / lse [B, Hq] (one state) or o [B, Hq, S, D] / lse [B, Hq, S], as 4-D / 3-D views."""
+    if not isinstance(o, Tensor) or o.dim() not in (3, 4):
+        raise ValueError(f"{fn}: o_{name} must be a [B, Hq, D] or [B, Hq, S, D] tensor, got "
+                         f"{tuple(o.shape) if isinstance(o, Tensor) else type(o).__name__}")
+    check_tensor(fn, f"o_{name}", o, o.dim(), (torch.float32, torch.float16, torch.bfloat16))
+    check_tensor(fn, f"lse_{name}", lse, o.dim() - 1, (torch.float32,))
+    if o.dim() == 3:
+        o, lse = o.unsqueeze(2), lse.unsqueeze(2)
+    if tuple(lse.shape) != tuple(o.shape[:3]):
+        raise ValueError(f"{fn}: lse_{name} shape {tuple(lse.shape)} does not match o_{name} {tuple(o.shape)}")
+    return o, lse
+
+
+def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor, *, out: Tensor | None = None,
+                           out_dtype: torch.dtype | None = None, return_lse: bool = False):
+    """Attention over the union of two disjoint key sets from their partial states (module docstring:
+    [B, Hq, S, D] / [B, Hq, S], or one state as [B, Hq, D] / [B, Hq]; every state of a and b is folded).
+    Returns o [B, Hq, D] in out_dtype (default o_a's; or written into `out`), and with return_lse its
+    lse float32 [B, Hq] (a state again, for merging another level). Rows with every state empty: o 0,
+    lse -inf."""
+    fn = "merge_attention_states"
+    (oa, la), (ob, lb) = _as_states(fn, "a", o_a, lse_a), _as_states(fn, "b", o_b, lse_b)
+    B, hq, _, d = oa.shape
+    if (ob.shape[0], ob.shape[1], ob.shape[3]) != (B, hq, d):
+        raise ValueError(f"{fn}: o_b {tuple(o_b.shape)} does not match o_a {tuple(o_a.shape)} in rows, heads, dim")
+    if len({t.device for t in (oa, la, ob, lb)}) != 1:
+        raise ValueError(f"{fn}: all states must be on one device")
+    if out is None:
+        out = torch.empty(B, hq, d, dtype=out_dtype or o_a.dtype, device=oa.device)
+    elif not isinstance(out, Tensor) or tuple(out.shape) != (B, hq, d) or out.device != oa.device:
+        raise ValueError(f"{fn}: out must be a [{B}, {hq}, {d}] tensor on {oa.device}")
+    lse_out = torch.empty(B, hq, dtype=torch.float32, device=oa.device) if return_lse else out
+    if B and hq:
+        block_h = min(16, triton.next_power_of_2(hq))
+        lso = lse_out.stride() if return_lse else (0, 0)
+        for_device(_merge_kernel, oa.device)[(B, triton.cdiv(hq, block_h))](
+            oa, la, ob, lb, out, lse_out, hq, oa.shape[2], ob.shape[2], *oa.stride(), *la.stride(), *ob.stride(),
+            *lb.stride(), *out.stride(), *lso, HEAD_DIM=d, BLOCK_H=block_h,
+            BLOCK_D=max(16, triton.next_power_of_2(d)), WRITE_LSE=return_lse,
+            **({"num_warps": 4} if oa.device.type == "cuda" else {}))
+    return (out, lse_out) if return_lse else out
+
+
+def cascade_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePlan, sm_scale: float | None = None,
+                   k_scale: Tensor | None = None, v_scale: Tensor | None = None, *, prefix_splits: int | None = None,
+                   suffix_splits: int | None = None, prefix_config: KernelConfig | None = None,
+                   suffix_config: KernelConfig | None = None, out: Tensor | None = None) -> Tensor:
+    """paged_decode of q [B, Hq, D] over each row's whole sequence, computed as the plan's shared prefixes
+    (once per group) + each row's suffix + the merge. Returns [B, Hq, D] in q's dtype (or `out`).
+    A plan with no groups is plain paged_decode over the suffix tables (the whole sequences)."""
+    if not isinstance(plan, CascadePlan):
+        raise ValueError(f"cascade_decode: plan must be a CascadePlan, got {type(plan).__name__}")  # noqa: TRY004
+    g = plan.groups
+    check_paged_args("cascade_decode", q, k_cache, v_cache, plan.suffix_pages, plan.suffix_lens, k_scale, v_scale)
+    if suffix_splits is None:
+        suffix_splits = suffix_num_splits(q, k_cache, v_cache, k_scale, plan)
+    if g.prefix_pages.shape[0] == 0 and not plan.empty_suffix:
+        from .decode import paged_decode
+
+        return paged_decode(q, k_cache, v_cache, plan.suffix_pages, plan.suffix_lens, sm_scale, k_scale, v_scale,
+                            num_splits=suffix_splits, config=suffix_config, out=out)
+    o_p, lse_p = cascade_prefix_attention(q, k_cache, v_cache, g.prefix_pages, g.prefix_lens, g.group_start,
+                                          g.group_rows, sm_scale, k_scale, v_scale, max_group_rows=g.max_group_rows,
+                                          num_splits=prefix_splits, config=prefix_config)
+    # An empty suffix keeps the Triton kernel (explicit config): the Gluon one needs a token a row.
+    if plan.empty_suffix and suffix_config is None:
+        suffix_config = default_config(KernelKind.DECODE, q, k_cache)
+    o_s, lse_s = paged_decode_partial(q, k_cache, v_cache, plan.suffix_pages, plan.suffix_lens, sm_scale, k_scale,
+                                      v_scale, num_splits=suffix_splits, config=suffix_config)
+    return merge_attention_states(o_p, lse_p, o_s, lse_s, out=out, out_dtype=q.dtype)
