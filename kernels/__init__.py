@@ -19,15 +19,16 @@ One kernel a file: store.py, decode.py, decode_fp8_gluon.py, prefill.py, prefill
 norm.py, activation.py, rope.py, sample.py (the sampler's hash + Gumbel-max draw), nucleus.py
 (top-p / min-p draws by rejection).
 Beside them: dispatch.py (which kernel runs, with how many splits; environment switches read once),
-launch.py (tile configs, argument checks), fp8.py (quantisation helpers) and reference.py (the
-plain-PyTorch twins, the ground truth).
+launch.py (tile configs, argument checks), fp8.py and intq.py (FP8 and INT4/INT2 formats and
+quantisation helpers) and reference.py (the plain-PyTorch twins, the ground truth).
 The Triton modules load on first access to these names, so importing the package (or
-`radixkv.kernels.reference`, `.dispatch`, `.fp8`, which the CPU engine and the attention front use)
-never imports Triton. Tests that run the kernels on CPU must set TRITON_INTERPRET=1 before Triton
+`radixkv.kernels.reference`, `.dispatch`, `.fp8`, `.intq`, which the CPU engine and the attention
+front use) never imports Triton. Tests that run the kernels on CPU must set TRITON_INTERPRET=1 before Triton
 is first imported.
 
 GPU-only checks (the interpreter gets them wrong): bf16 q/pages and the bit-exactness of
-in-kernel FP8 quantisation are verified by benchmarks/kernels/bench_kernels.py's correctness phase;
+in-kernel FP8 quantisation (and INT4/INT2 attention under bf16 q) are verified by
+benchmarks/kernels/bench_kernels.py's correctness phase;
 bf16 layer kernels (and libdevice's exp/rsqrt, which the interpreter lacks) by
 benchmarks/kernels/bench_layer_kernels.py's.
 """

@@ -18,6 +18,9 @@ IndexValueError (both an IndexError and a ValueError) naming the argument, its i
 The fast path is one min/max reduction per index tensor and, for prefill, one Python pass over the B
 rows, so the CPU engine (reference.py) pays next to nothing. Host numbers (sm_scale, num_splits,
 max_q_len, rms_norm's eps) are checked on every device.
+Cache formats (check_scales): 16/32-bit pages take no scales; FP8 pages k_scale, v_scale [P, S, Hkv];
+INT4/INT2 pages are uint8 [P, S, Hkv, D * bits / 8] (bits read from the ratio of q's or k's head_dim to
+the packed width, cache_bits) with k_scale, v_scale float16 [P, S, Hkv, G, 2] (intq.py's format).
 On CUDA tensors the launchers never read these values: a check would be a host sync per launch
 (and cannot run inside CUDA-graph capture). There they are the CALLER's duty; out of range, the
 kernels read or write outside the caches (silent corruption or an illegal address), and a decode
@@ -38,6 +41,7 @@ import torch
 from torch import Tensor
 
 from .fp8 import is_fp8
+from .intq import INT_BITS, SCALE_DTYPE, bits_of, packed_dim, planes
 
 LOG2E = 1.4426950408889634
 
@@ -72,6 +76,11 @@ PREFILL_GPU_BY_LEN = ((64, KernelConfig(block_m=64, block_n=64, num_warps=4, num
                       (128, KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, max_registers=128)),
                       (None, KernelConfig(block_m=256, block_n=64, num_warps=8, num_stages=3)))
 PREFILL_FP8_GPU_BY_LEN = (PREFILL_GPU_BY_LEN[0], PREFILL_GPU_BY_LEN[2])
+# INT4/INT2 pages (uint8): not yet timed on a GPU. Decode as the bf16 kernel; extends in 64 x 64 tiles at
+# every length: compiled for sm_90 (Triton 3.9's ptxas), 128-row tiles spill (184-1528 bytes of stack at
+# 4 or 8 warps, with or without a 128-register cap) and 256-row ones more; 64 x 64 fits in 243 registers.
+DECODE_INT_GPU = KernelConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
+PREFILL_INT_GPU_BY_LEN = ((None, PREFILL_GPU_BY_LEN[0][1]),)
 # fp32 q or pages: 4-byte tiles, kept small so the pipeline stages fit in shared memory.
 DECODE_FP32_GPU = KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=2)
 PREFILL_FP32_GPU = KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
@@ -96,11 +105,15 @@ def default_config(kind: KernelKind, q: Tensor, k_cache: Tensor, max_q_len: int 
     if q.device.type == "cpu":
         return CPU_TILES
     wide = q.element_size() == 4 or k_cache.element_size() == 4
+    packed = k_cache.dtype == torch.uint8  # INT4/INT2 pages
     if kind is KernelKind.DECODE:
-        return DECODE_FP32_GPU if wide else (DECODE_FP8_GPU if is_fp8(k_cache.dtype) else DECODE_GPU)
+        if wide:
+            return DECODE_FP32_GPU
+        return DECODE_INT_GPU if packed else (DECODE_FP8_GPU if is_fp8(k_cache.dtype) else DECODE_GPU)
     if wide:
         return PREFILL_FP32_GPU
-    by_len = PREFILL_FP8_GPU_BY_LEN if is_fp8(k_cache.dtype) else PREFILL_GPU_BY_LEN
+    by_len = (PREFILL_INT_GPU_BY_LEN if packed else
+              PREFILL_FP8_GPU_BY_LEN if is_fp8(k_cache.dtype) else PREFILL_GPU_BY_LEN)
     return next(cfg for bound, cfg in by_len if bound is None or (max_q_len is not None and max_q_len <= bound))
 
 
@@ -137,7 +150,8 @@ class IndexValueError(IndexError, ValueError):
     Both an IndexError and a ValueError, as numpy's AxisError is."""
 
 
-CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
+# uint8: INT4 / INT2 pages, packed (kernels/intq.py)
+CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.uint8)
 Q_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -178,13 +192,41 @@ def check_tensor(fn: str, name: str, t: Any, dim: int, dtypes: tuple[torch.dtype
     return t
 
 
-def check_scales(fn: str, k_cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None) -> bool:
-    """FP8 caches need k_scale, v_scale float32/float16 [P, S, Hkv] of one dtype and strides, others
-    none. Returns whether the cache is FP8."""
+class KVQuant(NamedTuple):
+    """What a checked cache holds: FP8 values with per-row scales, or INT codes of `bits` (4, 2) with
+    group scales (0: neither)."""
+
+    fp8: bool
+    bits: int
+
+
+def cache_bits(fn: str, k_cache: Tensor, head_dim: int) -> int:
+    """0 for float caches; for uint8 (INT4/INT2) caches the bits of the values their packed rows hold
+    for head_dim values (4 or 2), else ValueError naming the mismatch."""
+    if k_cache.dtype != torch.uint8:
+        return 0
+    width = k_cache.shape[-1]
+    bits = bits_of(width, head_dim)
+    if not bits:
+        want = ", ".join(f"int{b}: {packed_dim(head_dim, b)}" for b in INT_BITS if head_dim % planes(b) == 0)
+        raise ValueError(f"{fn}: uint8 (INT4/INT2) pages of {width} bytes a row do not hold rows of head_dim "
+                         f"{head_dim} (bytes a row: {want or 'none: head_dim must be even'})")
+    return bits
+
+
+def check_scales(fn: str, k_cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None,
+                 head_dim: int) -> KVQuant:
+    """FP8 caches need k_scale, v_scale float32/float16 [P, S, Hkv] of one dtype and strides; INT4/INT2
+    (uint8) caches float16 [P, S, Hkv, G, 2] (scale, zero) with G groups of whole bit-planes
+    (kernels/intq.py); others none. head_dim: the values a row holds (q's or k's last dim)."""
+    bits = cache_bits(fn, k_cache, head_dim)
+    if bits:
+        _check_int_scales(fn, k_cache, k_scale, v_scale, bits)
+        return KVQuant(False, bits)
     if not is_fp8(k_cache.dtype):
         if k_scale is not None or v_scale is not None:
             raise ValueError(f"{fn}: scales given for a non-FP8 cache ({k_cache.dtype})")
-        return False
+        return KVQuant(False, 0)
     want = tuple(k_cache.shape[:3])
     for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
         if not isinstance(s, Tensor) or tuple(s.shape) != want or s.dtype not in (torch.float32, torch.float16):
@@ -193,7 +235,23 @@ def check_scales(fn: str, k_cache: Tensor, k_scale: Tensor | None, v_scale: Tens
             raise ValueError(f"{fn}: {name} must be on {k_cache.device}, got {s.device}")
     if k_scale.stride() != v_scale.stride() or k_scale.dtype != v_scale.dtype:
         raise ValueError(f"{fn}: k_scale and v_scale must share dtype and strides")
-    return True
+    return KVQuant(True, 0)
+
+
+def _check_int_scales(fn: str, k_cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None, bits: int) -> None:
+    lead = tuple(k_cache.shape[:3])
+    groups = [g for g in (1, 2, 4) if planes(bits) % g == 0]
+    want = f"float16 {lead + ('G', 2)} (scale, zero) with G in {groups}"
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        got = f"{s.dtype} {tuple(s.shape)}" if isinstance(s, Tensor) else type(s).__name__
+        if not isinstance(s, Tensor) or s.dtype != SCALE_DTYPE or s.dim() != 5 or tuple(s.shape[:3]) != lead \
+                or s.shape[4] != 2 or s.shape[3] not in groups:
+            raise ValueError(f"{fn}: int{bits} cache needs {name} {want}, got {got}")
+        if s.device != k_cache.device:
+            raise ValueError(f"{fn}: {name} must be on {k_cache.device}, got {s.device}")
+    if k_scale.shape != v_scale.shape or k_scale.stride() != v_scale.stride():
+        raise ValueError(f"{fn}: k_scale and v_scale must share shape and strides, got {tuple(k_scale.shape)} "
+                         f"{k_scale.stride()} and {tuple(v_scale.shape)} {v_scale.stride()}")
 
 
 def check_slots(fn: str, slots: Tensor, k_cache: Tensor) -> None:
@@ -262,11 +320,13 @@ def check_q_rows(fn: str, num_rows: int, q_start: Tensor, q_lens: Tensor, seq_le
 
 
 class PagedArgs(NamedTuple):
-    """Checked launcher arguments: index tensors as contiguous int32, and whether pages are FP8."""
+    """Checked launcher arguments: index tensors as contiguous int32, whether pages are FP8, and the bits
+    of INT4/INT2 pages (0 for other pages)."""
 
     page_table: Tensor  # int32 [B, max_pages]
     seq_lens: Tensor  # int32 [B]
     fp8: bool
+    bits: int
 
 
 def as_index(fn: str, name: str, t: Tensor, shape: tuple[int, ...] | None, dim: int) -> Tensor:
@@ -290,20 +350,22 @@ def check_paged_args(fn: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, page_
     check_tensor(fn, "q", q, 3, Q_DTYPES)
     check_tensor(fn, "k_cache", k_cache, 4, CACHE_DTYPES)
     check_tensor(fn, "v_cache", v_cache, 4)
-    _, page_size, hkv, d = k_cache.shape
+    _, page_size, hkv, width = k_cache.shape
     if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype or v_cache.stride() != k_cache.stride():
         raise ValueError(f"{fn}: k_cache and v_cache must share shape, dtype and strides")
     if page_size == 0:
         raise ValueError(f"{fn}: caches {tuple(k_cache.shape)} have pages of 0 slots")
-    if hkv == 0 or q.shape[2] != d or q.shape[1] % hkv != 0:
-        raise ValueError(f"{fn}: q {tuple(q.shape)} does not fit caches with {hkv} KV heads of dim {d}")
+    d = q.shape[2]
+    packed = cache_bits(fn, k_cache, d) > 0  # INT4/INT2 rows hold d values in fewer bytes
+    if hkv == 0 or (width != d and not packed) or q.shape[1] % hkv != 0:
+        raise ValueError(f"{fn}: q {tuple(q.shape)} does not fit caches with {hkv} KV heads of dim {width}")
     table = as_index(fn, "page_table", page_table, None, 2)
     lens = as_index(fn, "seq_lens", seq_lens, (table.shape[0],), 1)
-    fp8 = check_scales(fn, k_cache, k_scale, v_scale)
+    quant = check_scales(fn, k_cache, k_scale, v_scale, d)
     if len({t.device for t in (q, k_cache, v_cache, page_table, seq_lens)}) != 1:
         raise ValueError(f"{fn}: all tensors must be on one device")
     check_page_values(fn, page_table, seq_lens, k_cache, min_seq_len)
-    return PagedArgs(table, lens, fp8)
+    return PagedArgs(table, lens, quant.fp8, quant.bits)
 
 
 def check_ragged_rows(fn: str, q: Tensor, q_start: Tensor, q_lens: Tensor, seq_lens: Tensor,

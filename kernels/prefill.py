@@ -6,6 +6,14 @@ first). Grid (Hq, B, M-blocks), heaviest query blocks first; query heads of one 
 neighbours in launch order so their K/V tiles are shared through L2. Each program runs a
 mask-free loop over the keys every row of its block may see, then a masked loop over the
 diagonal. FP8 pages are dequantised in-kernel as in paged_decode.
+INT4/INT2 pages (kernels/intq.py) run `_int_kernel`: each K/V tile is read as whole packed rows,
+unpacked per bit-plane with masks (decode.int_codes) and dequantised in registers (codes * scale + zero, in
+float16, or float32 for fp32 q; bf16 q is converted to float16) into a [BLOCK_N, planes * BLOCK_W] tile whose
+columns are the planes side by side; q, the accumulator and the output use the same column order, so
+the dots are the plain ones. (Folding the scales into the scores, as paged_decode does, would cost
+BLOCK_M x BLOCK_N multiplies a group instead of BLOCK_N x D: more for any tile taller than D / groups.)
+Integer pages never take the Gluon kernel below: launches over them get their tile config before
+the Hopper check (which needs an explicit config of None).
 Extends of more than 64 new tokens over 16-bit pages (head_dim 128, q in the pages' dtype) on sm_90
 without an explicit config go to paged_prefill_hopper's Gluon kernel instead
 (dispatch.hopper_prefill_supported; faster, same output, figures in benchmarks/RESULTS.md;
@@ -20,7 +28,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .decode import int_codes, plane_unit, to_compute
 from .dispatch import hopper_prefill_supported
+from .intq import planes
 from .launch import (
     LOG2E,
     KernelConfig,
@@ -65,6 +75,116 @@ def _tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, q_pos,
     v = tl.load(vc_ptr + row[:, None] + offs_d[None, :] * stride_cd, mask=kv_mask, other=0.0)
     acc += tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _int_rows(c_ptr, x_ptr, row, xrow, n_mask, offs_j, j_mask, plane, unit, group_off, stride_cd, stride_xz,
+              BLOCK_N: tl.constexpr, PLANES: tl.constexpr, BLOCK_W: tl.constexpr, BITS: tl.constexpr,
+              F32: tl.constexpr):
+    """BLOCK_N packed rows dequantised: [BLOCK_N, PLANES * BLOCK_W], plane p in columns p * BLOCK_W + j.
+    plane: [PLANES] plane ids, unit: [PLANES] their decode.plane_unit (folded into the scales)."""
+    packed = tl.load(c_ptr + row[:, None] + offs_j[None, :] * stride_cd, mask=n_mask[:, None] & j_mask[None, :],
+                     other=0)  # [BLOCK_N, BLOCK_W] uint8
+    xs = xrow[:, None] + group_off[None, :]  # [BLOCK_N, PLANES]
+    cdt = tl.float32 if F32 else tl.float16  # stored float16: no clamp needed
+    s = tl.load(x_ptr + xs, mask=n_mask[:, None], other=0.0).to(cdt) * unit[None, :].to(cdt)
+    z = tl.load(x_ptr + xs + stride_xz, mask=n_mask[:, None], other=0.0).to(cdt)
+    x = int_codes(packed[:, None, :], plane[None, :, None], BITS, F32)  # [BLOCK_N, PLANES, BLOCK_W]
+    x = tl.fma(x, s[:, :, None], z[:, :, None])
+    return tl.reshape(x, (BLOCK_N, PLANES * BLOCK_W))
+
+
+@triton.jit
+def _int_tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, q_pos, seq_len, qk_scale,
+              kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs, stride_xz,
+              offs_j, j_mask, plane, unit, group_off,
+              PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PLANES: tl.constexpr,
+              BLOCK_W: tl.constexpr, BITS: tl.constexpr, F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """_tile over INT4/INT2 pages: one BLOCK_N tile of keys dequantised in registers."""
+    offs_n = k_lo + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < seq_len
+    page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+    slot = offs_n % PAGE_SIZE
+    row = page * stride_cp + slot * stride_cs + kv_head  # [BLOCK_N]
+    xrow = page * stride_xp + slot * stride_xs + scale_head
+    k = _int_rows(kc_ptr, ks_ptr, row, xrow, n_mask, offs_j, j_mask, plane, unit, group_off, stride_cd, stride_xz,
+                  BLOCK_N, PLANES, BLOCK_W, BITS, F32)  # [BLOCK_N, PLANES * BLOCK_W]
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        qk = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1) * qk_scale)
+    alpha = tl.exp2(m_i - m_new)
+    acc = acc * alpha[:, None]
+    p = tl.exp2(qk * qk_scale - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = _int_rows(vc_ptr, vs_ptr, row, xrow, n_mask, offs_j, j_mask, plane, unit, group_off, stride_cd, stride_xz,
+                  BLOCK_N, PLANES, BLOCK_W, BITS, F32)
+    acc += tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _int_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr,
+                qk_scale,
+                stride_qt, stride_qh, stride_qd,
+                stride_cp, stride_cs, stride_ch, stride_cd,
+                stride_xp, stride_xs, stride_xh, stride_xg, stride_xz,
+                stride_ptb, stride_ot, stride_oh, stride_od,
+                GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BITS: tl.constexpr, PLANES: tl.constexpr, PACKED: tl.constexpr, BLOCK_W: tl.constexpr,
+                PLANES_PER_GROUP: tl.constexpr, F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    h = tl.program_id(0)
+    b = tl.program_id(1)
+    mblk = tl.num_programs(2) - 1 - tl.program_id(2)
+    q_len = tl.load(qlens_ptr + b)
+    seq_len = tl.load(lens_ptr + b)
+    q_s = tl.load(qstart_ptr + b)
+    active = mblk * BLOCK_M < q_len
+    prefix = seq_len - q_len
+
+    offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < q_len
+    # Columns c of q, the tiles and the accumulator: plane c // BLOCK_W, byte c % BLOCK_W (value
+    # plane * PACKED + byte of the row; padding bytes >= PACKED are masked).
+    offs_c = tl.arange(0, PLANES * BLOCK_W)
+    c_val = (offs_c // BLOCK_W) * PACKED + offs_c % BLOCK_W
+    c_mask = offs_c % BLOCK_W < PACKED
+    q_rows = (q_s + offs_m).to(tl.int64)
+    q_mask = m_mask[:, None] & c_mask[None, :]
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + h.to(tl.int64) * stride_qh + c_val[None, :] * stride_qd,
+                mask=q_mask, other=0.0)
+    q = to_compute(q, F32)  # q: [BLOCK_M, PLANES * BLOCK_W]
+    q_pos = prefix + offs_m
+
+    offs_p = tl.arange(0, PLANES)
+    offs_j = tl.arange(0, BLOCK_W)
+    j_mask = offs_j < PACKED
+    unit = plane_unit(offs_p, BITS)  # [PLANES]
+    group_off = (offs_p // PLANES_PER_GROUP) * stride_xg  # [PLANES]
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, PLANES * BLOCK_W], tl.float32)
+    pt_row = pt_ptr + b * stride_ptb
+    kvh = h // GROUP
+    kv_head = kvh.to(tl.int64) * stride_ch
+    scale_head = kvh.to(tl.int64) * stride_xh
+    full_end = tl.where(active, ((prefix + mblk * BLOCK_M) // BLOCK_N) * BLOCK_N, 0)
+    for k_lo in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _int_tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, q_pos, seq_len,
+                                  qk_scale, kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp,
+                                  stride_xs, stride_xz, offs_j, j_mask, offs_p, unit, group_off, PAGE_SIZE, BLOCK_N,
+                                  False, PLANES, BLOCK_W, BITS, F32, DOT_PRECISION)
+    diag_end = tl.where(active, tl.minimum(seq_len, prefix + (mblk + 1) * BLOCK_M), 0)
+    for k_off in range(0, diag_end - full_end, BLOCK_N):
+        acc, m_i, l_i = _int_tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, full_end + k_off,
+                                  q_pos, seq_len, qk_scale, kv_head, scale_head, stride_cp, stride_cs, stride_cd,
+                                  stride_xp, stride_xs, stride_xz, offs_j, j_mask, offs_p, unit, group_off, PAGE_SIZE,
+                                  BLOCK_N, True, PLANES, BLOCK_W, BITS, F32, DOT_PRECISION)
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    tl.store(out_ptr + q_rows[:, None] * stride_ot + h.to(tl.int64) * stride_oh + c_val[None, :] * stride_od,
+             o.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
 @triton.jit
@@ -139,8 +259,8 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
     are the caller's duty (no host sync here): out of range, the kernel reads or writes outside its
     tensors; a max_q_len below max(q_lens) leaves rows unwritten.
     """
-    page_table, seq_lens, fp8 = check_paged_args("paged_prefill", q, k_cache, v_cache, page_table, seq_lens,
-                                                  k_scale, v_scale)
+    page_table, seq_lens, fp8, bits = check_paged_args("paged_prefill", q, k_cache, v_cache, page_table, seq_lens,
+                                                        k_scale, v_scale)
     T, hq, d = q.shape
     B = page_table.shape[0]
     q_start, q_lens, max_q_len = check_ragged_rows("paged_prefill", q, q_start, q_lens, seq_lens, max_q_len)
@@ -155,6 +275,11 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
         return out
     if max_q_len is None:
         max_q_len = int(q_lens.max().item())
+    if bits:  # INT4/INT2 pages: the Triton kernel below, whatever the Hopper check says
+        config = config or default_config(KernelKind.PREFILL, q, k_cache, max_q_len)
+        _launch_int(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, q_start, q_lens, sm_scale,
+                    max_q_len, out, config, bits)
+        return out
     if config is None and hopper_prefill_supported(q, k_cache, v_cache, out, max_q_len):
         from .prefill_hopper_gluon import launch
 
@@ -172,3 +297,20 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
         BLOCK_M=config.block_m, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=config.block_n, IS_FP8=fp8,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
     return out
+
+
+def _launch_int(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor, page_table: Tensor,
+                seq_lens: Tensor, q_start: Tensor, q_lens: Tensor, sm_scale: float, max_q_len: int, out: Tensor,
+                config: KernelConfig, bits: int) -> None:
+    hq = q.shape[1]
+    B = page_table.shape[0]
+    hkv, width = k_cache.shape[2], k_cache.shape[3]
+    n_planes = planes(bits)
+    grid = (hq, B, triton.cdiv(max(1, max_q_len), config.block_m))
+    for_device(_int_kernel, q.device)[grid](
+        q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, q_start, q_lens, out, sm_scale * LOG2E,
+        *q.stride(), *k_cache.stride(), *k_scale.stride(), page_table.stride(0), *out.stride(),
+        GROUP=hq // hkv, PAGE_SIZE=k_cache.shape[1], BLOCK_M=config.block_m, BLOCK_N=config.block_n, BITS=bits,
+        PLANES=n_planes, PACKED=width, BLOCK_W=max(16 // n_planes, triton.next_power_of_2(width)),
+        PLANES_PER_GROUP=n_planes // k_scale.shape[3], F32=q.dtype == torch.float32,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))

@@ -6,6 +6,8 @@ output in q's dtype.
 
 FP8 caches use per-token-per-head scales (k_scale, v_scale [num_pages, page_size, Hkv], a stored
 row means `fp8 * scale`); rows are quantised with fp8.py's quantize_fp8, as store_kv does in-kernel.
+INT4/INT2 caches (uint8 pages of packed codes, k_scale, v_scale float16 [P, S, Hkv, G, 2]) are
+quantised with intq.py's quantize_int and read back through its dequantize_int (then attended).
 
 The layer twins (rms_norm_ref, silu_and_mul_ref, apply_rope_ref for norm.py, activation.py, rope.py)
 are instead exactly radixkv/engine/model.py's eager math in the input dtype, rounding included.
@@ -22,10 +24,19 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .fp8 import is_fp8, quantize_fp8
-from .launch import check_page_values, check_q_rows, check_slots
+from .intq import dequantize_int, quantize_int
+from .launch import (
+    cache_bits,
+    check_page_values,
+    check_q_rows,
+    check_scales,
+    check_slots,
+)
 
 
 def _check_scales(cache: Tensor, scale: Tensor | None, name: str) -> None:
+    if cache.dtype == torch.uint8:
+        return  # INT4/INT2: launch.check_scales checks both tensors (it needs head_dim)
     if is_fp8(cache.dtype):
         if scale is None:
             raise ValueError(f"{name}: an {cache.dtype} cache needs its scale tensor")
@@ -41,12 +52,19 @@ def store_kv_ref(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
     CPU slots out of [0, num_pages * page_size) raise IndexValueError before anything is written."""
     _check_scales(k_cache, k_scale, "k_cache")
     _check_scales(v_cache, v_scale, "v_cache")
+    bits = cache_bits("store_kv_ref", k_cache, k.shape[-1])
+    if bits:
+        check_scales("store_kv_ref", k_cache, k_scale, v_scale, k.shape[-1])
     check_slots("store_kv_ref", slots, k_cache)
     page_size = k_cache.shape[1]
     flat = slots.long()
     page, offset = flat // page_size, flat % page_size  # caches and scales may be head-major (not viewable)
     for src, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
-        if scale is None:
+        if bits:
+            codes, s = quantize_int(src, bits, scale.shape[3])  # [T, Hkv, D * bits / 8], [T, Hkv, G, 2]
+            cache[page, offset] = codes
+            scale[page, offset] = s
+        elif scale is None:
             cache[page, offset] = src.to(cache.dtype)
         else:
             qv, s = quantize_fp8(src, cache.dtype, scale.dtype)  # [T, Hkv, D], [T, Hkv]
@@ -54,9 +72,14 @@ def store_kv_ref(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
             scale[page, offset] = s.to(scale.dtype)  # exact: s is representable
 
 
-def _gather_row(cache: Tensor, scale: Tensor | None, pages: Tensor, n: int, ctype: torch.dtype) -> Tensor:
+def _gather_row(cache: Tensor, scale: Tensor | None, pages: Tensor, n: int, ctype: torch.dtype,
+                bits: int = 0) -> Tensor:
     """First n tokens of one sequence, dequantised. Returns [n, Hkv, D] in ctype."""
     _, page_size, hkv, d = cache.shape
+    if bits:  # packed rows [.., D * bits / 8] + (scale, zero) [.., G, 2]
+        packed = cache[pages.long()].reshape(-1, hkv, d)[:n]
+        groups = scale[pages.long()].reshape(-1, hkv, *scale.shape[3:])[:n]
+        return dequantize_int(packed, groups, bits, ctype)  # [n, Hkv, D]
     rows = cache[pages.long()].to(ctype).reshape(-1, hkv, d)[:n]  # [n, Hkv, D]
     if scale is not None:
         rows = rows * scale[pages.long()].to(ctype).reshape(-1, hkv)[:n].unsqueeze(-1)
@@ -108,6 +131,9 @@ def _prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, se
              q_lens: Tensor, sm_scale: float | None, k_scale: Tensor | None, v_scale: Tensor | None) -> Tensor:
     _check_scales(k_cache, k_scale, "k_cache")
     _check_scales(v_cache, v_scale, "v_cache")
+    bits = cache_bits("paged_attention_ref", k_cache, q.shape[-1])
+    if bits:
+        check_scales("paged_attention_ref", k_cache, k_scale, v_scale, q.shape[-1])
     page_size = k_cache.shape[1]
     d = q.shape[-1]
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
@@ -118,8 +144,8 @@ def _prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, se
         if m == 0:
             continue
         pages = page_table[b, : -(-n // page_size)]
-        k = _gather_row(k_cache, k_scale, pages, n, ctype)
-        v = _gather_row(v_cache, v_scale, pages, n, ctype)
+        k = _gather_row(k_cache, k_scale, pages, n, ctype, bits)
+        v = _gather_row(v_cache, v_scale, pages, n, ctype, bits)
         out[s0:s0 + m] = _attend(q[s0:s0 + m].to(ctype), k, v, sm_scale, n - m).to(q.dtype)
     return out
 

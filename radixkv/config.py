@@ -91,15 +91,28 @@ class KVDtype(enum.Enum):
     FP16 = "fp16"
     FP8_E4M3 = "fp8_e4m3"
     FP8_E5M2 = "fp8_e5m2"
+    INT4 = "int4"  # group-wise, packed two values a byte (radixkv/kernels/intq.py)
+    INT2 = "int2"  # group-wise, packed four values a byte
 
     @property
     def is_fp8(self) -> bool:
         return self in (KVDtype.FP8_E4M3, KVDtype.FP8_E5M2)
 
     @property
+    def is_int(self) -> bool:
+        """Group-wise integer codes packed into uint8 pages, with (scale, zero) per group."""
+        return self in (KVDtype.INT4, KVDtype.INT2)
+
+    @property
+    def bits(self) -> int:
+        """Bits of one stored K or V value (scales not included)."""
+        return _KV_BITS[self]
+
+    @property
     def itemsize(self) -> int:
-        """Bytes of one stored K or V element (scales not included)."""
-        return _KV_ITEMSIZE[self]
+        """Bytes of one element of the page tensor (scales not included): for INT4/INT2 a uint8 byte,
+        which holds 8 // bits values."""
+        return max(1, self.bits // 8)
 
     @classmethod
     def parse(cls, name: object) -> "KVDtype":
@@ -115,7 +128,8 @@ class KVDtype(enum.Enum):
         return cls(KV_DTYPE_ALIASES[dtype_name])
 
 
-_KV_ITEMSIZE = {KVDtype.FP32: 4, KVDtype.BF16: 2, KVDtype.FP16: 2, KVDtype.FP8_E4M3: 1, KVDtype.FP8_E5M2: 1}
+_KV_BITS = {KVDtype.FP32: 32, KVDtype.BF16: 16, KVDtype.FP16: 16, KVDtype.FP8_E4M3: 8, KVDtype.FP8_E5M2: 8,
+            KVDtype.INT4: 4, KVDtype.INT2: 2}
 KV_DTYPES = ("auto", *(k.value for k in KVDtype))
 # other spellings users bring from vLLM / torch ("fp8" is vLLM's name for E4M3)
 KV_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
@@ -146,7 +160,8 @@ class EngineConfig:
     """Everything LLM(...) needs besides the model.
 
     dtype: compute dtype name ('auto' = the checkpoint's, bf16 for an fp32 checkpoint on CUDA).
-    kv_dtype: 'auto' = the compute dtype, else one of KV_DTYPES (aliases and torch dtypes accepted).
+    kv_dtype: 'auto' = the compute dtype, else one of KV_DTYPES (aliases and torch dtypes accepted):
+    fp32, bf16, fp16, fp8_e4m3, fp8_e5m2, int4, int2.
     device: 'cpu', 'cuda', 'cuda:1', ... or None (CUDA when available).
     num_pages: KV pages; None sizes the pool from `gpu_memory_utilization` of the free device
     memory left after the weights (CUDA) or a fixed token budget (CPU).

@@ -3,9 +3,12 @@
 The one home of the formulas: `radixkv plan` prints them and the engine sizes its pool with them
 (`KVStore.bytes_per_page`, `default_num_pages`).
 
-    KV bytes per token = 2 (K and V) x layers x KV heads x (head_dim x element bytes + scale bytes)
+    KV bytes per token = 2 (K and V) x layers x KV heads x (head_dim x element bits / 8 + scale bytes)
 
-FP8 rows carry one float16 scale per (token, KV head) (kv_store.py says why); other dtypes none.
+FP8 rows carry one float16 scale per (token, KV head) (kv_store.py says why); INT4 / INT2 rows a float16
+(scale, zero) pair per group of head_dim / kv_int_groups(...) values (radixkv/kernels/intq.py: groups of
+64 values for int4, 32 for int2, whole bit-planes); other dtypes none. At head_dim 128 a token-head's K
+(or V) row is 256 bytes in bf16, 130 in fp8, 72 in int4 (64 + 2 groups x 4), 48 in int2 (32 + 4 x 4).
 Llama 3.1 70B (80 layers, 8 KV heads, head_dim 128) at BF16: 327,680 bytes = 320 KiB a token; the
 same model with 64 full KV heads holds 4096 tokens x 16 requests in 160.00 GiB of FP16.
 
@@ -26,15 +29,42 @@ from typing import Any
 from radixkv.config import KVDtype
 
 FP8_SCALE_BYTES = 2  # float16, one per (token, KV head) row
+INT_GROUP_BYTES = 4  # float16 scale + float16 zero, one pair per group of a row
+INT_GROUP_SIZE = {4: 64, 2: 32}  # values a group holds where head_dim allows (bits -> values)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 # ---- the formulas ------------------------------------------------------------------------------
-def kv_row_bytes(head_dim: int, kv_dtype: str | KVDtype) -> int:
-    """Bytes of one token's K (or V) row of one KV head, its scale included."""
+def kv_int_groups(head_dim: int, kv_dtype: str | KVDtype) -> int:
+    """Groups of an INT4 / INT2 row of head_dim values (each a float16 scale and zero): head_dim //
+    INT_GROUP_SIZE rounded down to a power of two, within 1 .. 8 // bits (a group is a whole number of
+    bit-planes). int4: 2 at head_dim 128 (groups of 64), 1 at 64; int2: 4 at 128 (32), 2 at 64 (32).
+    ValueError if head_dim is not a multiple of 8 // bits (the values a byte holds)."""
     kd = KVDtype.parse(kv_dtype)
+    if not kd.is_int:
+        raise ValueError(f"kv_int_groups: {kd.value} is not an integer KV dtype")
+    per_byte = 8 // kd.bits
+    if head_dim < 1 or head_dim % per_byte:
+        raise ValueError(f"{kd.value} KV needs head_dim a multiple of {per_byte}, got {head_dim}")
+    groups = 1
+    while groups * 2 <= min(per_byte, head_dim // INT_GROUP_SIZE[kd.bits]):
+        groups *= 2
+    return groups
+
+
+def kv_dtype_fits(head_dim: int, kv_dtype: str | KVDtype) -> bool:
+    """Whether rows of head_dim values can be stored in kv_dtype (INT4 / INT2 need whole bytes)."""
+    kd = KVDtype.parse(kv_dtype)
+    return not kd.is_int or head_dim % (8 // kd.bits) == 0
+
+
+def kv_row_bytes(head_dim: int, kv_dtype: str | KVDtype) -> int:
+    """Bytes of one token's K (or V) row of one KV head, its scales (and zeros) included."""
+    kd = KVDtype.parse(kv_dtype)
+    if kd.is_int:
+        return head_dim * kd.bits // 8 + kv_int_groups(head_dim, kd) * INT_GROUP_BYTES
     return head_dim * kd.itemsize + (FP8_SCALE_BYTES if kd.is_fp8 else 0)
 
 
@@ -214,7 +244,8 @@ def plan_memory(shape: ModelShape, gpu_memory: int, utilization: float = 0.9, pa
                 context: int = 4096, batch: int = 16, dtype: str | None = None,
                 kv_dtypes: list[str] | None = None, max_batch_tokens: int = 8192,
                 max_running: int = 256) -> MemoryPlan:
-    """The figures `radixkv plan` prints, for each KV dtype (default: every one the engine has)."""
+    """The figures `radixkv plan` prints, for each KV dtype (default: every one the engine has that
+    fits the model's head_dim)."""
     for name, v in (("page_size", page_size), ("context", context), ("batch", batch), ("gpu_memory", gpu_memory)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -230,7 +261,7 @@ def plan_memory(shape: ModelShape, gpu_memory: int, utilization: float = 0.9, pa
     budget = kv_budget_bytes(max(0, gpu_memory - weights), utilization, reserve)
     per_req = pages_per_request(context, page_size)
     rows = []
-    for kv in kv_dtypes or [k.value for k in KVDtype]:
+    for kv in kv_dtypes or [k.value for k in KVDtype if kv_dtype_fits(shape.head_dim, k)]:
         kd = KVDtype.parse(kv)
         per_token = shape.kv_bytes_per_token(kd)
         per_page = page_size * per_token

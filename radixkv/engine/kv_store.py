@@ -1,4 +1,5 @@
-"""KVStore: the paged K/V tensors of every layer, in fp32/bf16/fp16 or FP8 with scales.
+"""KVStore: the paged K/V tensors of every layer, in fp32/bf16/fp16, FP8 with scales, or INT4/INT2 with
+group scales and zeros.
 
 Layout per layer: k_cache[l], v_cache[l] are [num_pages, page_size, Hkv, D].
 
@@ -12,7 +13,12 @@ scale, 2^-14, and keep full relative precision for values above 2^-20 (e4m3) / 2
 scales stop at float16's 65504, so rows beyond 65504 * fp8_max saturate.
 Cost: 2 bytes per D-element row, 1.6% of an FP8 page at D = 128 (float32 scales take 4 and made
 FP8 decode slower; figures in benchmarks/RESULTS.md).
-Non-FP8 stores have no scale tensors (empty lists).
+INT4/INT2 (radixkv/kernels/intq.py): pages are uint8 [num_pages, page_size, Hkv, D * bits / 8] of
+packed codes, and k_scale[l], v_scale[l] float16 [num_pages, page_size, Hkv, G, 2] hold each group's
+(scale, zero), G = plan.kv_int_groups (groups of 64 values for int4, 32 for int2, where head_dim allows).
+Per-token groups, like FP8's per-token scales, are written once with their page and never go stale.
+Both are head-major like FP8's. Memory: plan.kv_row_bytes, scales and zeros included.
+Float stores have no scale tensors (empty lists).
 FP8 pages and scales are stored head-major (memory order [num_pages, Hkv, page_size, ...], shapes
 as above, strides permuted): a head's rows of a page are one contiguous run (2 KB at page 16,
 D 128), which the FP8 decode kernel reads faster than rows of 128 bytes 1 KB apart (benchmarks/RESULTS.md),
@@ -35,9 +41,11 @@ _TORCH = {
     KVDtype.FP16: torch.float16,
     KVDtype.FP8_E4M3: torch.float8_e4m3fn,
     KVDtype.FP8_E5M2: torch.float8_e5m2,
+    KVDtype.INT4: torch.uint8,  # packed codes
+    KVDtype.INT2: torch.uint8,
 }
 
-SCALE_DTYPE = torch.float16  # FP8 scales (the kernels also take float32 ones)
+SCALE_DTYPE = torch.float16  # FP8 scales (the kernels also take float32 ones); INT (scale, zero) pairs
 
 
 def head_major_scales(cache_shape: tuple[int, ...], device: torch.device) -> Tensor:
@@ -52,8 +60,17 @@ def head_major_pages(cache_shape: tuple[int, ...], dtype: torch.dtype, device: t
     return torch.zeros(num_pages, hkv, page_size, d, dtype=dtype, device=device).transpose(1, 2)
 
 
+def head_major_int_scales(cache_shape: tuple[int, ...], groups: int, device: torch.device) -> Tensor:
+    """INT4/INT2 (scale, zero) pairs of shape [P, S, Hkv, groups, 2] (cache_shape[:3] + ...) laid out as
+    [P, Hkv, S, groups, 2] in memory; scale 1, zero 0."""
+    num_pages, page_size, hkv = cache_shape[:3]
+    pairs = torch.zeros(num_pages, hkv, page_size, groups, 2, dtype=SCALE_DTYPE, device=device)
+    pairs[..., 0] = 1.0
+    return pairs.transpose(1, 2)
+
+
 class KVStore:
-    """Per-layer K/V pages (+ FP8 scales) on one device.
+    """Per-layer K/V pages (+ FP8 scales or INT (scale, zero) pairs) on one device.
 
     compute_dtype: dtype of q and of attention outputs (the model's activations).
     """
@@ -72,9 +89,13 @@ class KVStore:
         self.head_dim = head_dim
         self.device = torch.device(device)
         self.compute_dtype = compute_dtype
-        shape = (num_pages, page_size, num_kv_heads, head_dim)
-        dt = _TORCH[self.kv_dtype]
-        if self.kv_dtype.is_fp8:
+        kd = self.kv_dtype
+        if kd.is_int and not plan.kv_dtype_fits(head_dim, kd):
+            raise ValueError(f"KVStore: {kd.value} pages need head_dim a multiple of {8 // kd.bits}, got {head_dim}")
+        width = head_dim * kd.bits // 8 if kd.is_int else head_dim  # bytes (INT) or values a row
+        shape = (num_pages, page_size, num_kv_heads, width)
+        dt = _TORCH[kd]
+        if kd.is_fp8 or kd.is_int:
             caches = [head_major_pages(shape, dt, self.device) for _ in range(2 * num_layers)]
         else:
             caches = [torch.zeros(shape, dtype=dt, device=self.device) for _ in range(2 * num_layers)]
@@ -82,13 +103,18 @@ class KVStore:
         self.v_cache: list[Tensor] = caches[num_layers:]
         self.k_scale: list[Tensor] = []
         self.v_scale: list[Tensor] = []
-        if self.kv_dtype.is_fp8:
+        if kd.is_fp8:
             self.k_scale = [head_major_scales(shape, self.device) for _ in range(num_layers)]
             self.v_scale = [head_major_scales(shape, self.device) for _ in range(num_layers)]
+        elif kd.is_int:
+            groups = plan.kv_int_groups(head_dim, kd)
+            self.k_scale = [head_major_int_scales(shape, groups, self.device) for _ in range(num_layers)]
+            self.v_scale = [head_major_int_scales(shape, groups, self.device) for _ in range(num_layers)]
 
     def scales(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
-        """(k_scale, v_scale) of a layer, or (None, None) for a non-FP8 store."""
-        if not self.kv_dtype.is_fp8:
+        """(k_scale, v_scale) of a layer: FP8 [P, S, Hkv] scales, INT4/INT2 [P, S, Hkv, G, 2] (scale, zero)
+        pairs, or (None, None) for a float store."""
+        if not self.k_scale:
             return None, None
         return self.k_scale[layer], self.v_scale[layer]
 
@@ -100,8 +126,9 @@ class KVStore:
     @staticmethod
     def bytes_per_page(page_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
                        kv_dtype: "str | KVDtype") -> int:
-        """Bytes one page costs over all layers, K and V, FP8 scales included (radixkv/plan.py)."""
-        assert SCALE_DTYPE.itemsize == plan.FP8_SCALE_BYTES
+        """Bytes one page costs over all layers, K and V, FP8 scales and INT scales and zeros included
+        (radixkv/plan.py)."""
+        assert SCALE_DTYPE.itemsize == plan.FP8_SCALE_BYTES and 2 * SCALE_DTYPE.itemsize == plan.INT_GROUP_BYTES
         return plan.kv_bytes_per_page(page_size, num_layers, num_kv_heads, head_dim, kv_dtype)
 
     @staticmethod

@@ -46,3 +46,24 @@ def test_reference_store_writes_head_major_pages_and_scales():
     store_kv_ref(k, v, caches[0], caches[1], slots, k_scale=scales[0], v_scale=scales[1])
     assert torch.equal(kv.k_scale[0], scales[0]) and torch.equal(kv.v_scale[0], scales[1])
     assert torch.equal(kv.k_cache[0].float(), caches[0].float())
+
+
+def test_int_stores_allocate_packed_pages_and_group_scales():
+    """INT4 / INT2: uint8 pages of D * bits / 8 bytes a row, float16 (scale, zero) pairs per group
+    (plan.kv_int_groups), head-major; total_bytes (plan.py's formula) is what the tensors hold."""
+    for kv_dtype, width, groups in (("int4", 64, 2), ("int2", 32, 4)):
+        kv = KVStore(3, 7, 16, 8, 128, kv_dtype, "cpu")
+        assert kv.kv_dtype is KVDtype(kv_dtype) and kv.kv_dtype.is_int
+        assert kv.k_cache[0].shape == (7, 16, 8, width) and kv.k_cache[0].dtype == torch.uint8
+        assert kv.k_cache[0].stride() == (16 * 8 * width, width, 16 * width, 1)  # head-major
+        ks, vs = kv.scales(2)
+        assert ks.shape == vs.shape == (7, 16, 8, groups, 2) and ks.dtype == torch.float16
+        assert ks.stride() == (16 * 8 * groups * 2, groups * 2, 16 * groups * 2, 2, 1)
+        assert (ks[..., 0] == 1).all() and (ks[..., 1] == 0).all()
+        actual = sum(t.numel() * t.element_size() for t in kv.k_cache + kv.v_cache + kv.k_scale + kv.v_scale)
+        assert kv.total_bytes == actual
+    # at D = 128, 72 (int4) and 48 (int2) bytes a token-head against bf16's 256
+    assert KVStore.bytes_per_page(16, 3, 8, 128, "int4") == 2 * 3 * 16 * 8 * 72
+    assert KVStore.bytes_per_page(16, 3, 8, 128, "int2") == 2 * 3 * 16 * 8 * 48
+    with pytest.raises(ValueError, match="int2 pages need head_dim a multiple of 4"):
+        KVStore(1, 1, 1, 1, 18, "int2", "cpu")

@@ -95,3 +95,33 @@ def test_radixkv_plan_prints_the_table_and_json(tmp_path, capsys) -> None:
     assert json.loads((tmp_path / "p.json").read_text())["page_size"] == 16
     assert main(["plan", str(cfg), "--gpu-memory", "lots"]) == 2
     assert "cannot read 'lots' as a memory size" in capsys.readouterr().err
+
+
+def test_int_kv_rows_count_group_scales_and_zeros() -> None:
+    from radixkv.plan import kv_int_groups, kv_row_bytes
+
+    # D = 128: int4 64 packed bytes + 2 groups x (scale, zero) float16; int2 32 + 4 groups
+    assert (kv_row_bytes(128, "int4"), kv_row_bytes(128, "int2")) == (72, 48)
+    assert [kv_int_groups(d, "int4") for d in (32, 64, 96, 128, 256)] == [1, 1, 1, 2, 2]
+    assert [kv_int_groups(d, "int2") for d in (32, 64, 96, 128, 256)] == [1, 2, 2, 4, 4]
+    assert kv_row_bytes(64, "int4") == 32 + 4 and kv_row_bytes(64, "int2") == 16 + 2 * 4  # SmolLM2's D
+    with pytest.raises(ValueError, match="int2 KV needs head_dim a multiple of 4"):
+        kv_row_bytes(18, "int2")
+    shape = ModelShape.from_config(LLAMA31_70B, "70b")
+    assert shape.kv_bytes_per_token("int4") == 2 * 80 * 8 * 72  # 92,160 bytes: 3.6x less than bf16's 327,680
+
+
+def test_plan_lists_every_kv_dtype_with_int_rows() -> None:
+    from radixkv.plan import format_plan
+
+    shape = ModelShape.from_config(LLAMA3_8B, "8b")
+    p = plan_memory(shape, parse_bytes("80GiB"), context=8192, batch=64)
+    rows = {r.kv_dtype: r for r in p.rows}
+    assert list(rows) == ["fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int4", "int2"]
+    assert rows["int4"].bytes_per_token == 2 * 32 * 8 * 72 and rows["int2"].bytes_per_token == 2 * 32 * 8 * 48
+    assert rows["int4"].pages == p.kv_budget_bytes // (16 * rows["int4"].bytes_per_token)
+    assert 3.5 < rows["int4"].pages / rows["bf16"].pages < 3.6 and rows["int2"].pages > rows["int4"].pages
+    table = format_plan(p)
+    assert "\nint4 " in table and "\nint2 " in table
+    odd = ModelShape.from_config(dict(LLAMA3_8B, head_dim=66), "odd")  # int2 needs head_dim % 4 == 0
+    assert [r.kv_dtype for r in plan_memory(odd, parse_bytes("80GiB")).rows][-1] == "int4"
