@@ -8,6 +8,10 @@ jiffies of /proc/stat minus the child's CPU, over wall time). Summary: median an
 
     python benchmarks/cache/bench_replay_cmd.py [--runs 5] [--cases seq seq-cap weka-fcfs weka-lpm]
                                                 [--traces ../shared/traces] [--json OUT.json]
+                                                [--bytecode-cache] [--compare-with DIR]
+
+--compare-with DIR runs each case also on another radixkv (say an older commit, `git archive`d
+and laid out as an installed package under DIR), alternating with this one, as CASE@old.
 
 Cases (TRACE = the Mooncake synthetic trace, WEKA = the folder of WEKA conversations):
   seq        radixkv replay TRACE --sequential
@@ -63,15 +67,18 @@ def radixkv_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "radixkv.cli"]
 
 
-def run_once(argv: list[str], pycache: str | None = None) -> dict:
+def run_once(argv: list[str], pycache: str | None = None, pythonpath: str | None = None,
+             cwd: str | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     if pycache is not None:  # Python's default: compiled modules cached (here in a private folder)
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = pycache
     load = os.getloadavg()[0]
     busy0 = _busy_jiffies()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, cwd=cwd)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     out = proc.stdout.read()
@@ -98,22 +105,35 @@ def main() -> None:
     ap.add_argument("--bytecode-cache", action="store_true",
                     help="let Python cache compiled modules (its default; PYTHONDONTWRITEBYTECODE=1 "
                          "otherwise recompiles radixkv's sources on every run), in a temporary folder")
+    ap.add_argument("--python-m", action="store_true", help="run `python -m radixkv.cli` (no console script)")
+    ap.add_argument("--compare-with", metavar="DIR", default=None,
+                    help="also run every case on the radixkv package found in DIR (PYTHONPATH=DIR, e.g. an older "
+                         "commit unpacked there), as CASE@old, alternating; both then run `python -m radixkv.cli` "
+                         "from a scratch folder")
     args = ap.parse_args()
     table = cases(args.traces)
     names = args.cases or list(table)
     unknown = set(names) - set(table)
     if unknown:
         raise SystemExit(f"unknown cases {sorted(unknown)}; known: {list(table)}")
-    cmd = radixkv_command()
+    compare = args.compare_with is not None
+    cmd = [sys.executable, "-m", "radixkv.cli"] if args.python_m or compare else radixkv_command()
+    cwd = tempfile.mkdtemp(prefix="radixkv-cwd-") if compare else None
+    variants = [(name, None) for name in names]
+    if compare:
+        variants = [v for name in names for v in ((name, None), (name + "@old", args.compare_with))]
+        table.update({name + "@old": table[name] for name in names})
+        names = [v[0] for v in variants]
+    paths = dict(variants)
     pycache = tempfile.mkdtemp(prefix="radixkv-pyc-") if args.bytecode_cache else None
     if pycache is not None:
-        run_once(cmd + table[names[0]], pycache)  # warm-up: writes the cache
+        run_once(cmd + table[names[0]], pycache, paths[names[0]], cwd)  # warm-up: writes the cache
     started = datetime.now(timezone.utc)
     runs: list[dict] = []
     for i in range(args.runs):
         order = names[i % len(names):] + names[: i % len(names)]
         for name in order:
-            res = run_once(cmd + table[name], pycache)
+            res = run_once(cmd + table[name], pycache, paths[name], cwd)
             res.update(case=name, round=i + 1)
             runs.append(res)
             print(f"# {i + 1}/{args.runs} {name:<10} wall {res['wall_s']:.3f} s cpu {res['cpu_s']:.3f} s "
@@ -135,14 +155,15 @@ def main() -> None:
               f"{e['median_cpu_s']:>7.3f} {e['median_replay_wall_s']:>8.3f} {e['max_rss_mb']:>7.0f} "
               f"{e['hit_rate']!s:>7}  {e['load_1m']} / {e['other_cpu_cores']}")
     by = {e["case"]: e for e in summary}
-    if "weka-lpm" in by and "weka-fcfs" in by:
-        lpm, fcfs = by["weka-lpm"], by["weka-fcfs"]
-        print(f"weka lpm / fcfs: wall {lpm['median_wall_s'] / fcfs['median_wall_s']:.2f}, "
-              f"cpu {lpm['median_cpu_s'] / fcfs['median_cpu_s']:.2f} (target <= 1.5)")
+    for tag in ("", "@old"):
+        if "weka-lpm" + tag in by and "weka-fcfs" + tag in by:
+            lpm, fcfs = by["weka-lpm" + tag], by["weka-fcfs" + tag]
+            print(f"weka lpm / fcfs{tag}: wall {lpm['median_wall_s'] / fcfs['median_wall_s']:.2f}, "
+                  f"cpu {lpm['median_cpu_s'] / fcfs['median_cpu_s']:.2f} (target <= 1.5)")
     if args.json:
         args.json.write_text(json.dumps({"command": " ".join([Path(sys.executable).name, *sys.argv]),
                                          "started_utc": started.isoformat(), "radixkv": cmd, "cpus": os.cpu_count(),
-                                         "bytecode_cache": pycache is not None,
+                                         "bytecode_cache": pycache is not None, "compare_with": args.compare_with,
                                          "summary": summary, "runs": runs}, indent=1))
 
 

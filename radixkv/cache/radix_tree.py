@@ -36,7 +36,6 @@ from .lru import LruLeaves
 from .pages import PagePool, bad_page_id
 from .node import (HashFn, MatchResult, Namespace, Node, as_tokens, attach_child, detach_child, replace_child,
                    xxhash_block)
-from .check import TreeView, check_tree
 
 __all__ = ["HashFn", "MatchResult", "Namespace", "Node", "RadixCache", "xxhash_block"]
 
@@ -170,11 +169,12 @@ class RadixCache:
 
         Splits an edge the prefix ends inside, so the result's `node` ends exactly there.
 
-        since: an earlier `match` of the same leading tokens in this namespace (the tokens may
-        have grown since). When its path still holds its tokens and no child of its end takes
-        the next block of `tokens`, it is still the longest match: it is refreshed as a fresh
-        match would be and returned as it is, for O(path nodes) instead of a walk over the
-        tokens (a scheduler re-ranking its queue every step). Otherwise the tree is walked."""
+        since: an earlier `match` by this cache of the same leading tokens in this namespace
+        (the tokens may have grown since). When its end is still in the tree at the same depth
+        and no child of it takes the next block of `tokens`, it is still the longest match: it
+        is refreshed (the same LRU order as a fresh match gives) and returned as it is, in O(1)
+        instead of a walk over the tokens (a scheduler re-ranking its queue every step).
+        Otherwise the tree is walked as without it."""
         tokens = as_tokens(tokens)
         if since is not None:
             m = self._rematch(tokens, namespace, since)
@@ -573,5 +573,8 @@ class RadixCache:
     # ---- invariants --------------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Raise AssertionError naming the node and the broken invariant (DESIGN.md 1-6)."""
+        # imported here: the check is on no hot path, and each command's start-up skips it
+        from .check import TreeView, check_tree
+
         check_tree(TreeView(self.page_size, self.pool, self._roots, self._lru, self._hash, self.num_cached_pages,
                             self.num_locked_pages, self._num_nodes))

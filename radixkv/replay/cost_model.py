@@ -21,9 +21,10 @@ TFLOP/s), rounded, with realistic efficiencies:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from radixkv.batch import Batch
+if TYPE_CHECKING:  # a step's shape is read off the batch; importing batch (and request) costs start-up
+    from radixkv.batch import Batch
 
 
 class StepTimer(Protocol):
