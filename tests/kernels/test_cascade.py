@@ -1,5 +1,5 @@
 """Cascade (shared-prefix) decode kernels (kernels/cascade.py) under the interpreter vs their twins
-(kernels/reference_cascade.py) and vs plain paged_decode over the whole page tables.
+(kernels/reference.py) and vs plain paged_decode over the whole page tables.
 
 Batches: groups of rows share their first pages (ragged group sizes and prefix lengths, groups of one),
 other rows are in no group; every row has its own tail pages. FP8 pages are quantised with torch
@@ -21,7 +21,7 @@ from radixkv.kernels.cascade import (
     prefix_num_splits,
 )
 from radixkv.kernels.fp8 import quantize_fp8
-from radixkv.kernels.reference_cascade import (
+from radixkv.kernels.reference import (
     cascade_decode_ref,
     cascade_prefix_attention_ref,
     merge_attention_states_ref,
