@@ -76,11 +76,13 @@ PREFILL_GPU_BY_LEN = ((64, KernelConfig(block_m=64, block_n=64, num_warps=4, num
                       (128, KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, max_registers=128)),
                       (None, KernelConfig(block_m=256, block_n=64, num_warps=8, num_stages=3)))
 PREFILL_FP8_GPU_BY_LEN = (PREFILL_GPU_BY_LEN[0], PREFILL_GPU_BY_LEN[2])
-# INT4/INT2 pages (uint8): not yet timed on a GPU. Decode as the bf16 kernel; extends in 64 x 64 tiles at
-# every length: compiled for sm_90 (Triton 3.9's ptxas), 128-row tiles spill (184-1528 bytes of stack at
-# 4 or 8 warps, with or without a 128-register cap) and 256-row ones more; 64 x 64 fits in 243 registers.
+# INT4/INT2 pages (uint8): not yet timed on a GPU. Decode as the bf16 kernel; extends of up to 64 new
+# tokens in 64 x 64 tiles (4 warps), longer ones in 128 x 64 (8 warps): compiled for sm_90 with Triton
+# 3.9's ptxas these fit in 197 / 192 registers, where 256-row tiles spill (200 bytes of stack) and
+# 128-row tiles at 4 warps (344).
 DECODE_INT_GPU = KernelConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
-PREFILL_INT_GPU_BY_LEN = ((None, PREFILL_GPU_BY_LEN[0][1]),)
+PREFILL_INT_GPU_BY_LEN = ((64, PREFILL_GPU_BY_LEN[0][1]),
+                          (None, KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)))
 # fp32 q or pages: 4-byte tiles, kept small so the pipeline stages fit in shared memory.
 DECODE_FP32_GPU = KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=2)
 PREFILL_FP32_GPU = KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)

@@ -6,12 +6,14 @@ first). Grid (Hq, B, M-blocks), heaviest query blocks first; query heads of one 
 neighbours in launch order so their K/V tiles are shared through L2. Each program runs a
 mask-free loop over the keys every row of its block may see, then a masked loop over the
 diagonal. FP8 pages are dequantised in-kernel as in paged_decode.
-INT4/INT2 pages (kernels/intq.py) run `_int_kernel`: each K/V tile is read as whole packed rows,
-unpacked per bit-plane with masks (decode.int_codes) and dequantised in registers (codes * scale + zero, in
-float16, or float32 for fp32 q; bf16 q is converted to float16) into a [BLOCK_N, planes * BLOCK_W] tile whose
-columns are the planes side by side; q, the accumulator and the output use the same column order, so
-the dots are the plain ones. (Folding the scales into the scores, as paged_decode does, would cost
-BLOCK_M x BLOCK_N multiplies a group instead of BLOCK_N x D: more for any tile taller than D / groups.)
+INT4/INT2 pages (kernels/intq.py) run `_int_kernel`: each K/V tile is read as whole packed rows and
+dequantised in registers one bit-plane at a time (decode.int_codes' masks, then codes * scale + zero in
+float16, or float32 for fp32 q; bf16 q is converted to float16); plane p's values are the head_dim
+columns p * W .. p * W + W - 1, so the scores are the sum over the planes of q_p . K_p^T (one
+accumulating dot a plane) and the output keeps an accumulator a plane. (Folding the scales into the
+scores, as paged_decode does, would cost BLOCK_M x BLOCK_N multiplies a group instead of BLOCK_N x D.
+One [BLOCK_N, D] tile of the planes side by side instead compiled, for sm_90, to 1.6x the instructions
+of this form and spilled at 128-row tiles.)
 Integer pages never take the Gluon kernel below: launches over them get their tile config before
 the Hopper check (which needs an explicit config of None).
 Extends of more than 64 new tokens over 16-bit pages (head_dim 128, q in the pages' dtype) on sm_90
@@ -28,7 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .decode import int_codes, plane_unit, to_compute
+from .decode import int_codes, plane_unit, to_compute  # the INT paths' shared helpers
 from .dispatch import hopper_prefill_supported
 from .intq import planes
 from .launch import (
@@ -78,49 +80,82 @@ def _tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, q_pos,
 
 
 @triton.jit
-def _int_rows(c_ptr, x_ptr, row, xrow, n_mask, offs_j, j_mask, plane, unit, group_off, stride_cd, stride_xz,
-              BLOCK_N: tl.constexpr, PLANES: tl.constexpr, BLOCK_W: tl.constexpr, BITS: tl.constexpr,
-              F32: tl.constexpr):
-    """BLOCK_N packed rows dequantised: [BLOCK_N, PLANES * BLOCK_W], plane p in columns p * BLOCK_W + j.
-    plane: [PLANES] plane ids, unit: [PLANES] their decode.plane_unit (folded into the scales)."""
-    packed = tl.load(c_ptr + row[:, None] + offs_j[None, :] * stride_cd, mask=n_mask[:, None] & j_mask[None, :],
-                     other=0)  # [BLOCK_N, BLOCK_W] uint8
-    xs = xrow[:, None] + group_off[None, :]  # [BLOCK_N, PLANES]
-    cdt = tl.float32 if F32 else tl.float16  # stored float16: no clamp needed
-    s = tl.load(x_ptr + xs, mask=n_mask[:, None], other=0.0).to(cdt) * unit[None, :].to(cdt)
-    z = tl.load(x_ptr + xs + stride_xz, mask=n_mask[:, None], other=0.0).to(cdt)
-    x = int_codes(packed[:, None, :], plane[None, :, None], BITS, F32)  # [BLOCK_N, PLANES, BLOCK_W]
-    x = tl.fma(x, s[:, :, None], z[:, :, None])
-    return tl.reshape(x, (BLOCK_N, PLANES * BLOCK_W))
+def _plane_q(q_ptr, q_rows, h, m_mask, offs_j, j_mask, plane, stride_qt, stride_qh, stride_qd,
+             PACKED: tl.constexpr, F32: tl.constexpr):
+    """Bit-plane `plane`'s columns of the block's query rows: [BLOCK_M, BLOCK_W] in the compute dtype."""
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + h.to(tl.int64) * stride_qh
+                + (plane * PACKED + offs_j[None, :]) * stride_qd, mask=m_mask[:, None] & j_mask[None, :], other=0.0)
+    return to_compute(q, F32)
 
 
 @triton.jit
-def _int_tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, q_pos, seq_len, qk_scale,
-              kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs, stride_xz,
-              offs_j, j_mask, plane, unit, group_off,
+def _plane_rows(packed, x_ptr, xrow, n_mask, plane, stride_xg, stride_xz,
+                BITS: tl.constexpr, PLANES_PER_GROUP: tl.constexpr, F32: tl.constexpr):
+    """One bit-plane of BLOCK_N packed rows [BLOCK_N, BLOCK_W] dequantised: codes * scale + zero (one FMA a
+    value; decode.int_codes' power of two folded into the scale)."""
+    cdt = tl.float32 if F32 else tl.float16
+    xs = x_ptr + xrow + (plane // PLANES_PER_GROUP) * stride_xg
+    s = tl.load(xs, mask=n_mask, other=0.0).to(cdt) * plane_unit(plane, BITS)
+    z = tl.load(xs + stride_xz, mask=n_mask, other=0.0).to(cdt)
+    x = int_codes(packed, plane, BITS, F32)
+    return tl.fma(x, s[:, None], z[:, None])
+
+
+@triton.jit
+def _int_tile(q0, q1, q2, q3, acc0, acc1, acc2, acc3, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo,
+              q_pos, seq_len, qk_scale, kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs,
+              stride_xg, stride_xz, offs_j, j_mask,
               PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PLANES: tl.constexpr,
-              BLOCK_W: tl.constexpr, BITS: tl.constexpr, F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """_tile over INT4/INT2 pages: one BLOCK_N tile of keys dequantised in registers."""
+              BITS: tl.constexpr, PLANES_PER_GROUP: tl.constexpr, F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """_tile over INT4/INT2 pages: planes 0..PLANES-1 of one BLOCK_N tile of keys (q2, q3, acc2, acc3 only
+    for INT2): scores = sum over planes of q_p . K_p^T, acc_p += P . V_p."""
     offs_n = k_lo + tl.arange(0, BLOCK_N)
     n_mask = offs_n < seq_len
     page = tl.load(pt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
     slot = offs_n % PAGE_SIZE
-    row = page * stride_cp + slot * stride_cs + kv_head  # [BLOCK_N]
+    row = page * stride_cp + slot * stride_cs + kv_head
     xrow = page * stride_xp + slot * stride_xs + scale_head
-    k = _int_rows(kc_ptr, ks_ptr, row, xrow, n_mask, offs_j, j_mask, plane, unit, group_off, stride_cd, stride_xz,
-                  BLOCK_N, PLANES, BLOCK_W, BITS, F32)  # [BLOCK_N, PLANES * BLOCK_W]
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+    kv_mask = n_mask[:, None] & j_mask[None, :]
+    # ---- scores: whole packed K rows [BLOCK_N, BLOCK_W] uint8, one accumulating dot a plane
+    kb = tl.load(kc_ptr + row[:, None] + offs_j[None, :] * stride_cd, mask=kv_mask, other=0)
+    k = _plane_rows(kb, ks_ptr, xrow, n_mask, 0, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+    qk = tl.dot(q0, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+    k = _plane_rows(kb, ks_ptr, xrow, n_mask, 1, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+    qk = tl.dot(q1, tl.trans(k), qk, input_precision=DOT_PRECISION)
+    if PLANES == 4:
+        k = _plane_rows(kb, ks_ptr, xrow, n_mask, 2, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+        qk = tl.dot(q2, tl.trans(k), qk, input_precision=DOT_PRECISION)
+        k = _plane_rows(kb, ks_ptr, xrow, n_mask, 3, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+        qk = tl.dot(q3, tl.trans(k), qk, input_precision=DOT_PRECISION)
     if MASKED:
         qk = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], qk, float("-inf"))
+    # ---- online softmax (qk_scale joins the exponent)
     m_new = tl.maximum(m_i, tl.max(qk, axis=1) * qk_scale)
     alpha = tl.exp2(m_i - m_new)
-    acc = acc * alpha[:, None]
     p = tl.exp2(qk * qk_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = _int_rows(vc_ptr, vs_ptr, row, xrow, n_mask, offs_j, j_mask, plane, unit, group_off, stride_cd, stride_xz,
-                  BLOCK_N, PLANES, BLOCK_W, BITS, F32)
-    acc += tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
+    p = p.to(q0.dtype)
+    # ---- P.V: an accumulator a plane, [BLOCK_M, BLOCK_W]
+    vb = tl.load(vc_ptr + row[:, None] + offs_j[None, :] * stride_cd, mask=kv_mask, other=0)
+    v = _plane_rows(vb, vs_ptr, xrow, n_mask, 0, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+    acc0 = tl.dot(p, v, acc0 * alpha[:, None], input_precision=DOT_PRECISION)
+    v = _plane_rows(vb, vs_ptr, xrow, n_mask, 1, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+    acc1 = tl.dot(p, v, acc1 * alpha[:, None], input_precision=DOT_PRECISION)
+    if PLANES == 4:
+        v = _plane_rows(vb, vs_ptr, xrow, n_mask, 2, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+        acc2 = tl.dot(p, v, acc2 * alpha[:, None], input_precision=DOT_PRECISION)
+        v = _plane_rows(vb, vs_ptr, xrow, n_mask, 3, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+        acc3 = tl.dot(p, v, acc3 * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc0, acc1, acc2, acc3, m_new, l_i
+
+
+@triton.jit
+def _plane_store(acc, l_safe, out_ptr, q_rows, h, m_mask, offs_j, j_mask, plane, stride_ot, stride_oh, stride_od,
+                 PACKED: tl.constexpr):
+    """Write one bit-plane's output columns."""
+    tl.store(out_ptr + q_rows[:, None] * stride_ot + h.to(tl.int64) * stride_oh
+             + (plane * PACKED + offs_j[None, :]) * stride_od, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & j_mask[None, :])
 
 
 @triton.jit
@@ -133,6 +168,7 @@ def _int_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_
                 GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BITS: tl.constexpr, PLANES: tl.constexpr, PACKED: tl.constexpr, BLOCK_W: tl.constexpr,
                 PLANES_PER_GROUP: tl.constexpr, F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """paged_prefill over INT4 (PLANES 2) / INT2 (PLANES 4) pages: _kernel's loops, per bit-plane."""
     h = tl.program_id(0)
     b = tl.program_id(1)
     mblk = tl.num_programs(2) - 1 - tl.program_id(2)
@@ -141,50 +177,53 @@ def _int_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_
     q_s = tl.load(qstart_ptr + b)
     active = mblk * BLOCK_M < q_len
     prefix = seq_len - q_len
-
     offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < q_len
-    # Columns c of q, the tiles and the accumulator: plane c // BLOCK_W, byte c % BLOCK_W (value
-    # plane * PACKED + byte of the row; padding bytes >= PACKED are masked).
-    offs_c = tl.arange(0, PLANES * BLOCK_W)
-    c_val = (offs_c // BLOCK_W) * PACKED + offs_c % BLOCK_W
-    c_mask = offs_c % BLOCK_W < PACKED
-    q_rows = (q_s + offs_m).to(tl.int64)
-    q_mask = m_mask[:, None] & c_mask[None, :]
-    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + h.to(tl.int64) * stride_qh + c_val[None, :] * stride_qd,
-                mask=q_mask, other=0.0)
-    q = to_compute(q, F32)  # q: [BLOCK_M, PLANES * BLOCK_W]
-    q_pos = prefix + offs_m
-
-    offs_p = tl.arange(0, PLANES)
     offs_j = tl.arange(0, BLOCK_W)
     j_mask = offs_j < PACKED
-    unit = plane_unit(offs_p, BITS)  # [PLANES]
-    group_off = (offs_p // PLANES_PER_GROUP) * stride_xg  # [PLANES]
+    q_rows = (q_s + offs_m).to(tl.int64)
+    q0 = _plane_q(q_ptr, q_rows, h, m_mask, offs_j, j_mask, 0, stride_qt, stride_qh, stride_qd, PACKED, F32)
+    q1 = _plane_q(q_ptr, q_rows, h, m_mask, offs_j, j_mask, 1, stride_qt, stride_qh, stride_qd, PACKED, F32)
+    acc0 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
+    if PLANES == 4:
+        q2 = _plane_q(q_ptr, q_rows, h, m_mask, offs_j, j_mask, 2, stride_qt, stride_qh, stride_qd, PACKED, F32)
+        q3 = _plane_q(q_ptr, q_rows, h, m_mask, offs_j, j_mask, 3, stride_qt, stride_qh, stride_qd, PACKED, F32)
+        acc2 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
+        acc3 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
+    else:  # placeholders: never read
+        q2 = q0
+        q3 = q0
+        acc2 = tl.zeros([1, 1], tl.float32)
+        acc3 = tl.zeros([1, 1], tl.float32)
+    q_pos = prefix + offs_m
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, PLANES * BLOCK_W], tl.float32)
     pt_row = pt_ptr + b * stride_ptb
     kvh = h // GROUP
     kv_head = kvh.to(tl.int64) * stride_ch
     scale_head = kvh.to(tl.int64) * stride_xh
     full_end = tl.where(active, ((prefix + mblk * BLOCK_M) // BLOCK_N) * BLOCK_N, 0)
     for k_lo in range(0, full_end, BLOCK_N):
-        acc, m_i, l_i = _int_tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, q_pos, seq_len,
-                                  qk_scale, kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp,
-                                  stride_xs, stride_xz, offs_j, j_mask, offs_p, unit, group_off, PAGE_SIZE, BLOCK_N,
-                                  False, PLANES, BLOCK_W, BITS, F32, DOT_PRECISION)
+        acc0, acc1, acc2, acc3, m_i, l_i = _int_tile(
+            q0, q1, q2, q3, acc0, acc1, acc2, acc3, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, q_pos,
+            seq_len, qk_scale, kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs, stride_xg,
+            stride_xz, offs_j, j_mask, PAGE_SIZE, BLOCK_N, False, PLANES, BITS, PLANES_PER_GROUP, F32, DOT_PRECISION)
     diag_end = tl.where(active, tl.minimum(seq_len, prefix + (mblk + 1) * BLOCK_M), 0)
     for k_off in range(0, diag_end - full_end, BLOCK_N):
-        acc, m_i, l_i = _int_tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, full_end + k_off,
-                                  q_pos, seq_len, qk_scale, kv_head, scale_head, stride_cp, stride_cs, stride_cd,
-                                  stride_xp, stride_xs, stride_xz, offs_j, j_mask, offs_p, unit, group_off, PAGE_SIZE,
-                                  BLOCK_N, True, PLANES, BLOCK_W, BITS, F32, DOT_PRECISION)
-
+        acc0, acc1, acc2, acc3, m_i, l_i = _int_tile(
+            q0, q1, q2, q3, acc0, acc1, acc2, acc3, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, full_end + k_off,
+            q_pos, seq_len, qk_scale, kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs,
+            stride_xg, stride_xz, offs_j, j_mask, PAGE_SIZE, BLOCK_N, True, PLANES, BITS, PLANES_PER_GROUP, F32,
+            DOT_PRECISION)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
-    o = acc / l_safe[:, None]
-    tl.store(out_ptr + q_rows[:, None] * stride_ot + h.to(tl.int64) * stride_oh + c_val[None, :] * stride_od,
-             o.to(out_ptr.dtype.element_ty), mask=q_mask)
+    _plane_store(acc0, l_safe, out_ptr, q_rows, h, m_mask, offs_j, j_mask, 0, stride_ot, stride_oh, stride_od, PACKED)
+    _plane_store(acc1, l_safe, out_ptr, q_rows, h, m_mask, offs_j, j_mask, 1, stride_ot, stride_oh, stride_od, PACKED)
+    if PLANES == 4:
+        _plane_store(acc2, l_safe, out_ptr, q_rows, h, m_mask, offs_j, j_mask, 2, stride_ot, stride_oh, stride_od,
+                     PACKED)
+        _plane_store(acc3, l_safe, out_ptr, q_rows, h, m_mask, offs_j, j_mask, 3, stride_ot, stride_oh, stride_od,
+                     PACKED)
 
 
 @triton.jit
@@ -311,6 +350,6 @@ def _launch_int(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_
         q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, q_start, q_lens, out, sm_scale * LOG2E,
         *q.stride(), *k_cache.stride(), *k_scale.stride(), page_table.stride(0), *out.stride(),
         GROUP=hq // hkv, PAGE_SIZE=k_cache.shape[1], BLOCK_M=config.block_m, BLOCK_N=config.block_n, BITS=bits,
-        PLANES=n_planes, PACKED=width, BLOCK_W=max(16 // n_planes, triton.next_power_of_2(width)),
+        PLANES=n_planes, PACKED=width, BLOCK_W=max(16, triton.next_power_of_2(width)),
         PLANES_PER_GROUP=n_planes // k_scale.shape[3], F32=q.dtype == torch.float32,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
