@@ -5,10 +5,13 @@
 
 Order: (1) correctness of store_kv / paged_decode / paged_prefill against fp64 on fresh random
 inputs; (2) ceilings measured in the same run (device-to-device copy, streaming read);
-(3) decode at the issue's (batch, context) shapes in bf16 and fp8_e4m3, beside SDPA on
-contiguous K/V, gather-then-SDPA and FlashInfer; (4) extend (8 x 4096 cached + 512 new; on sm_90
-also the Triton kernel the Gluon one replaced, as radixkv-triton);
-(5) small sweeps of split count and tiles. Each timing is the median of triton's do_bench
+(3) decode at the issue's (batch, context) shapes in bf16, fp8_e4m3 and int4 (int2 at three shapes,
+64 x 16k among them), beside SDPA on contiguous K/V, gather-then-SDPA and FlashInfer; (4) extend
+(8 x 4096 cached + 512 new, bf16 / fp8 / int4 / int2 pages; on sm_90 also the Triton kernel the Gluon
+one replaced, as radixkv-triton); (5) small sweeps of split count and tiles (`--sweeps int`: INT4
+decode and extend tiles). INT rows: pages written by the store_kv kernel (in-kernel quantisation),
+bytes read counted with their scales and zeros (radixkv.plan.kv_row_bytes), rel_err_kernel against
+fp64 over the dequantised values; summary lines give each INT row's speed-up over bf16. Each timing is the median of triton's do_bench
 (which flushes L2 before every repetition) over CUDA-graph replays where capture works.
 Phase (1) lives in kernel_checks.py, (2) and the peers in kernel_peers.py, the shared shapes,
 timing, pools and fp64 oracles in kernel_common.py; this file runs the phases and writes the JSON.
@@ -26,7 +29,7 @@ import time
 
 import torch
 
-from kernel_checks import correctness
+from kernel_checks import INT, check_rows_int, correctness, quantize_pool_int
 from kernel_common import (D, EXTEND, FP8, HKV, HQ, Timing, check_rows, make_extend, make_pool, quantize_pool, time_fn,
                            time_rotated)
 from kernel_peers import (Ceilings, ceilings, contiguous_kv, flashinfer_decode, flashinfer_prefill, gather_sdpa_decode,
@@ -35,6 +38,7 @@ from kernel_peers import (Ceilings, ceilings, contiguous_kv, flashinfer_decode, 
 DECODE_SHAPES = [(1, 32768), (16, 4096), (64, 4096), (64, 16384), (256, 1024), (256, 4096)]
 SMOKE_DECODE = [(2, 64), (3, 40)]
 SMOKE_EXTEND = (2, 32, 16)
+INT2_DECODE_SHAPES = ((16, 4096), (64, 4096), (64, 16384), SMOKE_DECODE[0])  # int2: these only
 
 
 # ----------------------------------------------------------------------------- main phases
@@ -42,6 +46,7 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
     """Every decode kernel timed two ways: L2 flushed before each call (time_fn) and round-robin over
     two pools of the same shape without a flush (time_rotated; the issue's method). Rows carry both."""
     from radixkv.kernels.dispatch import choose_num_splits, fp8_decode_warps_per_sm
+    from radixkv.plan import kv_row_bytes
 
     rows = []
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
@@ -56,12 +61,15 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
         sm = 1 / math.sqrt(D)
         bf16_bytes = 2 * batch * ctx * HKV * D * 2
 
-        def row(kernel, kv_dtype, make, nbytes, fp8=None, num_splits=splits):
-            """make(i) -> a call of the kernel on pools[i]; checked on pools[0], then timed."""
+        def row(kernel, kv_dtype, make, nbytes, fp8=None, num_splits=splits, kernel_err=None):
+            """make(i) -> a call of the kernel on pools[i]; checked on pools[0], then timed. kernel_err(out):
+            the kernel's own error (over the stored values), where not FP8's."""
             fn = make(0)
             out = fn()
             err = check_rows(out, q, pool, check, [1] * batch, sm)
             err_kernel = check_rows(out, q, pool, check, [1] * batch, sm, fp8=fp8) if fp8 is not None else None
+            if kernel_err is not None:
+                err_kernel = kernel_err(out)
             t = time_fn(fn, smoke)
             tr = time_rotated([fn] + [make(i) for i in range(1, len(pools))]) if not smoke else t
             tbps, tbps_r = nbytes / t.us / 1e6, nbytes / tr.us / 1e6
@@ -103,6 +111,22 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
             row("radixkv", name, run_fp8, 2 * batch * ctx * HKV * (D + fp8[0][2].element_size()), fp8=fp8[0],
                 num_splits=fp8_splits)
             del fp8
+        for name, bits in INT.items():
+            if name == "int2" and (batch, ctx) not in INT2_DECODE_SHAPES:
+                continue
+            intq = [quantize_pool_int(p, bits, ops) for p in pools]
+
+            def run_int(i, intq=intq, pools=pools, q=q, splits=splits):
+                kq, vq, ks, vs = intq[i]
+                p = pools[i]
+                return lambda: ops.paged_decode(q, kq, vq, p.page_table, p.seq_lens, k_scale=ks, v_scale=vs,
+                                                num_splits=splits)
+
+            def int_err(out, bits=bits, intq=intq[0], q=q, pool=pool, check=check, batch=batch, sm=sm):
+                return check_rows_int(out, q, pool, intq, bits, check, [1] * batch, sm)
+
+            row("radixkv", name, run_int, 2 * batch * ctx * HKV * kv_row_bytes(D, name), kernel_err=int_err)
+            del intq
         del pools, pool
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -143,6 +167,13 @@ def bench_extend(ops, fi, dev, gen, smoke, shape, workspace) -> list[dict]:
         row("radixkv", name, time_fn(fn, smoke), check_rows(out, q, pool, [0, seqs - 1], q_lens, sm),
             check_rows(out, q, pool, [0, seqs - 1], q_lens, sm, fp8=(kq, vq, ks, vs)))
         del kq, vq, ks, vs
+    for name, bits in INT.items():
+        intq = quantize_pool_int(pool, bits, ops)
+        fn = ours(*intq)
+        out = fn()
+        row("radixkv", name, time_fn(fn, smoke), check_rows(out, q, pool, [0, seqs - 1], q_lens, sm),
+            check_rows_int(out, q, pool, intq, bits, [0, seqs - 1], q_lens, sm))
+        del intq
     if not smoke:
         kc, vc = contiguous_kv(pool)
         try:
@@ -172,6 +203,7 @@ def bench_extend(ops, fi, dev, gen, smoke, shape, workspace) -> list[dict]:
 class Sweeps(enum.Enum):
     NONE = "none"
     FP8 = "fp8"  # FP8 decode tiles only
+    INT = "int"  # INT4 decode tiles at 64 x 16k and INT4 extend tiles (launch.DECODE_INT_GPU, PREFILL_INT_GPU_BY_LEN)
     ALL = "all"  # + split counts and extend tiles
 
 
@@ -182,6 +214,8 @@ def sweeps(ops, dev, gen, read_tbps, smoke, which: Sweeps) -> list[dict]:
     rows = []
     if which is Sweeps.NONE:
         return rows
+    if which is Sweeps.INT:
+        return int_sweeps(ops, dev, gen, read_tbps, smoke)
     shapes = [(1, 32768, [33, 66, 132]), (16, 4096, [3, 4, 5, 8]), (64, 4096, [1, 2, 3]), (256, 1024, [1, 2])]
     if smoke:
         shapes = [(1, 64, [1, 2])]
@@ -247,6 +281,58 @@ def sweeps(ops, dev, gen, read_tbps, smoke, which: Sweeps) -> list[dict]:
     return rows
 
 
+# INT4 tiles: 64-row extend tiles only but for one 128-row check (128-row ones spilled when compiled for
+# sm_90 on the CPU machine; launch.py).
+def int_sweeps(ops, dev, gen, read_tbps, smoke) -> list[dict]:
+    """INT4 decode tiles at 64 x 16k (bytes read: plan.kv_row_bytes) and INT4 extend tiles at EXTEND."""
+    from radixkv.kernels.launch import KernelConfig
+    from radixkv.plan import kv_row_bytes
+
+    rows = []
+    batch, ctx = (2, 64) if smoke else (64, 16384)
+    pool = make_pool(batch, ctx, dev, gen)
+    q = torch.randn(batch, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
+    intq = quantize_pool_int(pool, 4, ops)
+    nbytes = 2 * batch * ctx * HKV * kv_row_bytes(D, "int4")
+    decode_tiles = [KernelConfig(16, 64, 4, 3), KernelConfig(16, 64, 4, 2), KernelConfig(16, 128, 4, 2),
+                    KernelConfig(16, 64, 2, 2), KernelConfig(16, 128, 8, 2), KernelConfig(16, 32, 4, 3),
+                    KernelConfig(16, 256, 8, 2)]
+    for cfg in decode_tiles[:1] if smoke else decode_tiles:
+        def run(cfg=cfg):
+            return ops.paged_decode(q, *intq[:2], pool.page_table, pool.seq_lens, k_scale=intq[2], v_scale=intq[3],
+                                    config=cfg)
+        try:
+            t = time_fn(run, smoke)
+            err = check_rows_int(run(), q, pool, intq, 4, [0, batch - 1], [1] * batch, 1 / math.sqrt(D))
+        except Exception as exc:
+            print(f"  sweep int4 decode {tuple(cfg)} failed: {type(exc).__name__}: {str(exc)[:120]}")
+            continue
+        frac = nbytes / t.us / 1e6 / read_tbps
+        rows.append({"sweep": "int4_decode_tiles", "config": list(cfg), "us": round(t.us, 2), "rel_err_kernel": err,
+                     "frac_read": round(frac, 3)})
+        print(f"  sweep int4 decode {batch} x {ctx} {tuple(cfg)}: {t.us:.1f} us ({frac:.2f} of read) rel_err {err:.1e}")
+    del pool, intq
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    shape = SMOKE_EXTEND if smoke else EXTEND
+    pool, q, qs, ql, flops = make_extend(*shape, dev, gen)
+    intq = quantize_pool_int(pool, 4, ops)
+    extend_tiles = [KernelConfig(64, 64, 4, 3), KernelConfig(64, 64, 4, 2), KernelConfig(64, 32, 4, 3),
+                    KernelConfig(64, 64, 8, 3), KernelConfig(128, 64, 8, 2)]
+    for cfg in extend_tiles[:1] if smoke else extend_tiles:
+        try:
+            t = time_fn(lambda cfg=cfg: ops.paged_prefill(q, *intq[:2], pool.page_table, pool.seq_lens, qs, ql,
+                                                          k_scale=intq[2], v_scale=intq[3], max_q_len=shape[2],
+                                                          config=cfg), smoke)
+        except Exception as exc:
+            print(f"  sweep int4 extend {tuple(cfg)} failed: {type(exc).__name__}: {str(exc)[:120]}")
+            continue
+        rows.append({"sweep": "int4_extend_tiles", "config": list(cfg), "us": round(t.us, 2),
+                     "tflops": round(flops / t.us / 1e6, 1)})
+        print(f"  sweep int4 extend {tuple(cfg)}: {t.us:.1f} us {flops / t.us / 1e6:.1f} TFLOP/s")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None, help="write results here (kernels.json schema of issue 3)")
@@ -297,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     save()
     result["prefill"] = bench_extend(ops, fi, dev, gen, args.smoke, SMOKE_EXTEND if args.smoke else EXTEND, workspace)
     save()
+    result["int_summary"] = int_summary(result)
+    save()
     result["sweeps"] = sweeps(ops, dev, gen, read_tbps, args.smoke, Sweeps(args.sweeps))
     save()
     print_table(result)
@@ -324,6 +412,39 @@ def print_table(r: dict) -> None:
     for p in r["prefill"]:
         print(f"extend {p['kernel']:12s} {p['kv_dtype']:9s} {p['us']:9.1f} us {p['tflops']:6.1f} TFLOP/s "
               f"rel_err {p['rel_err']:.1e}")
+    for line in r.get("int_summary", {}).get("lines", []):
+        print(line)
+
+
+def int_summary(r: dict) -> dict:
+    """INT rows against bf16 (radixkv kernels, same run): decode speed-ups (flushed / rotated) at every
+    shape, extend TFLOP/s ratios, and the issue's targets: int4 decode >= 3.2x bf16 at 64 x 16k (kernel
+    error <= 2e-3), int2 faster still, extend over int4 >= 0.8x bf16's TFLOP/s."""
+    ours = [d for d in r["decode"] if d["kernel"] == "radixkv"]
+    bf16 = {(d["batch"], d["context"]): d for d in ours if d["kv_dtype"] == "bf16"}
+    lines, decode = ["INT KV against bf16 (radixkv, same run):"], {}
+    for d in ours:
+        base = bf16.get((d["batch"], d["context"]))
+        if d["kv_dtype"] not in INT or base is None:
+            continue
+        x, xr = base["us"] / d["us"], base["us_rotated"] / d["us_rotated"]
+        decode[f"{d['kv_dtype']} {d['batch']}x{d['context']}"] = {"speedup": round(x, 2), "speedup_rotated": round(xr, 2),
+                                                                  "rel_err_kernel": d["rel_err_kernel"]}
+        lines.append(f"  decode {d['kv_dtype']} {d['batch']:4d} x {d['context']:6d}: {x:.2f}x / {xr:.2f}x rotated "
+                     f"({d['frac_read']:.2f} of read), kernel rel_err {d['rel_err_kernel']:.1e}")
+    ext = {p["kv_dtype"]: p["tflops"] for p in r["prefill"] if p["kernel"] == "radixkv"}
+    extend = {k: round(ext[k] / ext["bf16"], 2) for k in INT if k in ext and ext.get("bf16")}
+    lines += [f"  extend {k}: {v:.2f}x bf16's TFLOP/s" for k, v in extend.items()]
+    int4, int2 = decode.get("int4 64x16384"), decode.get("int2 64x16384")
+    targets = {}
+    if int4:
+        targets["int4_decode_64x16k_3.2x"] = int4["speedup"] >= 3.2 and (int4["rel_err_kernel"] or 1) <= 2e-3
+    if int4 and int2:
+        targets["int2_decode_faster_than_int4"] = int2["speedup"] > int4["speedup"]
+    if "int4" in extend:
+        targets["int4_extend_0.8x"] = extend["int4"] >= 0.8
+    lines += [f"  target {k}: {'met' if v else 'NOT met'}" for k, v in targets.items()]
+    return {"decode": decode, "extend": extend, "targets": targets, "lines": lines}
 
 
 if __name__ == "__main__":

@@ -1,13 +1,126 @@
 """Correctness phase of bench_kernels.py: store_kv / paged_decode / paged_prefill against
 reference.py on fresh random inputs (ragged rows, several page sizes, KV dtypes and split
-counts), with NaN-poisoned outputs so that an unwritten row fails."""
+counts), with NaN-poisoned outputs so that an unwritten row fails. INT4 / INT2 pages too
+(int_checks; the helpers that quantise pools and check rows over dequantised INT values live here
+beside them and are imported by bench_kernels.py)."""
 from __future__ import annotations
 
 import itertools
 import random
 
 import torch
-from kernel_common import FP8, HKV, HQ, PAGE, D, ragged_kv, rel_err
+from kernel_common import FP8, HKV, HQ, PAGE, D, Pool, RaggedKV, dense_ref, ragged_kv, rel_err
+
+INT = {"int4": 4, "int2": 2}  # INT KV dtypes -> bits (radixkv.kernels.intq)
+
+
+# ----------------------------------------------------------------------------- INT pools and oracles
+def int_pages(shape: tuple[int, ...], bits: int, dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """Empty INT pages and (scale, zero) tensors for caches of shape [P, S, HKV, D] in KVStore's layout
+    (head-major, plan.kv_int_groups groups): (k, v, k_scale, v_scale)."""
+    from radixkv.engine.kv_store import head_major_int_scales, head_major_pages
+    from radixkv.plan import kv_int_groups
+
+    packed = (*shape[:3], shape[3] * bits // 8)
+    groups = kv_int_groups(shape[3], f"int{bits}")
+    return (*(head_major_pages(packed, torch.uint8, dev) for _ in range(2)),
+            *(head_major_int_scales(packed, groups, dev) for _ in range(2)))
+
+
+def quantize_pool_int(pool: Pool, bits: int, ops) -> tuple[torch.Tensor, ...]:
+    """INT copy of a pool written by the store_kv kernel (in-kernel quantisation), chunked, in KVStore's
+    layout: (k, v, k_scale, v_scale)."""
+    kq, vq, ks, vs = int_pages(pool.k.shape, bits, pool.k.device)
+    rows = pool.k.shape[0] * PAGE
+    step = 1 << 18
+    for lo in range(0, rows, step):
+        hi = min(rows, lo + step)
+        slots = torch.arange(lo, hi, device=pool.k.device, dtype=torch.int64)
+        ops.store_kv(pool.k.view(-1, HKV, D)[lo:hi], pool.v.view(-1, HKV, D)[lo:hi], kq, vq, slots,
+                     k_scale=ks, v_scale=vs)
+    return kq, vq, ks, vs
+
+
+def ragged_kv_int(lens: list[int], page_size: int, bits: int, spare_pages: int, dev: torch.device,
+                  gen: torch.Generator) -> RaggedKV:
+    """kernel_common.ragged_kv's random rows quantised to INT pages with intq.quantize_int (torch), in
+    KVStore's layout."""
+    from radixkv.kernels.intq import quantize_int
+
+    rk = ragged_kv(lens, page_size, torch.float32, spare_pages, dev, gen)
+    kq, vq, ks, vs = int_pages(rk.k.shape, bits, dev)
+    for src, pages, scales in ((rk.k, kq, ks), (rk.v, vq, vs)):
+        codes, pairs = quantize_int(src, bits, scales.shape[3])
+        pages.copy_(codes)
+        scales.copy_(pairs)
+    return RaggedKV(kq, vq, ks, vs, rk.page_table, rk.seq_lens)
+
+
+def check_rows_int(out: torch.Tensor, q: torch.Tensor, pool: Pool, intq: tuple[torch.Tensor, ...], bits: int,
+                   rows: list[int], q_lens: list[int], sm_scale: float) -> float:
+    """Relative error of `out` on the given rows vs fp64 attention over the INT pages' dequantised values
+    (intq = (k, v, k_scale, v_scale) of the pool's pages): the kernel's own error."""
+    from radixkv.kernels.intq import dequantize_int
+
+    kq, vq, ks, vs = intq
+    starts = [sum(q_lens[:b]) for b in range(len(q_lens))]
+    outs, refs = [], []
+    for b in rows:
+        n = int(pool.seq_lens[b])
+        pages = pool.page_table[b, : -(-n // PAGE)].long()
+        k, v = (dequantize_int(c[pages], x[pages], bits, torch.float64).reshape(-1, HKV, D)[:n]
+                for c, x in ((kq, ks), (vq, vs)))
+        s0, m = starts[b], q_lens[b]
+        refs.append(dense_ref(q[s0:s0 + m], k, v, sm_scale))
+        outs.append(out[s0:s0 + m])
+    return rel_err(torch.cat(outs), torch.cat(refs))
+
+
+def int_checks(ops, ref, dev: torch.device, gen: torch.Generator, smoke: bool) -> list[dict]:
+    """INT4 / INT2: store_kv bit-exact against store_kv_ref (codes, scales and zeros; bf16 and fp16
+    sources, KVStore's layout); paged_prefill / paged_decode against the twins over the same pages
+    (bf16 and fp16 q, page sizes 1 / 16 / 32, splits 1 / 5 / 32, GQA groups 1 / 4 / 16), NaN-poisoned."""
+    results = []
+    hgen = torch.Generator().manual_seed(2)
+    max_len, max_new, n_rows = (40, 12, 2) if smoke else (700, 200, 5)
+    for name, bits in INT.items():
+        for src_dt in ((torch.float16,) if smoke else (torch.bfloat16, torch.float16)):
+            T, P = (20, 4) if smoke else (300, 64)
+            k = (torch.randn(T, HKV, D, device=dev, generator=gen) * 4 + 1).to(src_dt)
+            v = torch.randn(T, HKV, D, device=dev, generator=gen).to(src_dt)
+            k[0, 0] = 1.5  # a constant row
+            slots = torch.randperm(P * PAGE, device=dev, generator=gen)[:T]
+            mine, twin = int_pages((P, PAGE, HKV, D), bits, dev), int_pages((P, PAGE, HKV, D), bits, dev)
+            ops.store_kv(k, v, mine[0], mine[1], slots, k_scale=mine[2], v_scale=mine[3])
+            ref.store_kv_ref(k, v, twin[0], twin[1], slots, k_scale=twin[2], v_scale=twin[3])
+            diff = max(float((a.contiguous().view(torch.uint8) != b.contiguous().view(torch.uint8)).float().mean())
+                       for a, b in zip(mine, twin))
+            results.append({"check": f"store_kv {name} {str(src_dt)[6:]}", "ok": diff == 0.0, "mismatch_frac": diff})
+    for page_size in ((16,) if smoke else (1, 16, 32)):
+        for name, bits in INT.items():
+            lens = torch.randint(1, max_len, (n_rows,), generator=hgen).tolist()
+            q_lens = [min(n, int(x)) for n, x in zip(lens, torch.randint(1, max_new, (n_rows,), generator=hgen))]
+            kq, vq, ks, vs, table, seq = ragged_kv_int(lens, page_size, bits, 7, dev, gen)
+            ql = torch.tensor(q_lens, dtype=torch.int32, device=dev)
+            qs = (torch.cumsum(ql, 0) - ql).to(torch.int32)
+            for qdt in ((torch.float16,) if smoke else (torch.bfloat16, torch.float16)):
+                tag = f"page{page_size} {name} {str(qdt)[6:]}"
+                q = torch.randn(sum(q_lens), HQ, D, device=dev, generator=gen).to(qdt)
+                out = torch.full_like(q, float("nan"))
+                ops.paged_prefill(q, kq, vq, table, seq, qs, ql, k_scale=ks, v_scale=vs, out=out)
+                want = ref.paged_prefill_ref(q.float(), kq, vq, table, seq, qs, ql, k_scale=ks, v_scale=vs)
+                e = rel_err(out, want.double())
+                results.append({"check": f"prefill {tag}", "ok": e < 1e-2, "rel_err": e})
+                for hq in ((HQ,) if smoke or page_size != 16 else (HKV, HQ, 16 * HKV)):
+                    qd = torch.randn(n_rows, hq, D, device=dev, generator=gen).to(qdt)
+                    want = ref.paged_decode_ref(qd.float(), kq, vq, table, seq, k_scale=ks, v_scale=vs).double()
+                    for splits in ((1, 5) if smoke else (1, 5, 32)):
+                        out = torch.full_like(qd, float("nan"))
+                        ops.paged_decode(qd, kq, vq, table, seq, k_scale=ks, v_scale=vs, num_splits=splits, out=out)
+                        e = rel_err(out, want)
+                        results.append({"check": f"decode {tag} group{hq // HKV} splits{splits}", "ok": e < 1e-2,
+                                        "rel_err": e})
+    return results
 
 
 def correctness(ops, ref, dev: torch.device, gen: torch.Generator, smoke: bool) -> list[dict]:
@@ -71,6 +184,7 @@ def correctness(ops, ref, dev: torch.device, gen: torch.Generator, smoke: bool) 
                     ops.paged_decode(qg, kq, vq, table, seq, k_scale=ks, v_scale=vs, num_splits=3, out=out)
                     e = rel_err(out, want)
                     results.append({"check": f"decode page16 {kv_name} group{hq // HKV} {qdt}", "ok": e < 1e-2, "rel_err": e})
+    results += int_checks(ops, ref, dev, gen, smoke)
     if not smoke:
         results += ragged_extend_cases(ops, ref, dev, gen)
     return results
