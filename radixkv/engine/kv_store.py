@@ -22,7 +22,7 @@ Float stores have no scale tensors (empty lists).
 FP8 pages and scales are stored head-major (memory order [num_pages, Hkv, page_size, ...], shapes
 as above, strides permuted): a head's rows of a page are one contiguous run (2 KB at page 16,
 D 128), which the FP8 decode kernel reads faster than rows of 128 bytes 1 KB apart (benchmarks/RESULTS.md),
-and its scales one 32-byte run. Non-FP8 pages are contiguous.
+and its scales one 32-byte run. INT pages and (scale, zero) pairs too; 16/32-bit pages are contiguous.
 """
 from __future__ import annotations
 
