@@ -37,6 +37,11 @@ class LruLeaves:
         heapq.heappush(self._heap, (node.last_access, seq, node))
         return True
 
+    def push_leaf(self, node: Node) -> None:
+        """push() for a node the caller just checked to be an evictable leaf."""
+        node.heap_seq = seq = next(self._seq)
+        heapq.heappush(self._heap, (node.last_access, seq, node))
+
     def pop(self) -> Node | None:
         """Remove and return the least recently used evictable leaf (None when there is none)."""
         heap = self._heap

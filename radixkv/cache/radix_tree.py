@@ -27,15 +27,15 @@ Lifetime rules:
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from .lru import LruLeaves
 from .pages import PagePool, bad_page_id
-from .node import (HashFn, MatchResult, Namespace, Node, as_tokens, attach_child, detach_child, replace_child,
-                   xxhash_block)
+from .node import (_INT32, HashFn, MatchResult, Namespace, Node, as_tokens, attach_child, detach_child,
+                   replace_child, xxhash_block)
 
 __all__ = ["HashFn", "MatchResult", "Namespace", "Node", "RadixCache", "xxhash_block"]
 
@@ -133,10 +133,11 @@ class RadixCache:
             return n // ps
         return int(diff.argmax()) // ps
 
-    def _descend(self, tokens: np.ndarray, root: Node) -> _Descent:
+    def _descend(self, tokens: np.ndarray, root: Node, pos: int = 0) -> _Descent:
+        """Walk down from `root`, which holds tokens[:pos] (path and matched count from there)."""
         ps = self.page_size
         limit = len(tokens) // ps * ps
-        node, pos, path = root, 0, []
+        node, path = root, []
         while pos < limit:
             child = self._find_child(node, tokens[pos: pos + ps])
             if child is None:
@@ -195,19 +196,61 @@ class RadixCache:
             self._last_match = _LastMatch(tokens, namespace, end, len(end.key), d.matched, self._adoptions)
         return MatchResult(d.matched, pages, end)
 
+    def match_many(self, queries: Iterable[tuple[Sequence[int] | np.ndarray, Namespace, MatchResult | None]]
+                   ) -> list[MatchResult]:
+        """[match(tokens, namespace, since=since) for tokens, namespace, since in queries], the
+        same results and the same LRU refreshes in the same order, with the O(1) re-check of
+        `since` done inline (a scheduler re-ranks its whole queue every step this way)."""
+        out: list[MatchResult] = []
+        ps, roots, lru = self.page_size, self._roots, self._lru
+        for tokens, namespace, since in queries:
+            if since is not None and type(tokens) is np.ndarray and tokens.dtype is _INT32:
+                n, end = since.num_tokens, since.node
+                root = roots.get(namespace)
+                # _rematch's tests, in its order (see there)
+                if (root is not None and not since.pages_from and n <= len(tokens) and end.depth == n
+                        and (end.parent is not None or end is root) and end.namespace == namespace
+                        and tokens.ndim == 1 and tokens.flags.c_contiguous
+                        and not (end.children and n + ps <= len(tokens)
+                                 and self._find_child(end, tokens[n: n + ps]) is not None)):
+                    clock = self._clock = self._clock + 1
+                    end.last_access = clock
+                    root.last_access = clock
+                    if not end.children and not end.lock_count and end.parent is not None:
+                        lru.push_leaf(end)
+                    out.append(since)
+                    continue
+            out.append(self.match(tokens, namespace, since=since))
+        if len(self._lru) > 4 * self._num_nodes + 1024:
+            self._lru.rebuild(self._roots.values())
+        return out
+
     def _rematch(self, tokens: np.ndarray, namespace: Namespace, prev: MatchResult) -> MatchResult | None:
-        """`prev` refreshed, if it is still the longest match of `tokens` (see match's `since`)."""
+        """The longest match of `tokens` starting from `prev` (see match's `since`), or None when
+        only a walk from the root can tell (prev's end left the tree)."""
         ps, n, end = self.page_size, prev.num_tokens, prev.node
-        if prev.pages_from or n > len(tokens) or end.depth != n:
-            return None
-        # O(1): end still in the tree (an evicted node's parent is None, and only a leaf leaves)
-        # still ending n tokens down (a node's depth drops only when its own tail is evicted; a
-        # split keeps the lower part's) is the same path with the same pages.
         root = self._roots.get(namespace)
-        if (end.parent is None and end is not root) or end.namespace != namespace or root is None:
+        if prev.pages_from or n > len(tokens) or root is None or end.namespace != namespace:
             return None
+        # End still in the tree (an evicted node's parent is None, and only a leaf leaves) at the
+        # same depth (a node's depth drops only when its own tail is evicted; a split keeps the
+        # lower part's) is the same path with the same pages.
+        if end.parent is None and end is not root:
+            return None
+        depth = end.depth
+        if depth != n:  # its tail was evicted since: the rest of it still matches
+            if depth > n:
+                return None
+            prev = MatchResult(depth, prev.pages[: depth // ps], end)
+            n = depth
         if end.children and n + ps <= len(tokens) and self._find_child(end, tokens[n: n + ps]) is not None:
-            return None  # cached since: the match now goes further
+            # cached since below the end: walk on from there only, not from the root
+            d = self._descend(tokens, end, n)
+            new_end = self._touch(d, end)  # splits where the match ends inside an edge
+            root.last_access = self._clock
+            self._push_if_evictable(new_end)
+            more = np.concatenate([x.pages for x in d.path]).tolist() if d.path else []
+            return MatchResult(d.matched, prev.pages + more, new_end)
         # Refresh the end only: the nodes above it keep older times, which eviction never reads
         # while they have children, and a child leaving the tree hands its time to its parent
         # (_take_victims), so every leaf is evicted at the time a full-path refresh would give it.

@@ -103,12 +103,16 @@ class AdmissionRanker:
     subtree until the request is re-matched.
     """
 
-    def __init__(self, policy: Policy, match_budget: int, match: Callable[[Queued], None]) -> None:
+    def __init__(self, policy: Policy, match_budget: int, match: Callable[[Queued], None],
+                 match_all: Callable[[list[Queued]], None] | None = None) -> None:
+        """match(e) re-matches one candidate; match_all(picks), when given, the same for each of
+        picks in order, in one call (the scheduler's, through RadixCache.match_many)."""
         if match_budget < 1:
             raise ValueError(f"match_budget must be >= 1, got {match_budget}")
         self.policy = policy
         self.match_budget = match_budget
         self._match = match
+        self._match_all = match_all or (lambda picks: [match(e) for e in picks] and None)
         self._cursor = 0  # round-robin position over the window
 
     def order(self, cands: list[Q], starved: Callable[[Q], bool]) -> tuple[list[Q], bool]:
@@ -116,7 +120,8 @@ class AdmissionRanker:
         True when the first is a starved request."""
         if self.policy is Policy.LPM:
             self._refresh(cands)
-            rank = sorted(range(len(cands)), key=lambda k: -(cands[k].score or 0))  # ties: arrival
+            keys = [-(e.score or 0) for e in cands]
+            rank = sorted(range(len(cands)), key=keys.__getitem__)  # stable: ties by arrival
         elif self.policy is Policy.DFS_WEIGHT:
             self._refresh(cands)
             known = [k for k, e in enumerate(cands) if e.node is not None]
@@ -130,14 +135,16 @@ class AdmissionRanker:
         if not cands or not starved(cands[0]):
             return [cands[k] for k in rank], False
         first = cands[0].arrival
-        head = next(k for k in rank if cands[k].arrival == first and starved(cands[k]))
+        ties = 1  # cands[:ties] arrived with the oldest (sorted by arrival: a prefix)
+        while ties < len(cands) and cands[ties].arrival == first:
+            ties += 1
+        head = 0 if ties == 1 else next(k for k in rank if k < ties and starved(cands[k]))
         return [cands[head]] + [cands[k] for k in rank if k != head], True
 
     def _refresh(self, cands: list[Q]) -> None:
         budget = self.match_budget
         if len(cands) <= budget:
-            for e in cands:
-                self._match(e)
+            self._match_all(cands)
             return
         picks = [e for e in cands if e.score is None][:budget]
         want_best = budget // 2 - len(picks)
@@ -152,5 +159,4 @@ class AdmissionRanker:
             if id(e) not in chosen:
                 picks.append(e)
             self._cursor += 1
-        for e in picks:
-            self._match(e)
+        self._match_all(picks)

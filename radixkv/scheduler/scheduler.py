@@ -63,7 +63,7 @@ class Scheduler:
         self._seq = itertools.count()
         self._admit_seq = itertools.count()
         self._step = 0
-        self._ranker = AdmissionRanker(config.policy, config.match_budget, self._match)
+        self._ranker = AdmissionRanker(config.policy, config.match_budget, self._match, self._match_all)
         self._inflight: Batch | None = None
 
     # ---- queue --------------------------------------------------------------------------------
@@ -216,6 +216,17 @@ class Scheduler:
         tokens = e.waiting_tokens() if self.config.prefix_caching else e.prompt_arr[:0]
         m = e.last = self.cache.match(tokens, e.req.namespace, since=e.last)
         e.score, e.node = m.num_tokens, m.node
+
+    def _match_all(self, entries: list[Entry]) -> None:
+        """_match for each of entries, in order, through one RadixCache.match_many call."""
+        if self.config.prefix_caching:
+            queries = [(e.prompt_arr if not e.req.output else e.waiting_tokens(), e.req.namespace, e.last)
+                       for e in entries]
+        else:
+            queries = [(e.prompt_arr[:0], e.req.namespace, e.last) for e in entries]
+        for e, m in zip(entries, self.cache.match_many(queries)):
+            e.last = m
+            e.score, e.node = m.num_tokens, m.node
 
     def _lookup(self, tokens: np.ndarray, namespace: str | None, since: MatchResult | None = None) -> MatchResult:
         """The cached prefix of tokens; with prefix caching off, always the empty one. `since`: the
