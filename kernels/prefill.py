@@ -95,7 +95,8 @@ def _plane_rows(packed, x_ptr, xrow, n_mask, plane, stride_xg, stride_xz,
     value; decode.int_codes' power of two folded into the scale)."""
     cdt = tl.float32 if F32 else tl.float16
     xs = x_ptr + xrow + (plane // PLANES_PER_GROUP) * stride_xg
-    s = tl.load(xs, mask=n_mask, other=0.0).to(cdt) * plane_unit(plane, BITS)
+    # the unit in float32, then rounded: Triton 3.6 types plane_unit's quotient float32 (3.9: a constant)
+    s = (tl.load(xs, mask=n_mask, other=0.0).to(tl.float32) * plane_unit(plane, BITS)).to(cdt)
     z = tl.load(xs + stride_xz, mask=n_mask, other=0.0).to(cdt)
     x = int_codes(packed, plane, BITS, F32)
     return tl.fma(x, s[:, None], z[:, None])
