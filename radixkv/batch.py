@@ -10,10 +10,14 @@ valid until `Scheduler.update`, and the model must not modify it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .request import Request
+
+if TYPE_CHECKING:  # annotation only: batch.py imports nothing from the scheduler at run time
+    from .scheduler.cascade_groups import CascadeLevels
 
 
 @dataclass
@@ -28,6 +32,9 @@ class Batch:
     slots: list[int]  # [T] page * page_size + offset where each new token's K/V is stored
     sample: list[bool]  # [B] row b produces a token this step (decode, or last prefill chunk)
     page_size: int
+    # decode rows sharing cached pages, for the cascade kernels (scheduler/cascade_groups.py); None: plain
+    # decode (the scheduler builds it only with SchedulerConfig(cascade=True), when a group is worth it)
+    cascade: CascadeLevels | None = None
 
     @property
     def num_tokens(self) -> int:

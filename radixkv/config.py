@@ -36,6 +36,8 @@ class SchedulerConfig:
     decode_reserve: share (0..1) of every running request's remaining output tokens whose pages
     admission keeps free (at least one page per decoding request); higher means fewer
     preemptions and fewer requests running at once.
+    cascade: each Batch also carries its cascade levels (`Batch.cascade`: decode rows sharing cached
+    pages, scheduler/cascade_groups.py), for the cascade decode kernels; False: Batch.cascade is None.
     """
 
     policy: Policy = Policy.LPM
@@ -48,6 +50,7 @@ class SchedulerConfig:
     in_batch_sharing: bool = True
     prefix_caching: bool = True
     decode_reserve: float = 0.0
+    cascade: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, Policy):

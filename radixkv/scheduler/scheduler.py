@@ -39,6 +39,7 @@ from radixkv.cache import MatchResult, PagePool, RadixCache
 from radixkv.config import Policy, SchedulerConfig
 from radixkv.request import FinishReason, Request, Status
 
+from .cascade_groups import RULE_16BIT, CascadeRule, find_cascade_groups
 from .entry import Entry, ShareKey, share_key, worst_case_pages
 from .metrics import SchedulerMetrics
 from .policies import AdmissionRanker
@@ -47,7 +48,9 @@ class Scheduler:
     """Decides each step's work; see the module docstring for the page lifetime rules."""
 
     def __init__(self, pool: PagePool, cache: RadixCache, config: SchedulerConfig,
-                 page_size: int) -> None:
+                 page_size: int, cascade_rule: CascadeRule = RULE_16BIT) -> None:
+        """cascade_rule: when a group of decode rows is worth a cascade launch (cascade_groups.rule_for
+        of the KV dtype), used only with config.cascade."""
         if cache.page_size != page_size:
             raise ValueError(f"page_size {page_size} differs from the cache's {cache.page_size}")
         if cache.pool is not pool:
@@ -65,6 +68,7 @@ class Scheduler:
         self._step = 0
         self._ranker = AdmissionRanker(config.policy, config.match_budget, self._match, self._match_all)
         self._inflight: Batch | None = None
+        self.cascade_rule = cascade_rule
 
     # ---- queue --------------------------------------------------------------------------------
     def add(self, req: Request, now: float) -> None:
@@ -166,8 +170,12 @@ class Scheduler:
             self._admit(rows, budget, shared, now)  # all-or-nothing when it raises
         if not rows.requests:
             return None
-        self._inflight = rows.build()
-        return self._inflight
+        batch = rows.build()
+        if self.config.cascade and len(batch.requests) > 1:
+            batch.cascade = find_cascade_groups(batch.page_tables, batch.seq_lens, self.page_size,
+                                                rule=self.cascade_rule, q_lens=batch.q_lens)
+        self._inflight = batch
+        return batch
 
     def abandon(self, batch: Batch) -> None:
         """The step of `batch` failed before `update`: it never happened. Its rows keep their
