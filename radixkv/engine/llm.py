@@ -71,6 +71,9 @@ class LLM:
         if kv_dtype != "auto" or "kv_cache_dtype" not in more:
             named["kv_dtype"] = kv_dtype
         self.config = cfg = EngineConfig.from_kwargs(**named, **more)
+        if cfg.scheduler.cascade:  # the scheduler's groups exist (scheduler/cascade_groups.py); the engine's use not yet
+            raise ValueError("cascade=True: the engine does not run cascade decode yet; the scheduler option only "
+                             "builds Batch.cascade for the kernels (kernels/cascade.py)")
         self.device = pick_device(cfg.device)
         loaded: LoadedModel = load_model(model, cfg.dtype, self.device, cfg.seed)
         self.spec, self.dtype, self.tokenizer = loaded.spec, loaded.dtype, loaded.tokenizer
