@@ -25,6 +25,7 @@ from radixkv.config import Policy, SchedulerConfig
 from radixkv.scheduler.metrics import SchedulerMetrics, TimelinePoint, wait_stats
 from radixkv.workloads.traces import HashedPrompt, TraceRequest
 from .cost_model import CostModel, StepShape
+from .fragmentation import Fragmentation
 
 if TYPE_CHECKING:  # real mode only; importing the engine loads torch
     from radixkv.engine.llm import LLM
@@ -97,18 +98,24 @@ class ReplayResult:
     model_context: int | None = None  # real mode: the model's context in tokens (None: no model)
     sim_seconds: float = 0.0  # clock at the last finish
     output_tokens: int = 0
+    # live tokens / allocated KV (pages in use x page_size) where pages in use peak, and the same for
+    # a contiguous allocator reserving prompt + max_tokens per running request (fragmentation.py)
+    live_token_fraction: float | None = None
+    contiguous_live_fraction: float | None = None
     timeline: list[TimelinePoint] = field(default_factory=list)
 
     @classmethod
     def build(cls, mode: ReplayMode, cfg: ReplayConfig, *, requests: int, metrics: SchedulerMetrics,
               pool: PagePool, started: float, clock_s: float, output_tokens: int, rejected: int = 0,
-              too_long: int = 0, model_context: int | None = None) -> ReplayResult:
+              too_long: int = 0, model_context: int | None = None,
+              fragmentation: Fragmentation | None = None) -> ReplayResult:
         """The one constructor of a replay's summary, from what its driver measured.
 
         metrics: the run's counters (prompt and hit tokens, preemptions, completed requests, peak
         pages, per-request waits, timeline); hit_rate and the wait percentiles derive from them.
         pool: the run's page pool once every request finished and the cache was cleared; its size
-        is `num_pages` and its pages not free are `leaked_pages`. started: `time.perf_counter()`
+        is `num_pages` and its pages not free are `leaked_pages`. fragmentation: live tokens at the
+        peak (None: not measured, both fractions None). started: `time.perf_counter()`
         when the replay began (wall_s runs to now). clock_s: the replay clock at the last finish.
         """
         w = wait_stats(metrics.waits_s)
@@ -120,6 +127,8 @@ class ReplayResult:
             page_size=cfg.page_size, num_pages=pool.num_pages,
             unlimited=mode is not ReplayMode.REAL and cfg.num_pages is None, rejected=rejected,
             too_long=too_long, model_context=model_context, sim_seconds=clock_s, output_tokens=output_tokens,
+            live_token_fraction=fragmentation.live_token_fraction if fragmentation else None,
+            contiguous_live_fraction=fragmentation.contiguous_live_fraction if fragmentation else None,
             timeline=list(metrics.timeline))
 
     def to_json(self) -> dict[str, Any]:
@@ -214,6 +223,7 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
     output_tokens = rejected = completed = prompt_tokens = hit_tokens = peak = 0
     clock = 0.0
     scratch = _expansion_scratch(requests)  # hash ids expand into one reused array
+    frag = Fragmentation(ps)
     for r in requests:
         tokens = as_tokens(r.tokens(scratch))  # int32 [L]; the tree copies what it keeps
         n = len(tokens)
@@ -224,6 +234,7 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
             rejected += 1
         else:
             peak = max(peak, in_use)
+            frag.observe_prompt(in_use, n, r.max_tokens)
             arrival = 0.0 if cfg.burst else r.arrival_s
             start = max(clock, arrival)
             clock = start + service.serve(n, hit, r.max_tokens)
@@ -236,7 +247,8 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
     m.prompt_tokens, m.hit_tokens, m.completed, m.peak_pages = prompt_tokens, hit_tokens, completed, peak
     server.cache.clear()
     return ReplayResult.build(ReplayMode.SEQUENTIAL, cfg, requests=len(requests), metrics=m, pool=pool,
-                              started=t0, clock_s=clock, output_tokens=output_tokens, rejected=rejected)
+                              started=t0, clock_s=clock, output_tokens=output_tokens, rejected=rejected,
+                              fragmentation=frag)
 
 
 class Admission(NamedTuple):
@@ -290,7 +302,8 @@ def replay_simulated(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost: 
         progress(rejected)
     return ReplayResult.build(ReplayMode.SIMULATE, cfg, requests=len(requests), metrics=sim.metrics, pool=sim.pool,
                               started=t0, clock_s=sim.sim_seconds,
-                              output_tokens=sum(len(o) for o in sim.outputs.values()), rejected=rejected)
+                              output_tokens=sum(len(o) for o in sim.outputs.values()), rejected=rejected,
+                              fragmentation=sim.fragmentation)
 
 
 def run_replay(requests: Sequence[TraceRequest], cfg: ReplayConfig, *, engine: LLM | None = None,
@@ -348,6 +361,7 @@ def replay_real(requests: Sequence[TraceRequest], cfg: ReplayConfig, engine: LLM
         progress(rejected + too_long)
     order = list(ok) if cfg.sequential else sorted(ok, key=lambda r: 0.0 if cfg.burst else r.arrival_s)
     start = time.monotonic()
+    frag = Fragmentation(cfg.page_size)
     i = 0
     while i < len(order) or llm.has_work():
         now = time.monotonic() - start
@@ -363,6 +377,7 @@ def replay_real(requests: Sequence[TraceRequest], cfg: ReplayConfig, engine: LLM
                              [SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in due])
         if llm.has_work():
             finished = llm.step()
+            frag.observe(llm.scheduler, finished)
             if progress is not None and finished:
                 progress(len(finished))
         elif i < len(order):
@@ -371,4 +386,4 @@ def replay_real(requests: Sequence[TraceRequest], cfg: ReplayConfig, engine: LLM
     return ReplayResult.build(ReplayMode.REAL, cfg, requests=len(requests), metrics=llm.scheduler.metrics,
                               pool=llm.pool, started=t0, clock_s=time.monotonic() - start,
                               output_tokens=sum(r.max_tokens for r in ok), rejected=rejected,
-                              too_long=too_long, model_context=context)
+                              too_long=too_long, model_context=context, fragmentation=frag)

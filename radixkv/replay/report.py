@@ -35,6 +35,7 @@ def format_summary(r: ReplayResult, path: Path, fmt: TraceFormat, skipped: int) 
         ("prefix hit rate", f"{r.hit_rate:.4f}"),
         ("KV pool", pool),
         ("peak pages in use", f"{r.peak_pages:,} ({r.peak_pages / r.num_pages:.1%} of pool)"),
+        ("live tokens at peak", fragmentation(r)),
         ("preemptions", f"{r.preemptions}"),
         ("queueing delay p50/p99/max", f"{r.wait_p50_s:.3f} / {r.wait_p99_s:.3f} / {r.wait_max_s:.3f} s ({clock})"),
         ("throughput", throughput(r)),
@@ -52,3 +53,11 @@ def throughput(r: ReplayResult) -> str:
     clock = "wall" if r.mode is ReplayMode.REAL else "simulated"
     return (f"{r.completed / r.sim_seconds:.2f} req/s, {r.prompt_tokens / r.sim_seconds:,.0f} prompt tok/s, "
             f"{r.output_tokens / r.sim_seconds:,.0f} output tok/s ({clock})")
+
+
+def fragmentation(r: ReplayResult) -> str:
+    """Live-token fraction of allocated KV at peak, paged and for the contiguous baseline."""
+    def pct(f: float | None) -> str:
+        return "n/a" if f is None else f"{f:.3%}"
+    return (f"{pct(r.live_token_fraction)} of allocated KV at peak pages "
+            f"(contiguous max-length reservation: {pct(r.contiguous_live_fraction)})")

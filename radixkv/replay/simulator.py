@@ -14,6 +14,7 @@ from typing import Any
 from radixkv.batch import Batch
 from radixkv.config import SchedulerConfig
 from .cost_model import StepTimer
+from .fragmentation import Fragmentation
 from radixkv.scheduler.metrics import SchedulerMetrics, TimelinePoint
 from radixkv.cache.pages import PagePool
 from radixkv.cache.radix_tree import RadixCache
@@ -54,9 +55,15 @@ class SimResult:
     pool: PagePool = field(repr=False)
     timeline: list[TimelinePoint] = field(default_factory=list, repr=False)
     outputs: dict[int, list[int]] = field(default_factory=dict, repr=False)  # rid -> tokens
+    fragmentation: Fragmentation | None = field(default=None, repr=False)  # live tokens at peak
 
     def as_json(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("timeline", "outputs", "metrics", "pool")}
+        d = {k: v for k, v in self.__dict__.items()
+             if k not in ("timeline", "outputs", "metrics", "pool", "fragmentation")}
+        f = self.fragmentation
+        d["live_token_fraction"] = f.live_token_fraction if f else None
+        d["contiguous_live_fraction"] = f.contiguous_live_fraction if f else None
+        return d
 
 
 def _fresh_copy(req: Request, arrival_s: float) -> Request:
@@ -114,12 +121,14 @@ class KVShadow:
 def run_scheduler(scheduler: Scheduler, arrivals: list[Request],
                   step_seconds: Callable[[Batch], float],
                   on_batch: Callable[[Batch], None] | None = None,
-                  progress: Callable[[int], None] | None = None) -> float:
+                  progress: Callable[[int], None] | None = None,
+                  after_update: Callable[[list[Request]], None] | None = None) -> float:
     """Drive `scheduler` until every request of `arrivals` (sorted by arrival_s) finished.
 
     Each request is added once the clock reaches its arrival_s; a step lasts
     step_seconds(batch); sampled tokens are fake_token(rid, position). `on_batch` sees every
-    batch before its results are applied. Returns the final clock."""
+    batch before its results are applied; `after_update` is called once they are (after each
+    `scheduler.update`, with the requests it finished). Returns the final clock."""
     now = 0.0
     nxt = 0
     done_count = 0
@@ -140,6 +149,8 @@ def run_scheduler(scheduler: Scheduler, arrivals: list[Request],
         tokens = [fake_token(r.rid, len(r.output)) if s else None
                   for r, s in zip(batch.requests, batch.sample)]
         done = scheduler.update(batch, tokens, now)
+        if after_update is not None:
+            after_update(done)
         if done and progress is not None:
             done_count += len(done)
             progress(done_count)
@@ -155,7 +166,8 @@ def simulate(requests: list[Request], num_pages: int, page_size: int, sched: Sch
     copied). The clock advances by cost.step_seconds(batch) per step and jumps over idle gaps
     to the next arrival. At the end the cache is cleared and leaked_pages counts pages still
     not free. `progress`, if given, is called with the number of completed requests whenever
-    it changes. Raises ValueError for duplicate rids or a request larger than the pool.
+    it changes. `fragmentation` holds the live tokens at the peak of pages in use and the
+    contiguous-allocator baseline (radixkv.replay.fragmentation). Raises ValueError for duplicate rids or a request larger than the pool.
     """
     rids = [r.rid for r in requests]
     if len(set(rids)) != len(rids):
@@ -169,7 +181,9 @@ def simulate(requests: list[Request], num_pages: int, page_size: int, sched: Sch
     scheduler = Scheduler(pool, cache, sched, page_size)
     arrivals = sorted((_fresh_copy(r, 0.0 if burst else r.arrival_s) for r in requests),
                       key=lambda r: r.arrival_s)  # stable: file order among equal times
-    now = run_scheduler(scheduler, arrivals, cost.step_seconds, progress=progress)
+    frag = Fragmentation(page_size)
+    now = run_scheduler(scheduler, arrivals, cost.step_seconds, progress=progress,
+                        after_update=lambda done: frag.observe(scheduler, done))
     cache.evict(cache.num_cached_pages)
     m = scheduler.metrics
     waits = m.wait_stats()
@@ -179,4 +193,4 @@ def simulate(requests: list[Request], num_pages: int, page_size: int, sched: Sch
         preemptions=m.preemptions, wait_p50_s=waits.p50, wait_p99_s=waits.p99,
         wait_max_s=waits.max, leaked_pages=num_pages - pool.num_free, sim_seconds=now,
         steps=m.steps, timeline=m.timeline,
-        outputs={r.rid: r.output for r in arrivals}, metrics=m, pool=pool)
+        outputs={r.rid: r.output for r in arrivals}, metrics=m, pool=pool, fragmentation=frag)
