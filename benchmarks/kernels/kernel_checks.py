@@ -9,7 +9,7 @@ import itertools
 import random
 
 import torch
-from kernel_common import FP8, HKV, HQ, PAGE, D, Pool, RaggedKV, dense_ref, ragged_kv, rel_err
+from kernel_common import FP8, HKV, HQ, PAGE, D, Pool, RaggedKV, dense_ref, ragged_kv, rel_err, store_pool
 
 INT = {"int4": 4, "int2": 2}  # INT KV dtypes -> bits (radixkv.kernels.intq)
 
@@ -28,17 +28,8 @@ def int_pages(shape: tuple[int, ...], bits: int, dev: torch.device) -> tuple[tor
 
 
 def quantize_pool_int(pool: Pool, bits: int, ops) -> tuple[torch.Tensor, ...]:
-    """INT copy of a pool written by the store_kv kernel (in-kernel quantisation), chunked, in KVStore's
-    layout: (k, v, k_scale, v_scale)."""
-    kq, vq, ks, vs = int_pages(pool.k.shape, bits, pool.k.device)
-    rows = pool.k.shape[0] * PAGE
-    step = 1 << 18
-    for lo in range(0, rows, step):
-        hi = min(rows, lo + step)
-        slots = torch.arange(lo, hi, device=pool.k.device, dtype=torch.int64)
-        ops.store_kv(pool.k.view(-1, HKV, D)[lo:hi], pool.v.view(-1, HKV, D)[lo:hi], kq, vq, slots,
-                     k_scale=ks, v_scale=vs)
-    return kq, vq, ks, vs
+    """INT copy of a pool written by the store_kv kernel, in KVStore's layout: (k, v, k_scale, v_scale)."""
+    return store_pool(pool, int_pages(pool.k.shape, bits, pool.k.device), ops)
 
 
 def ragged_kv_int(lens: list[int], page_size: int, bits: int, spare_pages: int, dev: torch.device,

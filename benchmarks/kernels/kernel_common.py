@@ -140,13 +140,10 @@ def make_extend(seqs: int, cached: int, new: int, dev: torch.device, gen: torch.
     return Extend(pool, q, q_start, q_lens, flops)
 
 
-def quantize_pool(pool: Pool, dtype: torch.dtype, ops) -> tuple[torch.Tensor, ...]:
-    """FP8 copy of a pool written by the store_kv kernel (in-kernel quantisation), chunked; pages and
-    scales head-major like KVStore's."""
-    from radixkv.engine.kv_store import head_major_pages, head_major_scales
-
-    kq, vq = (head_major_pages(pool.k.shape, dtype, pool.k.device) for _ in range(2))
-    ks, vs = head_major_scales(pool.k.shape, pool.k.device), head_major_scales(pool.k.shape, pool.k.device)
+def store_pool(pool: Pool, caches: tuple[torch.Tensor, ...], ops) -> tuple[torch.Tensor, ...]:
+    """Write a pool's true rows into quantised caches (k, v, k_scale, v_scale) with the store_kv kernel
+    (in-kernel quantisation), in chunks of 2^18 rows. Returns the caches."""
+    kq, vq, ks, vs = caches
     rows = pool.k.shape[0] * PAGE
     step = 1 << 18
     for lo in range(0, rows, step):
@@ -154,7 +151,16 @@ def quantize_pool(pool: Pool, dtype: torch.dtype, ops) -> tuple[torch.Tensor, ..
         slots = torch.arange(lo, hi, device=pool.k.device, dtype=torch.int64)
         ops.store_kv(pool.k.view(-1, HKV, D)[lo:hi], pool.v.view(-1, HKV, D)[lo:hi], kq, vq, slots,
                      k_scale=ks, v_scale=vs)
-    return kq, vq, ks, vs
+    return caches
+
+
+def quantize_pool(pool: Pool, dtype: torch.dtype, ops) -> tuple[torch.Tensor, ...]:
+    """FP8 copy of a pool written by the store_kv kernel, pages and scales head-major like KVStore's."""
+    from radixkv.engine.kv_store import head_major_pages, head_major_scales
+
+    shape, dev = pool.k.shape, pool.k.device
+    return store_pool(pool, (head_major_pages(shape, dtype, dev), head_major_pages(shape, dtype, dev),
+                             head_major_scales(shape, dev), head_major_scales(shape, dev)), ops)
 
 
 def dense_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> torch.Tensor:
