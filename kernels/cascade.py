@@ -31,6 +31,8 @@ v_scale [P, S, Hkv], any strides, e.g. KVStore's head-major pages) are dequantis
 decode.py: K scales multiply the score columns, V scales the probabilities. INT4/INT2 pages are not
 supported here yet. bf16 runs on the GPU only (the interpreter mis-computes bf16 dots; tests use fp16/fp32).
 Values of the index tensors are checked on CPU only (launch.py's rule); on CUDA they are the caller's.
+Engine: LLM(cascade=True) runs cascade_decode on eager decode steps (radixkv/engine/attention.py); CUDA graphs
+and the end-to-end H200 benchmark are next.
 """
 from __future__ import annotations
 

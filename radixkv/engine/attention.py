@@ -5,11 +5,18 @@ picks the path (decode when every row has q_len 1, else prefill) and asks radixk
 for the split-KV count (by the kernel that will run).
 `run(q, k, v, layer)` then stores the new K/V into the layer's pages and attends; it reads
 only tensors built by `plan`, so it does no host sync (CUDA-graph friendly on the Triton path).
+
+Cascade steps (LLM(cascade=True)): a decode-only Batch whose `cascade` the scheduler filled is planned
+as a kernels.cascade.CascadePlan (one level: Batch.cascade.plan_groups()), and run attends through
+cascade_decode (reference.cascade_decode_ref on the reference backend): each group's shared prefix once,
+each row's own pages, merged. Eager only for now (DecodeGraphs.fits refuses such steps); graph buckets
+for group counts and the end-to-end H200 benchmark are next (issue 21 item 3). Planning one imports
+kernels.cascade (plan_cascade), hence Triton, even on the reference backend; plain steps never do.
 """
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -17,7 +24,11 @@ from torch import Tensor
 
 from radixkv.batch import Batch
 from radixkv.kernels import dispatch, reference
+
 from .kv_store import KVStore
+
+if TYPE_CHECKING:
+    from radixkv.kernels.cascade import CascadePlan
 
 
 class Backend(enum.Enum):
@@ -44,6 +55,7 @@ class AttentionPlan(NamedTuple):
     max_q_len: int
     max_seq_len: int
     num_splits: int  # split-KV programs per (row, KV head) on the decode path
+    cascade: CascadePlan | None = None  # decode path: groups [G], suffix tables [B, max_suffix_pages]
 
 
 def _resolve(backend: Backend, device: torch.device) -> Backend:
@@ -80,6 +92,7 @@ class PagedAttention:
                 kv.compute_dtype, kv.k_cache[0], kv.v_cache[0], k_scale, num_q_heads // kv.num_kv_heads)
         else:
             self._ops = None
+        self.cascade_steps = 0  # steps planned as cascade decode (for tests and benchmarks)
 
     @property
     def current_plan(self) -> AttentionPlan:
@@ -104,6 +117,7 @@ class PagedAttention:
         dev = self.kv.device
         max_seq = max(batch.seq_lens)
         decode = batch.is_decode_only
+        cascade = self._cascade_plan(batch) if decode and batch.cascade is not None else None
         self._plan = AttentionPlan(
             path=Path.DECODE if decode else Path.PREFILL,
             page_table=torch.from_numpy(table).to(dev),
@@ -115,7 +129,21 @@ class PagedAttention:
             max_q_len=max(batch.q_lens),
             max_seq_len=max_seq,
             num_splits=self.decode_splits(B, max_seq) if decode else 1,
+            cascade=cascade,
         )
+
+    def _cascade_plan(self, batch: Batch) -> CascadePlan | None:
+        """Batch.cascade's one level as device tensors: groups (rows, shared tokens) -> group_start [G + 1],
+        group_rows [R], prefix_pages [G, max_prefix_pages], prefix_lens [G]; suffix_pages [B, max_suffix_pages],
+        suffix_lens [B]. None (plain decode) for integer pages, which the cascade kernels do not read."""
+        groups = batch.cascade.plan_groups()
+        if not groups or self.kv.kv_dtype.is_int:
+            return None
+        # imports Triton: only cascade steps pay for it
+        from radixkv.kernels.cascade import plan_cascade
+
+        self.cascade_steps += 1
+        return plan_cascade(batch.page_tables, batch.seq_lens, groups, self.kv.page_size, self.kv.device)
 
     def decode_splits(self, batch_size: int, max_seq_len: int) -> int:
         """Split-KV programs per (row, KV head) of a decode step, as radixkv.kernels.dispatch chooses."""
@@ -141,6 +169,9 @@ class PagedAttention:
         k_scale, v_scale = kv.scales(layer)
         if self._ops is None:
             reference.store_kv_ref(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
+            if plan.cascade is not None:
+                return reference.cascade_decode_ref(q, k_cache, v_cache, plan.cascade, self.sm_scale,
+                                                    k_scale=k_scale, v_scale=v_scale)
             if plan.path is Path.DECODE:
                 return reference.paged_decode_ref(q, k_cache, v_cache, plan.page_table, plan.seq_lens,
                                                   self.sm_scale, k_scale=k_scale, v_scale=v_scale)
@@ -149,6 +180,10 @@ class PagedAttention:
                                                k_scale=k_scale, v_scale=v_scale)
         ops = self._ops
         ops.store_kv(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
+        if plan.cascade is not None:
+            from radixkv.kernels.cascade import cascade_decode
+
+            return cascade_decode(q, k_cache, v_cache, plan.cascade, self.sm_scale, k_scale=k_scale, v_scale=v_scale)
         if plan.path is Path.DECODE:
             return ops.paged_decode(q, k_cache, v_cache, plan.page_table, plan.seq_lens, self.sm_scale,
                                     k_scale=k_scale, v_scale=v_scale, num_splits=plan.num_splits)

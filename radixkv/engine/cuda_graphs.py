@@ -69,8 +69,9 @@ class DecodeGraphs:
         self.replays = 0  # steps served from a graph (for tests and benchmarks)
 
     def fits(self, batch: Batch) -> bool:
-        """Whether this step can be replayed: decode-only, every row samples, within the buffers."""
-        return (batch.is_decode_only and len(batch.requests) <= self.max_rows and all(batch.sample)
+        """Whether this step can be replayed: decode-only, every row samples, within the buffers, no cascade
+        levels (Batch.cascade steps run eagerly: graph buckets for group counts are not built yet)."""
+        return (batch.cascade is None and batch.is_decode_only and len(batch.requests) <= self.max_rows and all(batch.sample)
                 and max(len(p) for p in batch.page_tables) <= self.max_pages)
 
     def run(self, batch: Batch) -> Tensor:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import threading
 import operator
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -27,6 +27,7 @@ from radixkv.cache import PagePool, RadixCache
 from radixkv.config import EngineConfig, KVDtype
 from radixkv.request import CompletionOutput, FinishReason, Request, RequestOutput
 from radixkv.scheduler import Scheduler
+from radixkv.scheduler.cascade_groups import rule_for
 
 from .attention import Backend, PagedAttention
 from .cuda_graphs import DecodeGraphs
@@ -58,6 +59,8 @@ class LLM:
     local Hugging Face cache, a config.json or a transformers PretrainedConfig (seeded random weights).
     attention_backend: Backend.AUTO runs Triton on CUDA and the PyTorch reference on CPU;
     Backend.TRITON on CPU needs TRITON_INTERPRET=1 (tests).
+    cascade=True: decode steps whose rows share cached prefix pages attend through the cascade kernels
+    (each shared prefix read once per group; eager steps only, CUDA graphs not yet).
     Other keyword arguments are EngineConfig fields (num_pages, seed, scheduler, ...).
     """
 
@@ -71,9 +74,6 @@ class LLM:
         if kv_dtype != "auto" or "kv_cache_dtype" not in more:
             named["kv_dtype"] = kv_dtype
         self.config = cfg = EngineConfig.from_kwargs(**named, **more)
-        if cfg.scheduler.cascade:  # the scheduler's groups exist (scheduler/cascade_groups.py); the engine's use not yet
-            raise ValueError("cascade=True: the engine does not run cascade decode yet; the scheduler option only "
-                             "builds Batch.cascade for the kernels (kernels/cascade.py)")
         self.device = pick_device(cfg.device)
         loaded: LoadedModel = load_model(model, cfg.dtype, self.device, cfg.seed)
         self.spec, self.dtype, self.tokenizer = loaded.spec, loaded.dtype, loaded.tokenizer
@@ -101,7 +101,10 @@ class LLM:
             self.graphs.capture_all()
         self.pool = PagePool(num_pages)
         self.cache = RadixCache(self.pool, page_size=cfg.page_size)
-        self.scheduler = Scheduler(self.pool, self.cache, cfg.scheduler, cfg.page_size)
+        # cascade=True: decode steps whose rows share cached pages read them once per group (attention.py);
+        # the KV dtype's rule says when a group is worth it (INT4/INT2: never)
+        self.scheduler = Scheduler(self.pool, self.cache, cfg.scheduler, cfg.page_size,
+                                   cascade_rule=rule_for(self.kv_dtype))
         self._rids = itertools.count()
         self._seeds = torch.Generator().manual_seed(cfg.seed)  # per-request seeds when none is given
         self._t0 = time.monotonic()
@@ -466,7 +469,7 @@ class LLM:
                 bar.close()
 
     def session(self, system: str | Sequence[int] | None = None, params: SamplingParams | None = None,
-                cache_salt: str | None = None) -> "Session":
+                cache_salt: str | None = None) -> Session:
         """A multi-turn chat whose every turn reuses the KV of all earlier turns.
 
         system: text, or token ids (a model without tokenizer takes ids only). cache_salt: the
