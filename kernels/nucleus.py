@@ -31,7 +31,7 @@ from torch import Tensor
 from triton.language.extra import libdevice
 
 from .launch import KernelConfig, for_device, launch_options
-from .sample import BIG, U_MAX, _check, _first_argmax, _fmix32
+from .sample import BIG, _bits, _check, _first_argmax, _fmix32, _gumbel, _row_key
 
 MAX_ROUNDS = 32
 ROUND_MIX = 0x27D4EB2F
@@ -50,15 +50,6 @@ def _scaled(x_ptr, cols, mask, inv_t, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _noise(key, key7, cols, LIBDEVICE: tl.constexpr):
-    bits = _fmix32(_fmix32(key ^ (cols.to(tl.uint32) * 0x9E3779B9)) ^ key7)
-    u = tl.minimum(((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08, U_MAX)
-    if LIBDEVICE:
-        return -libdevice.log(-libdevice.log(u))
-    return -tl.log(-tl.log(u))
-
-
-@triton.jit
 def _kernel(x_ptr, inv_t_ptr, top_p_ptr, min_p_ptr, seed_ptr, counter_ptr, out_ptr, rounds_ptr, V, stride_x,
             BLOCK_V: tl.constexpr, MAX_ROUNDS: tl.constexpr, ROUND_MIX: tl.constexpr, LIBDEVICE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -66,11 +57,7 @@ def _kernel(x_ptr, inv_t_ptr, top_p_ptr, min_p_ptr, seed_ptr, counter_ptr, out_p
     inv_t = tl.load(inv_t_ptr + row)
     top_p = tl.load(top_p_ptr + row)
     min_p = tl.load(min_p_ptr + row)
-    seed = tl.load(seed_ptr + row)
-    counter = tl.load(counter_ptr + row)
-    lo = (seed & 0xFFFFFFFF).to(tl.uint32)
-    hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    key0 = _fmix32(lo ^ _fmix32(hi ^ _fmix32((counter & 0xFFFFFFFF).to(tl.uint32) ^ 0x68E31DA4)))
+    key0 = _row_key(tl.load(seed_ptr + row), tl.load(counter_ptr + row))
     lanes = tl.arange(0, BLOCK_V)
     # ---- pass 1: max (and its first id) and the softmax denominator, per lane then reduced
     m_l = tl.full([BLOCK_V], float("-inf"), tl.float32)
@@ -97,14 +84,13 @@ def _kernel(x_ptr, inv_t_ptr, top_p_ptr, min_p_ptr, seed_ptr, counter_ptr, out_p
     r = 0
     while (tok < 0) & (r < MAX_ROUNDS):
         key = tl.where(r == 0, key0, _fmix32(key0 ^ (r * ROUND_MIX).to(tl.uint32)))
-        key7 = key >> 7
         acc_v = tl.full([BLOCK_V], float("-inf"), tl.float32)
         acc_i = lanes
         acc_y = tl.full([BLOCK_V], float("-inf"), tl.float32)
         for off in range(0, V, BLOCK_V):
             cols = off + lanes
             y = _scaled(x_row, cols, cols < V, inv_t, LIBDEVICE)
-            cand = tl.where((y >= floor) & (y > pivot), y + _noise(key, key7, cols, LIBDEVICE), float("-inf"))
+            cand = tl.where((y >= floor) & (y > pivot), y + _gumbel(_bits(key, cols), LIBDEVICE), float("-inf"))
             take = cand > acc_v
             acc_v = tl.where(take, cand, acc_v)
             acc_i = tl.where(take, cols, acc_i)

@@ -62,6 +62,30 @@ def _fmix32(h):
 
 
 @triton.jit
+def _row_key(seed, counter):
+    """A row's 32-bit hash key from its int64 seed and counter (reference.uniform_bits' key)."""
+    lo = (seed & 0xFFFFFFFF).to(tl.uint32)
+    hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c = (counter & 0xFFFFFFFF).to(tl.uint32)
+    return _fmix32(lo ^ _fmix32(hi ^ _fmix32(c ^ 0x68E31DA4)))
+
+
+@triton.jit
+def _bits(key, cols):
+    """uint32 hash bits of vocab ids `cols` under a row key (reference.uniform_bits)."""
+    return _fmix32(_fmix32(key ^ (cols.to(tl.uint32) * 0x9E3779B9)) ^ (key >> 7))
+
+
+@triton.jit
+def _gumbel(bits, LIBDEVICE: tl.constexpr):
+    """Gumbel noise from hash bits: u = ((bits >> 8) + 0.5) * 2**-24 clamped to U_MAX, g = -log(-log(u))."""
+    u = tl.minimum(((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08, U_MAX)  # * 2**-24, exact
+    if LIBDEVICE:
+        return -libdevice.log(-libdevice.log(u))
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
 def _first_argmax(v, i, BIG: tl.constexpr):
     """(value, id) of a 1-D block under torch.argmax's rules, the ids i telling the order:
     a NaN beats everything (the lowest id of a NaN), else the lowest id of the maximum."""
@@ -82,12 +106,7 @@ def _kernel(x_ptr, inv_t_ptr, seed_ptr, counter_ptr, out_ptr, part_v_ptr, part_i
     seed = tl.load(seed_ptr + row * stride_s)  # int64
     counter = tl.load(counter_ptr + row * stride_c)  # int64
     inv_t = tl.load(inv_t_ptr + row * stride_t)  # float32
-    # ---- the row's key, as reference.uniform_bits: 32-bit words split on int64, then uint32 math
-    lo = (seed & 0xFFFFFFFF).to(tl.uint32)
-    hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c = (counter & 0xFFFFFFFF).to(tl.uint32)
-    key = _fmix32(lo ^ _fmix32(hi ^ _fmix32(c ^ 0x68E31DA4)))
-    key7 = key >> 7
+    key = _row_key(seed, counter)  # as reference.uniform_bits: 32-bit words split on int64, then uint32 math
     start = split * chunk
     end = tl.minimum(start + chunk, V)
     lanes = tl.arange(0, BLOCK_V)
@@ -97,14 +116,11 @@ def _kernel(x_ptr, inv_t_ptr, seed_ptr, counter_ptr, out_ptr, part_v_ptr, part_i
         cols = start + off + lanes  # int32 vocab ids
         mask = cols < end
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-        bits = _fmix32(_fmix32(key ^ (cols.to(tl.uint32) * 0x9E3779B9)) ^ key7)
-        u = ((bits >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # * 2**-24, exact
-        u = tl.minimum(u, U_MAX)
+        bits = _bits(key, cols)
+        g = _gumbel(bits, LIBDEVICE)
         if LIBDEVICE:
-            g = -libdevice.log(-libdevice.log(u))
             y = libdevice.mul_rn(x, inv_t) + g
         else:
-            g = -tl.log(-tl.log(u))
             y = x * inv_t + g
         if DEBUG:
             tl.store(bits_ptr + row * V + cols, bits.to(tl.int64), mask=mask)
