@@ -197,6 +197,8 @@ def apply_rope_ref(qk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 # here); sample.py's kernel computes the same bits with uint32 arithmetic.
 
 _M32 = 0xFFFFFFFF
+NUCLEUS_MAX_ROUNDS = 32  # nucleus.MAX_ROUNDS
+NUCLEUS_ROUND_MIX = 0x27D4EB2F  # nucleus.ROUND_MIX
 U_MAX = 1.0 - 2.0**-24  # the largest float32 below 1: where u is clamped (see gumbel)
 
 
@@ -215,15 +217,18 @@ def _fmix32(h: Tensor) -> Tensor:
     return h ^ (h >> 16)
 
 
-def uniform_bits(seed: Tensor, counter: Tensor, vocab_size: int) -> Tensor:
-    """seed, counter: int64 [S] -> 32 hashed bits int64 [S, V], a pure function of (seed, counter, id)."""
+def uniform_bits(seed: Tensor, counter: Tensor, vocab_size: int, r: int = 0) -> Tensor:
+    """seed, counter: int64 [S] -> 32 hashed bits int64 [S, V], a pure function of (seed, counter, id).
+    r > 0: round r of nucleus_draw, whose key is _fmix32(key ^ (r * NUCLEUS_ROUND_MIX mod 2**32))."""
     lo, hi = seed & _M32, (seed >> 32) & _M32
     key = _fmix32(lo ^ _fmix32(hi ^ _fmix32((counter & _M32) ^ 0x68E31DA4)))  # [S]
+    if r:
+        key = _fmix32(key ^ ((r * NUCLEUS_ROUND_MIX) & _M32))
     ids = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)  # [V]
     return _fmix32(_fmix32(key[:, None] ^ _mul32(ids, 0x9E3779B9)[None, :]) ^ (key[:, None] >> 7))
 
 
-def gumbel(seed: Tensor, counter: Tensor, vocab_size: int) -> Tensor:
+def gumbel(seed: Tensor, counter: Tensor, vocab_size: int, r: int = 0) -> Tensor:
     """Standard Gumbel noise float32 [S, V] from uniform_bits: g = -log(-log(u)), u in (0, 1).
 
     u = ((bits >> 8) + 0.5) * 2**-24 in float32. The + 0.5 rounds (to even) for bits >> 8 >= 2**23,
@@ -231,7 +236,7 @@ def gumbel(seed: Tensor, counter: Tensor, vocab_size: int) -> Tensor:
     whatever its logit, and a filtered (-inf) one would give NaN, which argmax picks (about 0.8% of
     rows at a 128k vocabulary). So u is clamped to U_MAX = 1 - 2**-24: only that one value changes.
     """
-    u = ((uniform_bits(seed, counter, vocab_size) >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    u = ((uniform_bits(seed, counter, vocab_size, r) >> 8).float() + 0.5) * (1.0 / (1 << 24))
     return -torch.log(-torch.log(u.clamp_(max=U_MAX)))
 
 
@@ -244,24 +249,6 @@ def gumbel_argmax_ref(x: Tensor, inv_temperature: Tensor, seed: Tensor, counter:
     """
     y = x * inv_temperature[:, None] + gumbel(seed, counter, x.shape[1])
     return y.argmax(dim=-1)
-
-
-NUCLEUS_MAX_ROUNDS = 32  # nucleus.MAX_ROUNDS
-NUCLEUS_ROUND_MIX = 0x27D4EB2F  # nucleus.ROUND_MIX
-
-
-def round_gumbel(seed: Tensor, counter: Tensor, vocab_size: int, r: int) -> Tensor:
-    """gumbel's noise for round r of nucleus_draw: round 0 is gumbel itself; round r > 0 hashes with
-    the key _fmix32(key ^ (r * ROUND_MIX mod 2**32)) (float32 [S, V])."""
-    if r == 0:
-        return gumbel(seed, counter, vocab_size)
-    lo, hi = seed & _M32, (seed >> 32) & _M32
-    key = _fmix32(lo ^ _fmix32(hi ^ _fmix32((counter & _M32) ^ 0x68E31DA4)))  # [S], as uniform_bits
-    key = _fmix32(key ^ ((r * NUCLEUS_ROUND_MIX) & _M32))
-    ids = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)
-    bits = _fmix32(_fmix32(key[:, None] ^ _mul32(ids, 0x9E3779B9)[None, :]) ^ (key[:, None] >> 7))
-    u = ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
-    return -torch.log(-torch.log(u.clamp_(max=U_MAX)))
 
 
 def nucleus_draw_ref(x: Tensor, inv_temperature: Tensor, top_p: Tensor, min_p: Tensor, seed: Tensor,
@@ -282,7 +269,7 @@ def nucleus_draw_ref(x: Tensor, inv_temperature: Tensor, top_p: Tensor, min_p: T
         live = tok < 0
         if not bool(live.any()):
             break
-        cand = torch.where((y >= floor[:, None]) & (y > pivot[:, None]), y + round_gumbel(seed, counter, V, r),
+        cand = torch.where((y >= floor[:, None]) & (y > pivot[:, None]), y + gumbel(seed, counter, V, r),
                            float("-inf"))
         t = cand.argmax(dim=-1)
         best = cand.gather(1, t[:, None]).squeeze(1)
