@@ -236,8 +236,22 @@ class MemoryPlan:
     load_tokens: int
     rows: list[KVPlanRow]
 
+    @property
+    def chosen(self) -> KVPlanRow:
+        """The row --json's flat keys describe: the one KV dtype asked for (the first of several), else the
+        model's own dtype."""
+        if len(self.rows) == 1:
+            return self.rows[0]
+        own = KVDtype.for_compute(self.dtype).value
+        return next((r for r in self.rows if r.kv_dtype == own), self.rows[0])
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """DESIGN's keys for the chosen KV dtype (sizes in bytes), then every field, `rows` holding each dtype."""
+        r = self.chosen
+        flat = {"kv_dtype": r.kv_dtype, "kv_bytes_per_token": r.bytes_per_token, "kv_bytes_per_page": r.bytes_per_page,
+                "weight_bytes": self.weight_bytes, "kv_budget_bytes": self.kv_budget_bytes, "max_pages": r.pages,
+                "max_tokens": r.tokens, "max_concurrency": r.max_requests, "load_kv_bytes": r.load_bytes}
+        return flat | asdict(self)
 
 
 def plan_memory(shape: ModelShape, gpu_memory: int, utilization: float = 0.9, page_size: int = 16,

@@ -93,6 +93,24 @@ def test_radixkv_plan_prints_the_table_and_json(tmp_path, capsys) -> None:
     table = capsys.readouterr().out
     assert "fp8_e4m3" in table and "160.00 GiB" in table
     assert json.loads((tmp_path / "p.json").read_text())["page_size"] == 16
+
+
+def test_plan_json_has_designs_flat_keys_for_the_chosen_dtype(tmp_path, capsys) -> None:
+    """--json names the chosen KV dtype's figures as DESIGN lists them: the model's own dtype by default."""
+    from radixkv.cli import main
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(dict(LLAMA31_70B, num_key_value_heads=64)))
+    assert main(["plan", str(cfg), "--gpu-memory", "1TiB", "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    row = next(r for r in out["rows"] if r["kv_dtype"] == "bf16")
+    assert out["kv_dtype"] == "bf16" and out["kv_bytes_per_token"] == 2_621_440 == row["bytes_per_token"]
+    assert out["load_kv_bytes"] == 160 * 2**30 and out["kv_bytes_per_page"] == 16 * 2_621_440
+    assert (out["max_pages"], out["max_tokens"], out["max_concurrency"]) == (row["pages"], row["tokens"],
+                                                                              row["max_requests"])
+    assert out["max_pages"] == out["kv_budget_bytes"] // out["kv_bytes_per_page"] and out["weight_bytes"] > 0
+    assert main(["plan", str(cfg), "--gpu-memory", "1TiB", "--kv-dtype", "int4", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["kv_dtype"] == "int4"
     assert main(["plan", str(cfg), "--gpu-memory", "lots"]) == 2
     assert "cannot read 'lots' as a memory size" in capsys.readouterr().err
 
