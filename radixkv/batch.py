@@ -6,6 +6,8 @@ Before the model runs, every slot in `slots` belongs to a page in that row's pag
 and the pages listed for a row cover all `seq_lens[b]` tokens.
 `page_tables[b]` may be the scheduler's own page list of that request (no copy per step): it is
 valid until `Scheduler.update`, and the model must not modify it.
+A batch scheduled ahead (`follows` set) reads its input tokens from the previous batch's sampled
+tokens on the device; its rows whose request has finished meanwhile are dropped by `update`.
 """
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ class Batch:
     # decode rows sharing cached pages, for the cascade kernels (scheduler/cascade_groups.py); None: plain
     # decode (the scheduler builds it only with SchedulerConfig(cascade=True), when a group is worth it)
     cascade: CascadeLevels | None = None
+    # [B] a step scheduled ahead (Scheduler.schedule_ahead) while the previous batch still runs: row b's input
+    # token is the one row follows[b] of that batch samples, not known on the host yet (input_ids hold 0)
+    follows: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -171,6 +171,8 @@ class EngineConfig:
     seed: random weights (model given as a config) and the default sampling stream.
     enforce_eager: never replay CUDA graphs (vLLM's name). max_model_len: prompt + output cap
     below the model's own context (None: the model's).
+    async_scheduling (vLLM's name): overlap the host's scheduling of decode step N+1 with the device's
+    work on step N (engine/llm.py); None: on when the model runs on a CUDA device.
     """
 
     page_size: int = 16
@@ -182,6 +184,7 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False
     max_model_len: int | None = None
+    async_scheduling: bool | None = None
     scheduler: SchedulerConfig = SchedulerConfig()
 
     @classmethod
@@ -219,5 +222,7 @@ class EngineConfig:
             raise ValueError(f"num_pages must be >= 1 or None, got {self.num_pages}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be True, False or None, got {self.async_scheduling!r}")
         if not isinstance(self.scheduler, SchedulerConfig):
             raise TypeError(f"scheduler must be a SchedulerConfig, got {self.scheduler!r}")

@@ -6,6 +6,10 @@ in a CUDA graph, the whole forward is one launch.
 
 Static inputs, one int32 device buffer filled by one host-to-device copy from a pinned twin:
     ids [R], positions [R], seq_lens [R], slots [R], page_table [R, W]
+The pinned twin is double-buffered: with async scheduling the host fills step N+1's inputs while
+step N's copy may still be queued; the buffer it writes was last copied two steps ago, before a step
+whose tokens the host has read since. A step scheduled ahead (Batch.follows) takes its ids from the
+previous step's sampled tokens with one device-to-device copy after the upload.
 with R = the largest bucket (max_running rounded up) and W = pages of the longest sequence the
 engine admits. A step of B rows runs the graph of the smallest bucket >= B; rows B.. of the
 bucket are padding: token 0 at position 0 of a one-token sequence whose K/V go to the scratch
@@ -57,8 +61,9 @@ class DecodeGraphs:
         self.scratch_slot = scratch_page * kv.page_size  # where padding rows store their K/V
         R, W = max_rows, max_pages
         self._n = 4 * R + R * W
-        self._host = torch.zeros(self._n, dtype=torch.int32, pin_memory=True)
-        self._host_np = self._host.numpy()
+        self._hosts = [torch.zeros(self._n, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self._hosts_np = [h.numpy() for h in self._hosts]
+        self._turn = 0  # which pinned buffer the next step fills
         self._dev = torch.zeros(self._n, dtype=torch.int32, device=kv.device)
         # Everything a graph reads must outlive it: these are sliced per bucket, never reallocated.
         self._rows = torch.arange(R, dtype=torch.int64, device=kv.device)  # sample index: every row
@@ -74,11 +79,15 @@ class DecodeGraphs:
         return (batch.cascade is None and batch.is_decode_only and len(batch.requests) <= self.max_rows and all(batch.sample)
                 and max(len(p) for p in batch.page_tables) <= self.max_pages)
 
-    def run(self, batch: Batch) -> Tensor:
-        """The step's logits [B, V] float32 (a view into the graph's output: use before the next step)."""
+    def run(self, batch: Batch, input_ids: Tensor | None = None) -> Tensor:
+        """The step's logits [B, V] float32 (a view into the graph's output: use before the next step).
+        input_ids: int64 [B] on the device, in place of batch.input_ids (a step scheduled ahead)."""
         B = len(batch.requests)
         bucket = next(b for b in self.buckets if b >= B)
         self._fill(bucket, batch.input_ids, batch.positions, batch.seq_lens, batch.slots, batch.page_tables)
+        self._upload(bucket)
+        if input_ids is not None:
+            self._dev[:B].copy_(input_ids)
         graph, logits = self._graph(bucket, max(batch.seq_lens))
         graph.replay()
         self.replays += 1
@@ -90,13 +99,18 @@ class DecodeGraphs:
         splits are captured on first use."""
         for bucket in self.buckets:
             self._fill(bucket, [], [], [], [], [])  # padding rows only: they write the scratch page
+            self._upload(bucket)
             self._graph(bucket, 1)
         torch.cuda.synchronize()
 
-    def _graph(self, bucket: int, max_seq_len: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        """The graph of (bucket, splits), captured first if needed, after the inputs are on the device."""
+    def _upload(self, bucket: int) -> None:
+        """Copy the filled pinned buffer to the device (one transfer) and turn to the other buffer."""
         used = 4 * self.max_rows + bucket * self.max_pages
-        self._dev[:used].copy_(self._host[:used], non_blocking=True)
+        self._dev[:used].copy_(self._hosts[self._turn][:used], non_blocking=True)
+        self._turn ^= 1
+
+    def _graph(self, bucket: int, max_seq_len: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """The graph of (bucket, splits), captured first if needed (on the inputs just uploaded)."""
         key = (bucket, _pow2_at_least(self.attention.decode_splits(bucket, max_seq_len)))
         if key not in self._graphs:
             self._graphs[key] = self._capture(*key)
@@ -112,8 +126,8 @@ class DecodeGraphs:
 
     def _fill(self, bucket: int, ids: Sequence[int], positions: Sequence[int], seq_lens: Sequence[int],
               slots: Sequence[int], page_tables: Sequence[Sequence[int]]) -> None:
-        """Write B rows (and padding rows up to bucket) into the pinned host buffer."""
-        R, W, h, B = self.max_rows, self.max_pages, self._host_np, len(ids)
+        """Write B rows (and padding rows up to bucket) into this turn's pinned host buffer."""
+        R, W, h, B = self.max_rows, self.max_pages, self._hosts_np[self._turn], len(ids)
         for i, (rows, pad) in enumerate(((ids, 0), (positions, 0), (seq_lens, 1), (slots, self.scratch_slot))):
             h[i * R:i * R + B] = rows
             h[i * R + B:i * R + bucket] = pad

@@ -6,6 +6,15 @@ batch, storing new K/V -> rows with `sample[b]` draw a token -> `scheduler.updat
 it, and finished requests are inserted into the radix tree (prompt + output) and release
 their pages, so the next turn of a chat or the next few-shot prompt hits.
 
+Async scheduling (on by default on CUDA): a step's forward and sampler are queued on the device
+(`_launch`) and its tokens copied to a pinned buffer; before reading them, the next decode step of
+the same rows is scheduled ahead and queued behind it, its input ids taken from those tokens on the
+device. So the host's work between steps (reading tokens, update, stop checks, scheduling and
+planning the step after) runs while the GPU computes, and a step() returns with the next step in
+flight. The host waits once a step, for the sampled tokens. Rows that finished meanwhile are
+dropped from the step ahead; a step that cannot be planned ahead (admissions, prefill chunks,
+penalties, logprobs, pages short) runs after the update, as without async scheduling.
+
 Every request is validated before anything is scheduled; a bad one raises and leaves
 requests already in flight untouched.
 """
@@ -18,9 +27,10 @@ import operator
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from torch import Tensor
 
 from radixkv.batch import Batch
 from radixkv.cache import PagePool, RadixCache
@@ -50,6 +60,17 @@ class _RowSampling:
     prompt_text: str | None = None  # the prompt as text, when it was given as text
     logprobs: list[dict[int, float]] | None = None  # one per generated token, with params.logprobs
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
+
+
+class _Launched(NamedTuple):
+    """A step whose forward and sampler are queued on the device; its tokens not read yet."""
+
+    batch: Batch
+    rows: list[int]  # [S] the batch rows that sample, in the sampler's order
+    drawn: Tensor  # int64 [S] sampled tokens, on the device
+    host: Tensor | None  # int64 [S] pinned copy of drawn, valid once `ready` has fired (CUDA); None on CPU
+    ready: torch.cuda.Event | None
+    logprobs: dict[int, dict[int, float]]  # by row, for rows that asked for them
 
 
 class LLM:
@@ -111,6 +132,15 @@ class LLM:
         self.num_steps = 0
         self._recorded: list[Request] | None = None  # requests added while recording
         self._busy = threading.Lock()  # held by the one call running (generate, step, add_requests)
+        self.async_scheduling = (self.device.type == "cuda" if cfg.async_scheduling is None
+                                 else cfg.async_scheduling)
+        self._ahead: _Launched | None = None  # the step queued behind the last one returned (async scheduling)
+        self.steps_ahead = 0  # steps that were scheduled ahead (for tests and benchmarks)
+        if self.device.type == "cuda":  # two pinned token buffers, alternate steps (one may still be filling)
+            rows = cfg.scheduler.max_running
+            self._token_hosts = [torch.zeros(rows, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+            self._token_events = [torch.cuda.Event(), torch.cuda.Event()]
+            self._token_turn = 0
 
     @property
     def num_pages(self) -> int:
@@ -265,20 +295,52 @@ class LLM:
 
     @torch.inference_mode()
     def _step(self) -> list[Request]:
-        batch = self.scheduler.schedule(self._now())
-        if batch is None:
-            return []
+        now = self._now()
+        launched, self._ahead = self._ahead, None
+        if launched is None:
+            batch = self.scheduler.schedule(now)
+            if batch is None:
+                return []
+            try:
+                launched = self._launch(batch)
+            except BaseException:
+                self.scheduler.abandon(batch)
+                raise
+        batch = launched.batch
         try:
-            tokens, logprobs = self._run(batch)
+            if self.async_scheduling and self._may_run_ahead(launched):
+                nxt = self.scheduler.schedule_ahead(now)
+                if nxt is not None:
+                    self._ahead = self._launch(nxt, launched)
+                    self.steps_ahead += 1
+            tokens = self._collect(launched)  # the step's one wait on the device
             finished = self.scheduler.update(batch, tokens, self._now())
         except BaseException:
+            self._ahead = None
             if self.scheduler.in_flight is batch:  # update() refuses before it changes anything
-                self.scheduler.abandon(batch)
+                self.scheduler.abandon(batch)  # and the step scheduled ahead of it
             raise
         self.num_steps += 1
-        for b, lp in logprobs.items():
+        for b, lp in launched.logprobs.items():
             batch.requests[b].sampling.logprobs.append(lp)
-        return self._stop_strings(batch, finished)
+        finished = self._stop_strings(batch, finished)
+        if self._ahead is not None and all(r.finished for r in self._ahead.batch.requests):
+            self.scheduler.abandon(self._ahead.batch)  # nothing left to read from it
+            self._ahead = None
+        return finished
+
+    def _may_run_ahead(self, launched: _Launched) -> bool:
+        """Whether the step after `launched` may be scheduled before its tokens are read: every row
+        samples, and none needs its own latest token on the host to sample the next (penalties,
+        min_tokens) or asks for logprobs (read when the step is launched)."""
+        batch = launched.batch
+        if not all(batch.sample):
+            return False
+        for r in batch.requests:
+            p = r.sampling.params if isinstance(r.sampling, _RowSampling) else None
+            if p is None or p.penalized or p.min_tokens or p.logprobs is not None:
+                return False
+        return True
 
     def _stop_strings(self, batch: Batch, finished: list[Request]) -> list[Request]:
         """End the step's requests whose detokenised output now holds one of their stop strings
@@ -303,47 +365,73 @@ class LLM:
             r.finish_reason = FinishReason.STOP
         return finished
 
-    def forward_logits(self, batch: Batch, use_graphs: bool = True) -> torch.Tensor:
+    def forward_logits(self, batch: Batch, use_graphs: bool = True, input_ids: Tensor | None = None) -> Tensor:
         """Logits [S, V] float32 of the batch's sampling rows: from a CUDA graph when the step fits
-        one (and use_graphs), else eagerly. Stores the step's K/V either way."""
+        one (and use_graphs), else eagerly. Stores the step's K/V either way. input_ids: int64 [T] on
+        the device in place of batch.input_ids (a step scheduled ahead)."""
         if use_graphs and self.graphs is not None and self.graphs.fits(batch):
-            return self.graphs.run(batch)  # every decode row samples
+            return self.graphs.run(batch, input_ids)  # every decode row samples
         dev = self.device
         self.attention.plan(batch)
         last = [batch.q_start[b] + batch.q_lens[b] - 1 for b, s in enumerate(batch.sample) if s]
-        return self.model.forward(torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
-                                  torch.tensor(batch.positions, dtype=torch.int64, device=dev),
+        if input_ids is None:
+            input_ids = torch.tensor(batch.input_ids, dtype=torch.int64, device=dev)
+        return self.model.forward(input_ids, torch.tensor(batch.positions, dtype=torch.int64, device=dev),
                                   self.attention, torch.tensor(last, dtype=torch.int64, device=dev))
 
-    def _run(self, batch: Batch) -> tuple[list[int | None], dict[int, dict[int, float]]]:
-        """The forward pass and the sampler: one token per sampling row (None for the others), and
-        the logprobs of the rows that asked for them (by row). Changes no request."""
+    def _launch(self, batch: Batch, prev: _Launched | None = None) -> _Launched:
+        """Queue the forward pass and the sampler of `batch` (one token per sampling row) and the copy
+        of the tokens to the host; read the logprobs of the rows that asked for them. prev: the step
+        `batch` was scheduled ahead of (its tokens are batch's inputs). Changes no request."""
         dev = self.device
         rows = [b for b, s in enumerate(batch.sample) if s]
-        raw = logits = self.forward_logits(batch)
+        ids = None
+        if batch.follows is not None:
+            # every row of prev samples (_may_run_ahead), so follows indexes prev.drawn
+            ids = prev.drawn if batch.follows == prev.rows else prev.drawn.index_select(0, _to_device(batch.follows, dev))
+        raw = logits = self.forward_logits(batch, input_ids=ids)
         reqs = [batch.requests[b] for b in rows]
         params = [r.sampling.params for r in reqs]
         if any(p.penalized or p.min_tokens for p in params):
             logits = penalize(logits, params, [r.prompt for r in reqs], [r.output for r in reqs],
                               [r.stop_token_ids for r in reqs])
         if all(p.greedy for p in params):
-            drawn_t = logits.argmax(dim=-1)
+            drawn = logits.argmax(dim=-1)
         else:
-            sampling = sampling_rows(params, [r.sampling.seed for r in reqs], [len(r.output) for r in reqs],
-                                     logits.shape[1], dev)
-            drawn_t = sample(logits, sampling)
+            # the index in its request's output of the token each row draws (one past the host's
+            # output for a step scheduled ahead)
+            counters = [batch.seq_lens[b] - len(r.prompt) for b, r in zip(rows, reqs)]
+            drawn = sample(logits, sampling_rows(params, [r.sampling.seed for r in reqs], counters,
+                                                 logits.shape[1], dev))
         want = [i for i, p in enumerate(params) if p.logprobs is not None]
         logprobs: dict[int, dict[int, float]] = {}
         if want:
             idx = torch.tensor(want, dtype=torch.int64, device=dev)
-            lps = top_logprobs(raw.index_select(0, idx), drawn_t.index_select(0, idx),
+            lps = top_logprobs(raw.index_select(0, idx), drawn.index_select(0, idx),
                                [params[i].logprobs for i in want])
             logprobs = {rows[i]: lp for i, lp in zip(want, lps)}
-        drawn = drawn_t.tolist()  # the step's one host sync (without logprobs)
-        tokens: list[int | None] = [None] * len(batch.requests)
-        for b, t in zip(rows, drawn):
+        host = ready = None
+        if dev.type == "cuda":
+            turn = self._token_turn
+            self._token_turn ^= 1
+            if len(rows) > self._token_hosts[turn].numel():
+                self._token_hosts[turn] = torch.zeros(len(rows), dtype=torch.int64, pin_memory=True)
+            host, ready = self._token_hosts[turn][:len(rows)], self._token_events[turn]
+            host.copy_(drawn, non_blocking=True)
+            ready.record()
+        return _Launched(batch, rows, drawn, host, ready, logprobs)
+
+    def _collect(self, launched: _Launched) -> list[int | None]:
+        """The launched step's tokens by row (None for rows that do not sample): waits for them."""
+        if launched.ready is not None:
+            launched.ready.synchronize()
+            drawn = launched.host.tolist()
+        else:
+            drawn = launched.drawn.tolist()
+        tokens: list[int | None] = [None] * len(launched.batch.requests)
+        for b, t in zip(launched.rows, drawn):
             tokens[b] = t
-        return tokens, logprobs
+        return tokens
 
     @contextlib.contextmanager
     def _exclusive(self, what: str) -> Iterator[None]:
@@ -476,6 +564,12 @@ class LLM:
         chat's prefix-cache namespace (every turn's params get it): sessions with different salts
         never share pages."""
         return Session(self, system, params or SamplingParams(temperature=0.0, max_tokens=64), cache_salt=cache_salt)
+
+
+def _to_device(values: list[int], device: torch.device) -> Tensor:
+    """int64 [len(values)] on device, through pinned memory on CUDA (a pageable copy may wait for the stream)."""
+    t = torch.tensor(values, dtype=torch.int64)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
 def _token_id(t: Any) -> int | None:

@@ -146,11 +146,14 @@ class SamplingRows(NamedTuple):
 
 def sampling_rows(params: Sequence[SamplingParams], seeds: Sequence[int], counters: Sequence[int],
                   vocab_size: int, device: torch.device) -> SamplingRows:
-    """Pack the per-request parameters of a step's sampling rows: two host-to-device copies."""
+    """Pack the per-request parameters of a step's sampling rows: two host-to-device copies, from pinned
+    memory on CUDA (a copy from pageable memory may wait for the stream, which async scheduling must not)."""
     k = [vocab_size if p.top_k is None else min(p.top_k, vocab_size) for p in params]
+    pin = torch.device(device).type == "cuda"
     floats = torch.tensor([[p.temperature for p in params], [p.top_p for p in params], [p.min_p for p in params]],
-                          dtype=torch.float32).to(device, non_blocking=True)  # [3, S]
-    ints = torch.tensor([k, _as_int64(seeds), list(counters)], dtype=torch.int64).to(device, non_blocking=True)
+                          dtype=torch.float32, pin_memory=pin).to(device, non_blocking=True)  # [3, S]
+    ints = torch.tensor([k, _as_int64(seeds), list(counters)], dtype=torch.int64,
+                        pin_memory=pin).to(device, non_blocking=True)  # [3, S]
     return SamplingRows(temperature=floats[0], top_k=ints[0], top_p=floats[1], min_p=floats[2], seed=ints[1],
                         counter=ints[2], all_greedy=all(p.greedy for p in params),
                         filtered=any(p.top_k is not None or p.top_p < 1.0 or p.min_p > 0.0 for p in params),

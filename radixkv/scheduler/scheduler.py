@@ -10,6 +10,16 @@ Each step (`schedule`) shares a token budget (`max_batch_tokens`) between
 `update` applies the step's sampled tokens, caches completed prefill chunks in the radix tree
 and finishes requests.
 
+Overlap (the engine's async scheduling): while a batch whose rows all sample runs on the device,
+`schedule_ahead` emits the next decode step of the same rows before their tokens are known
+(`Batch.follows`: each row's input is the previous batch's token of that row, read on the device),
+so the host prepares step N+1 while the GPU runs step N. It admits nobody, preempts nobody and
+leaves out rows that reach max_tokens at step N; it declines (None) when a request waits for a
+place, a row still prefills, or pages run short, and the next step is scheduled after `update` as
+usual. A row of a batch scheduled ahead whose request finished meanwhile (a stop token at step N,
+a stop string, an abort) is dropped by that batch's `update`: the K/V it stored lies at the
+position after the request's last token, in a page no tree block holds.
+
 Page lifetime (the contract with RadixCache and PagePool):
 - A running request holds one pool reference on every page in `req.pages` (one page per block
   of its computed tokens, the last possibly partial and private) and a lock on its cached path
@@ -67,7 +77,8 @@ class Scheduler:
         self._admit_seq = itertools.count()
         self._step = 0
         self._ranker = AdmissionRanker(config.policy, config.match_budget, self._match, self._match_all)
-        self._inflight: Batch | None = None
+        self._inflight: Batch | None = None  # the oldest batch not yet updated
+        self._ahead: Batch | None = None  # the batch scheduled ahead of it (schedule_ahead)
         self.cascade_rule = cascade_rule
 
     # ---- queue --------------------------------------------------------------------------------
@@ -101,9 +112,8 @@ class Scheduler:
         """Withdraw a waiting or running request now: its computed full blocks are cached, its
         pages and lock released; it ends FINISHED with FinishReason.ABORT. None when rid is not
         live. Refused (RuntimeError, nothing changed) for a row of the batch in flight: `update`
-        or `abandon` that batch first."""
-        if self._inflight is not None and any(r.rid == rid for r in self._inflight.requests):
-            raise RuntimeError(f"request {rid} is in the batch in flight; update() or abandon() it first")
+        or `abandon` that batch first; a batch scheduled ahead drops the row instead."""
+        self._refuse_in_flight(rid)
         e = self._entries.pop(rid, None)
         if e is None:
             return None
@@ -120,9 +130,8 @@ class Scheduler:
     def finish(self, rid: int, reason: FinishReason) -> Request:
         """End a running request now as a natural finish (the engine found a stop string in its
         text): cached, released and counted as completed, like a stop token. Refused (RuntimeError)
-        for a row of the batch in flight, ValueError unless rid is running."""
-        if self._inflight is not None and any(r.rid == rid for r in self._inflight.requests):
-            raise RuntimeError(f"request {rid} is in the batch in flight; update() or abandon() it first")
+        for a row of the batch in flight (not one scheduled ahead), ValueError unless rid is running."""
+        self._refuse_in_flight(rid)
         e = self._entries.get(rid)
         if e is None or e.req.status is not Status.RUNNING:
             raise ValueError(f"request {rid} is not running")
@@ -130,13 +139,27 @@ class Scheduler:
         e.req.finish_reason = reason
         return e.req
 
+    def _refuse_in_flight(self, rid: int) -> None:
+        """RuntimeError when rid is a row of an in-flight batch that was not scheduled ahead (its
+        update would then apply a token to a request that no longer runs)."""
+        for batch in (self._inflight, self._ahead):
+            if batch is not None and batch.follows is None and any(r.rid == rid for r in batch.requests):
+                raise RuntimeError(f"request {rid} is in the batch in flight; update() or abandon() it first")
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
     @property
     def in_flight(self) -> Batch | None:
-        """The batch `schedule` returned that has not been updated or abandoned yet."""
+        """The oldest batch `schedule` or `schedule_ahead` returned that has not been updated or
+        abandoned yet."""
         return self._inflight
+
+    @property
+    def ahead(self) -> Batch | None:
+        """The batch `schedule_ahead` returned while `in_flight` ran, until in_flight's update makes it
+        the one in flight."""
+        return self._ahead
 
     @property
     def num_waiting(self) -> int:
@@ -177,20 +200,57 @@ class Scheduler:
         self._inflight = batch
         return batch
 
+    def schedule_ahead(self, now: float) -> Batch | None:
+        """While the batch in flight runs: the next decode step of its rows, their input tokens still on
+        the device (Batch.follows), or None when it cannot be planned now (see the module docstring).
+        Call it at most once per batch in flight; the batch it returns is updated after that one."""
+        cur = self._inflight
+        if cur is None or self._ahead is not None:
+            raise RuntimeError("schedule_ahead() needs one batch in flight and none scheduled ahead of it")
+        cfg, ps = self.config, self.page_size
+        if (not all(cur.sample) or len(cur.requests) != len(self.running)
+                or any(e.req is not r for e, r in zip(self.running, cur.requests))
+                or (self.waiting and len(self.running) < cfg.max_running)):
+            return None
+        rows = [b for b, r in enumerate(cur.requests) if len(r.output) + 1 < r.max_tokens]
+        if not rows or len(rows) > cfg.max_batch_tokens:
+            return None
+        reqs = [cur.requests[b] for b in rows]
+        positions = [cur.seq_lens[b] for b in rows]  # of the token step N samples
+        short = [r for r, p in zip(reqs, positions) if p >= len(r.pages) * ps]
+        if short and self._room(len(short)) < len(short):
+            return None
+        for r, page in zip(short, self.pool.alloc(len(short))):
+            r.pages.append(page)
+        n = len(rows)
+        batch = Batch(reqs, [0] * n, positions, list(range(n)), [1] * n, [p + 1 for p in positions],
+                      [r.pages for r in reqs], [r.pages[p // ps] * ps + p % ps for r, p in zip(reqs, positions)],
+                      [True] * n, ps, follows=rows)
+        if cfg.cascade and n > 1:
+            batch.cascade = find_cascade_groups(batch.page_tables, batch.seq_lens, ps, rule=self.cascade_rule,
+                                                q_lens=batch.q_lens)
+        self._step += 1
+        self._ahead = batch
+        return batch
+
     def abandon(self, batch: Batch) -> None:
         """The step of `batch` failed before `update`: it never happened. Its rows keep their
         pages and computed tokens; the K/V the failed step may have stored lies past each row's
         computed tokens, in pages the row owns alone (never a cached block), and is written again
-        when the next `schedule` offers the same work."""
+        when the next `schedule` offers the same work. Abandoning the batch in flight abandons the
+        batch scheduled ahead of it too (its inputs were that batch's tokens)."""
+        if batch is self._ahead and batch is not None:
+            self._ahead = None
+            return
         if batch is not self._inflight:
-            raise ValueError("abandon() takes the batch returned by the last schedule()")
-        self._inflight = None
+            raise ValueError("abandon() takes a batch in flight (from schedule() or schedule_ahead())")
+        self._inflight = self._ahead = None
 
     def update(self, batch: Batch, tokens: list[int | None], now: float) -> list[Request]:
         """Apply a step's results: tokens[b] is row b's sampled token when batch.sample[b]
         (None otherwise). Returns the requests that finished this step."""
         if batch is not self._inflight:
-            raise ValueError("update() takes the batch returned by the last schedule()")
+            raise ValueError("update() takes the oldest batch in flight (from schedule() or schedule_ahead())")
         if len(tokens) != len(batch.requests):
             raise ValueError(f"update() got {len(tokens)} tokens for {len(batch.requests)} rows")
         for b, (s, t) in enumerate(zip(batch.sample, tokens)):
@@ -198,10 +258,12 @@ class Scheduler:
                 raise ValueError(f"row {b} (request {batch.requests[b].rid}) samples but got no token")
             if s:
                 operator.index(t)  # TypeError for a non-integer token
-        self._inflight = None
+        self._inflight, self._ahead = self._ahead, None
         finished: list[Request] = []
         for b, req in enumerate(batch.requests):
-            e = self._entries[req.rid]
+            e = self._entries.get(req.rid)
+            if e is None or e.req is not req:  # scheduled ahead, and finished or aborted since
+                continue
             req.num_computed = batch.seq_lens[b]
             if batch.sample[b] and req.append_token(operator.index(tokens[b])):
                 self._finish(e)

@@ -153,6 +153,16 @@ def fault_at(llm: LLM, stage: str, exc: BaseException, after: int) -> Iterator[l
 
     assert name not in vars(target)
     setattr(target, name, patched)
+    ahead = stage == "schedule"  # with async scheduling a step schedules through schedule_ahead too
+    if ahead:
+        real_ahead = llm.scheduler.schedule_ahead
+
+        def patched_ahead(*args: Any, **kwargs: Any) -> Any:
+            if fires():
+                raise exc
+            return real_ahead(*args, **kwargs)
+
+        llm.scheduler.schedule_ahead = patched_ahead
     real_sample = llm_module.sample  # sampled steps: the sampler raises on the trap
 
     def sample(logits: Any, *args: Any) -> Any:
@@ -165,6 +175,8 @@ def fault_at(llm: LLM, stage: str, exc: BaseException, after: int) -> Iterator[l
         yield calls
     finally:
         delattr(target, name)  # the class's method again
+        if ahead:
+            del llm.scheduler.schedule_ahead
         llm_module.sample = real_sample
 
 
@@ -193,8 +205,8 @@ class LLMMachine(RuleBasedStateMachine):
 
     @initialize(ps=st.sampled_from([4, 4, 2, 1]), tiny=st.booleans(),
                 budget=st.sampled_from([8192, 8192, 16, 5]), max_running=st.sampled_from([256, 256, 2]),
-                policy=st.sampled_from(list(Policy)))
-    def build(self, ps: int, tiny: bool, budget: int, max_running: int, policy: Policy) -> None:
+                policy=st.sampled_from(list(Policy)), overlap=st.booleans())
+    def build(self, ps: int, tiny: bool, budget: int, max_running: int, policy: Policy, overlap: bool) -> None:
         # one intra-op thread: on a busy 2-core machine, tiny matmuls over two threads run 10-30x slower
         self.threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -202,13 +214,14 @@ class LLMMachine(RuleBasedStateMachine):
         self.tiny = tiny
         pool_tokens = 40 if tiny else 1024  # tiny: a few requests at once, preemption and eviction
         self.llm = LLM(_config(), dtype="float32", page_size=ps, num_pages=pool_tokens // ps,
-                       max_batch_tokens=budget, max_running=max_running, policy=policy)
+                       max_batch_tokens=budget, max_running=max_running, policy=policy, async_scheduling=overlap)
         self.next_rid = 0
         self.known: list[list[int]] = [list(range(1, 17)), list(range(1, 9)) + [99] * 8]  # new prompts continue these
         self.pending: dict[int, tuple[Any, SamplingParams]] = {}  # rid -> (Request, params) of add_requests
         self.sessions: list[tuple[Any, SamplingParams]] = []
         self.last: tuple[list[int], SamplingParams] | None = None  # the last successful prompt
-        event(f"page_size={ps} pool={'tiny' if tiny else 'roomy'} budget={budget} max_running={max_running}")
+        event(f"page_size={ps} pool={'tiny' if tiny else 'roomy'} budget={budget} max_running={max_running} "
+              f"async={overlap}")
 
     # ---- helpers -----------------------------------------------------------------------------
     def prompt(self, spec: tuple[int, int, list[int]]) -> list[int]:
@@ -348,7 +361,7 @@ class LLMMachine(RuleBasedStateMachine):
             except type(err) as caught:
                 assert caught is err
                 outs = None
-        assert self.llm.scheduler.in_flight is None
+        self.no_plain_batch_in_flight()
         if outs is None:
             assert calls[0] == after + 1
             self.consume(len(prompts))  # its requests were added, then aborted
@@ -442,7 +455,7 @@ class LLMMachine(RuleBasedStateMachine):
         before = {rid: (len(r.output), r.num_computed) for rid, (r, _) in self.pending.items()}
         with fault_at(self.llm, stage, err, 0), pytest.raises(type(err)):
             self.llm.step()
-        assert self.llm.scheduler.in_flight is None
+        self.no_plain_batch_in_flight()
         for rid, (r, _) in self.pending.items():
             assert not r.finished and len(r.output) == before[rid][0]
         self.llm.step()  # and serves on
@@ -527,11 +540,19 @@ class LLMMachine(RuleBasedStateMachine):
         s = self.llm.scheduler
         return [e.req for e in s.running] + [e.req for e in s.waiting]
 
+    def no_plain_batch_in_flight(self) -> None:
+        """Between calls nothing is in flight but, with async scheduling, a step scheduled ahead."""
+        s = self.llm.scheduler
+        assert s.ahead is None and (s.in_flight is None or s.in_flight.follows is not None)
+        if s.in_flight is not None:
+            assert self.llm.async_scheduling and self.llm._ahead.batch is s.in_flight
+            event("a step ahead in flight between calls")
+
     @invariant()
     def engine_idle_between_calls(self) -> None:
         if self.llm is None:
             return
-        assert self.llm.scheduler.in_flight is None
+        self.no_plain_batch_in_flight()
         assert not self.llm._busy.locked()
 
     @invariant()

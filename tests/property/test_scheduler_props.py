@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixkv import PagePool, Policy, RadixCache, SchedulerConfig
+from radixkv.batch import Batch
 from radixkv.request import Request, Status
 from radixkv.scheduler.entry import worst_case_pages
 from radixkv.scheduler.scheduler import Scheduler
@@ -109,6 +110,61 @@ def test_random_arrivals_into_a_tiny_pool(work):
         assert r.status is Status.FINISHED and r.pages == []
         assert r.output == expected_output(r)
     assert s.metrics.completed == len(reqs)
+    assert cache.num_locked_pages == 0
+    cache.evict(cache.num_cached_pages)
+    assert pool.num_free == num_pages
+
+
+def _live_rows(batch):
+    """The rows of a batch scheduled ahead whose request still runs, with the input tokens the device
+    would have read (the previous step's), as a plain Batch for KVShadow."""
+    keep = [b for b, r in enumerate(batch.requests) if r.status is Status.RUNNING]
+    reqs = [batch.requests[b] for b in keep]
+    return Batch(reqs, [r.output[-1] for r in reqs], [batch.positions[b] for b in keep], list(range(len(keep))),
+                 [1] * len(keep), [batch.seq_lens[b] for b in keep], [batch.page_tables[b] for b in keep],
+                 [batch.slots[b] for b in keep], [True] * len(keep), batch.page_size)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.lists(st.booleans(), min_size=1, max_size=20))
+def test_scheduling_ahead_gives_the_same_tokens_and_keeps_pages_exact(work, aheads):
+    """The engine's async loop: while batch N is in flight, maybe schedule N+1 ahead; update N, then
+    N+1 (its rows' inputs are N's tokens). Tokens, cached K/V reads, page ownership and the pool end
+    exactly as with plain steps."""
+    reqs, arrivals, ps, num_pages, cfg = work
+    pool = PagePool(num_pages)
+    cache = RadixCache(pool, page_size=ps)
+    s = Scheduler(pool, cache, cfg, ps)
+    shadow = KVShadow(pool, ps)
+    pending = sorted(reqs, key=lambda r: arrivals[r.rid])
+    now, cur, step, ahead_steps = 0.0, None, 0, 0
+    while pending or s.has_work() or cur is not None:
+        while pending and arrivals[pending[0].rid] <= now:
+            r = pending.pop(0)
+            s.add(r, now)
+        step += 1
+        assert step < 2000, "no progress"
+        if cur is None:
+            cur = s.schedule(now)
+            if cur is None:
+                assert not s.has_work() and pending, "stalled with work left"
+                now = arrivals[pending[0].rid]
+                continue
+            shadow.check(cur)
+        nxt = s.schedule_ahead(now) if aheads[step % len(aheads)] else None
+        now += 1.0
+        tokens = [fake_token(r.rid, len(r.output)) if smp else None for r, smp in zip(cur.requests, cur.sample)]
+        s.update(cur, tokens, now)
+        cache.check_invariants()
+        if nxt is not None:
+            ahead_steps += 1
+            live = _live_rows(nxt)
+            if live.requests:
+                shadow.check(live)
+        cur = nxt
+    for r in reqs:
+        assert r.status is Status.FINISHED and r.pages == []
+        assert r.output == expected_output(r)
     assert cache.num_locked_pages == 0
     cache.evict(cache.num_cached_pages)
     assert pool.num_free == num_pages
