@@ -61,13 +61,14 @@ class PrefixIndex:
 
     def _forget(self, replica: int) -> None:
         bit = 1 << replica
-        for h in self._blocks[replica]:
+        mine = self._blocks[replica]
+        for h in mine:
             left = self._holders[h] & ~bit
             if left:
                 self._holders[h] = left
             else:
                 del self._holders[h]
-        self._blocks[replica] = set()
+        mine.clear()  # in place: apply() holds this set
 
     def blocks_of(self, replica: int) -> frozenset[int]:
         """The chain hashes the index says `replica` holds."""
