@@ -24,14 +24,13 @@ from radixkv.cache.pages import PagePool
 from radixkv.cache.radix_tree import RadixCache
 from radixkv.config import SchedulerConfig
 from radixkv.request import Request
-from radixkv.scheduler.entry import worst_case_pages
 from radixkv.scheduler.metrics import SchedulerMetrics
 from radixkv.scheduler.scheduler import Scheduler
 from radixkv.workloads.traces import TraceRequest
 from .cost_model import CostModel, StepTimer
-from .replay import Progress, ReplayConfig, ReplayMode, ReplayResult, admit, unlimited_pages
+from .replay import Progress, ReplayConfig, ReplayMode, ReplayResult, RunningTotal, simulated_requests
 from .router import ReplicaLoad, Router, RouterKind, make_router
-from .simulator import fake_token
+from .simulator import check_requests, fake_token
 
 
 class Replica:
@@ -140,13 +139,7 @@ def simulate_fleet(requests: Sequence[Request], num_replicas: int, router: Route
     """Serve `requests` (distinct rids; each must fit one replica's pool of `num_pages`) on
     `num_replicas` replicas placed by `router` (module docstring). The given Request objects are
     copied, not modified. `progress` is called with the number of requests routed so far."""
-    rids = [r.rid for r in requests]
-    if len(set(rids)) != len(rids):
-        raise ValueError("simulate_fleet() needs distinct request ids")
-    for r in requests:
-        if worst_case_pages(r, page_size) > num_pages:
-            raise ValueError(f"request {r.rid} needs up to {worst_case_pages(r, page_size)} pages "
-                             f"but a replica's pool has {num_pages}")
+    check_requests(requests, num_pages, page_size, "simulate_fleet()", "a replica's pool")
     wants_events = router.kind is RouterKind.PREFIX
     fleet = [Replica(i, num_pages, page_size, sched, cost, wants_events) for i in range(num_replicas)]
     arrivals = sorted((Request(r.rid, r.prompt, r.max_tokens, arrival_s=0.0 if burst else r.arrival_s,
@@ -198,19 +191,10 @@ def replay_fleet(requests: Sequence[TraceRequest], cfg: ReplayConfig, num_replic
     if cfg.sequential:
         raise ValueError("a fleet replay is simulated: cfg.sequential must be False")
     t0 = time.perf_counter()
-    served, rejected, _ = admit(requests, cfg.page_size, cfg.num_pages)
-    num_pages = cfg.num_pages if cfg.num_pages is not None else unlimited_pages(served, cfg.page_size, True)
-    reqs = [Request(rid=i, prompt=r.tokens(), max_tokens=r.max_tokens, arrival_s=r.arrival_s)
-            for i, r in enumerate(served)]
-    done = [0]
-
-    def on_routed(n: int) -> None:
-        if progress is not None:
-            progress(n - done[0])
-        done[0] = n
-
+    reqs, rejected, num_pages = simulated_requests(requests, cfg)
     fleet = simulate_fleet(reqs, num_replicas, make_router(router, num_replicas), num_pages, cfg.page_size,
-                           cfg.scheduler_config(), cost or CostModel(), burst=cfg.burst, progress=on_routed)
+                           cfg.scheduler_config(), cost or CostModel(), burst=cfg.burst,
+                           progress=None if progress is None else RunningTotal(progress))
     if progress is not None and rejected:
         progress(rejected)
     pool = PagePool(num_pages)  # stands for one replica's pool in the summary; leaks are replaced below
