@@ -51,7 +51,8 @@ def run_trace(name: str, replicas: list[int], pages: int) -> list[dict]:
                              per_replica_requests=[r.requests for r in fleet.replicas],
                              load_max_over_mean=fleet.load_max_over_mean, wait_p99_s=res.wait_p99_s,
                              wall_s=time.perf_counter() - t0))
-            print(f"# {name} N={n} {kind.value}: hit {res.hit_rate:.4f} load {fleet.load_max_over_mean:.3f}", flush=True)
+            print(f"# {name} N={n} {kind.value}: hit {res.hit_rate:.4f} load {fleet.load_max_over_mean:.3f}",
+                  flush=True)
         for mode, sequential in (("one big cache (simulated)", False), ("one big cache (sequential)", True)):
             t0 = time.perf_counter()
             big = run_replay(requests, ReplayConfig(page_size=page_size, num_pages=n * pages, sequential=sequential))

@@ -70,8 +70,8 @@ def fragmentation(r: ReplayResult) -> str:
 def format_fleet(f: FleetResult) -> str:
     """The per-replica table `radixkv replay --replicas N` prints under the summary."""
     served = [r.requests for r in f.replicas]
-    head = (f"router {f.router.value}: {len(f.replicas)} replicas (each its own KV pool as above), requests served per replica "
-            f"max/mean {f.load_max_over_mean:.3f} (min {min(served)}, max {max(served)})")
+    head = (f"router {f.router.value}: {len(f.replicas)} replicas (each its own KV pool as above), "
+            f"requests served per replica max/mean {f.load_max_over_mean:.3f} (min {min(served)}, max {max(served)})")
     rows = [f"{'replica':>7}  {'requests':>8}  {'prompt tokens':>14}  {'hit tokens':>14}  {'hit rate':>8}  "
             f"{'peak pages':>10}  {'preemptions':>11}"]
     for i, r in enumerate(f.replicas):

@@ -18,7 +18,8 @@ FLEET_KEYS = {"replicas", "router", "per_replica_hit_rate", "load_max_over_mean"
 def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """24 requests of 3 groups sharing 64-token prefixes, one a second, in a rotating group order."""
     path = tmp_path_factory.mktemp("fleet") / "groups.jsonl"
-    reqs = [TraceRequest(float(i), np.asarray([7 + (i + i // 3) % 3] * 64 + [i] * 9, dtype=np.int32), 4) for i in range(24)]
+    reqs = [TraceRequest(float(i), np.asarray([7 + (i + i // 3) % 3] * 64 + [i] * 9, dtype=np.int32), 4)
+            for i in range(24)]
     write_trace(path, reqs)
     return path
 
