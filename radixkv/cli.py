@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from radixkv.argtypes import positive_int
 from radixkv.config import DTYPE_ALIASES, KV_DTYPE_ALIASES, DTYPES, KV_DTYPES, Policy
 from radixkv.replay.replay import ReplayConfig, ReplayMode, run_replay
+from radixkv.replay.router import RouterKind
 from radixkv.replay.report import format_summary, nothing_completed
 from radixkv.workloads import WorkloadKind
 from radixkv.workloads.data import BUNDLED, DEFAULT_TRACE, bundled_trace
@@ -129,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--policy", choices=[x.value for x in Policy], default=Policy.LPM.value)
     r.add_argument("--limit", type=positive_int, metavar="N", help="replay only the first N requests")
     r.add_argument("--skip-bad", action="store_true", help="skip and count malformed records instead of failing")
+    r.add_argument("--replicas", type=positive_int, metavar="N",
+                   help="simulate N replicas, each with its own scheduler, cache and --num-pages pool, "
+                        "behind --router (default: one)")
+    r.add_argument("--router", choices=[k.value for k in RouterKind],
+                   help="with --replicas: how requests are placed (default: prefix)")
     r.add_argument("--json", metavar="OUT.json", help="write the summary (DESIGN.md keys) as JSON")
     r.add_argument("--plot", metavar="OUT.png", help="draw hit rate and pool occupancy over time")
     r.add_argument("--record", metavar="OUT.jsonl", help="write the replayed requests as radixkv JSONL")
@@ -268,6 +274,7 @@ def _cmd_replay(a: argparse.Namespace) -> int:
         raise CliError("--simulate and --model exclude each other (simulate needs no model)")
     if a.device and not a.model:
         raise CliError("--device needs --model (only a real replay runs on a device)")
+    _check_replicas(a)
     check_output("--json", a.json)
     check_output("--plot", a.plot, plot=True)
     check_output("--record", a.record)
@@ -294,15 +301,28 @@ def _cmd_replay(a: argparse.Namespace) -> int:
         from tqdm import tqdm
 
         bar = tqdm(total=len(requests), unit="req", desc=f"replay {mode.value}", file=sys.stderr)
+    fleet = None
     try:
-        result = run_replay(requests, cfg, engine=engine, progress=bar.update if bar else None)
+        if (a.replicas or 1) > 1:
+            from radixkv.replay.fleet import replay_fleet
+
+            result, fleet = replay_fleet(requests, cfg, a.replicas, RouterKind(a.router or RouterKind.PREFIX.value),
+                                         progress=bar.update if bar else None)
+        else:
+            result = run_replay(requests, cfg, engine=engine, progress=bar.update if bar else None)
     finally:
         if bar is not None:
             bar.close()
     print(format_summary(result, path, trace.format, trace.skipped))
+    if fleet is not None:
+        from radixkv.replay.report import format_fleet
+
+        print(format_fleet(fleet))
     if a.json:
         out = {k: v for k, v in result.to_json().items() if k != "timeline"}
         out.update(trace=str(path), format=trace.format.value, skipped=trace.skipped)
+        if fleet is not None:
+            out.update(fleet.json_keys())
         write_output("--json", a.json, json.dumps(out, indent=2) + "\n")
     if a.plot:
         from radixkv.replay.plot import plot_replay
@@ -324,6 +344,21 @@ def _cmd_replay(a: argparse.Namespace) -> int:
         print(f"radixkv: error: {nothing_completed(result, trace.skipped)}", file=sys.stderr)
         return EXIT_NOTHING_COMPLETED
     return 0
+
+
+def _check_replicas(a: argparse.Namespace) -> None:
+    """Refuse flag combinations a multi-replica replay cannot honour, before anything runs."""
+    if a.router is not None and a.replicas is None:
+        raise CliError(f"--router {a.router} needs --replicas N (the replicas it places requests on)")
+    if (a.replicas or 1) == 1:
+        return
+    if a.model:
+        raise CliError(f"--replicas {a.replicas} runs simulated replicas; it excludes --model (give --simulate)")
+    if a.sequential:
+        raise CliError(f"--replicas {a.replicas} needs the simulator's concurrent replicas; it excludes --sequential "
+                       f"(one request at a time on one cache)")
+    if a.plot:
+        raise CliError(f"--plot draws one cache's timeline; it is not available with --replicas {a.replicas}")
 
 
 def _no_requests(path: Path, trace: Any) -> str:

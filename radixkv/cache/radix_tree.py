@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .events import BlockChains, KVEventPublisher
 from .lru import LruLeaves
 from .pages import PagePool, bad_page_id
 from .node import (_INT32, HashFn, MatchResult, Namespace, Node, as_tokens, attach_child, detach_child,
@@ -73,9 +74,13 @@ class _Adoption(NamedTuple):
 class RadixCache:
     """Block-keyed radix tree over a PagePool, with LRU eviction and namespaces."""
 
-    def __init__(self, pool: PagePool, page_size: int = 16, hash_fn: HashFn = xxhash_block) -> None:
+    def __init__(self, pool: PagePool, page_size: int = 16, hash_fn: HashFn = xxhash_block,
+                 events: KVEventPublisher | None = None) -> None:
+        """events: a publisher of KV events (cache/events.py) told of every block that enters or
+        leaves the tree, with chain hashes; None publishes nothing and costs nothing."""
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self._chains = None if events is None else BlockChains(events, page_size)
         self.pool = pool
         self.page_size = page_size
         self._hash = hash_fn
@@ -302,6 +307,8 @@ class RadixCache:
             leaf = Node(key, first.tobytes(), pages, end, self._hash(first), end.namespace)
             leaf.last_access = clock
             attach_child(end, leaf)
+            if self._chains is not None:
+                self._chains.stored(leaf)
             self.num_cached_pages += blocks
             self._num_nodes += 1
             self._adoptions += 1
@@ -442,6 +449,8 @@ class RadixCache:
             leaf = Node(key, first.tobytes(), new_pages, node, self._hash(first), top.namespace)
             leaf.last_access = self._clock
             attach_child(node, leaf)
+            if self._chains is not None:
+                self._chains.stored(leaf)
             self.num_cached_pages += len(new_pages)
             self._num_nodes += 1
             self._adoptions += 1
@@ -469,6 +478,8 @@ class RadixCache:
         node.hkey = self._hash(first)
         node.next_sibling = None
         attach_child(upper, node)
+        if self._chains is not None:
+            self._chains.split(upper, node, blocks)
         self._num_nodes += 1
         return upper
 
@@ -559,6 +570,8 @@ class RadixCache:
                 # see _rematch: once a leaf, the parent carries its subtree's latest use
                 parent.last_access = max(parent.last_access, node.last_access)
                 self._push_if_evictable(parent)
+            if self._chains is not None:
+                self._chains.removed(node, max(keep, 0))
             dropped.append(pages)
             taken += len(pages)
         self.num_cached_pages -= taken
@@ -609,6 +622,8 @@ class RadixCache:
         self._num_nodes = 0
         self.num_cached_pages = 0
         self._last_match = None
+        if self._chains is not None:
+            self._chains.cleared()
         if not dropped:
             return 0
         return self.pool.decref_distinct(np.concatenate(dropped))

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from radixkv.batch import Batch
 from radixkv.cache import PagePool, RadixCache
+from radixkv.cache.events import KVEventPublisher
 from radixkv.config import EngineConfig, KVDtype
 from radixkv.request import CompletionOutput, FinishReason, Request, RequestOutput
 from radixkv.scheduler import Scheduler
@@ -82,12 +83,14 @@ class LLM:
     Backend.TRITON on CPU needs TRITON_INTERPRET=1 (tests).
     cascade=True: decode steps whose rows share cached prefix pages attend through the cascade kernels
     (each shared prefix read once per group; eager steps only, CUDA graphs not yet).
+    kv_events: a publisher (radixkv.cache.events, e.g. QueuePublisher) told of every block the prefix cache
+    stores or drops, in vLLM's KV event shape, so a router can follow what this engine holds.
     Other keyword arguments are EngineConfig fields (num_pages, seed, scheduler, ...).
     """
 
     def __init__(self, model: Any, dtype: Any = "auto", kv_dtype: Any = "auto", page_size: int = 16,
                  device: str | torch.device | None = None, *, attention_backend: Backend = Backend.AUTO,
-                 **more: Any) -> None:
+                 kv_events: KVEventPublisher | None = None, **more: Any) -> None:
         named = {"dtype": dtype, "device": None if device is None else str(device)}
         # vLLM's spellings (block_size, kv_cache_dtype) may stand in for a default left as it is
         if page_size != 16 or "block_size" not in more:
@@ -121,7 +124,7 @@ class LLM:
         if self.graphs is not None:
             self.graphs.capture_all()
         self.pool = PagePool(num_pages)
-        self.cache = RadixCache(self.pool, page_size=cfg.page_size)
+        self.cache = RadixCache(self.pool, page_size=cfg.page_size, events=kv_events)
         # cascade=True: decode steps whose rows share cached pages read them once per group (attention.py);
         # the KV dtype's rule says when a group is worth it (INT4/INT2: never)
         self.scheduler = Scheduler(self.pool, self.cache, cfg.scheduler, cfg.page_size,

@@ -29,6 +29,7 @@ from .fragmentation import Fragmentation
 
 if TYPE_CHECKING:  # real mode only; importing the engine loads torch
     from radixkv.engine.llm import LLM
+    from radixkv.request import Request
 
 Progress = Callable[[int], None]  # called with the number of requests just finished
 
@@ -277,27 +278,41 @@ def admit(requests: Sequence[TraceRequest], page_size: int, num_pages: int | Non
     return Admission(ok, too_large, too_long)
 
 
-def replay_simulated(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost: CostModel,
-                     progress: Progress | None = None) -> ReplayResult:
-    """Arrivals at their timestamps (all at 0 with `cfg.burst`) through Scheduler + RadixCache,
-    the clock driven by `cost` (radixkv.replay.simulator). Prompts go in as int32 arrays."""
+class RunningTotal:
+    """A Progress fed running totals (what the simulators report): calls `progress` with each increase."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.done = 0
+
+    def __call__(self, total: int) -> None:
+        self.progress(total - self.done)
+        self.done = total
+
+
+def simulated_requests(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> tuple[list[Request], int, int]:
+    """What a simulated replay serves: the admitted requests as Requests (rid = their index among
+    them, int32 prompts), how many were too large for `cfg.num_pages`, and the pool size (unlimited
+    when `cfg.num_pages` is None, outputs included)."""
     from radixkv.request import Request
 
-    from .simulator import simulate
-
-    t0 = time.perf_counter()
     served, rejected, _ = admit(requests, cfg.page_size, cfg.num_pages)
     num_pages = cfg.num_pages if cfg.num_pages is not None else unlimited_pages(served, cfg.page_size, True)
     reqs = [Request(rid=i, prompt=r.tokens(), max_tokens=r.max_tokens, arrival_s=r.arrival_s)
             for i, r in enumerate(served)]
-    done = [0]
+    return reqs, rejected, num_pages
 
-    def on_done(completed: int) -> None:  # simulate() reports the running total
-        if progress is not None:
-            progress(completed - done[0])
-        done[0] = completed
 
-    sim = simulate(reqs, num_pages, cfg.page_size, cfg.scheduler_config(), cost, burst=cfg.burst, progress=on_done)
+def replay_simulated(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost: CostModel,
+                     progress: Progress | None = None) -> ReplayResult:
+    """Arrivals at their timestamps (all at 0 with `cfg.burst`) through Scheduler + RadixCache,
+    the clock driven by `cost` (radixkv.replay.simulator). Prompts go in as int32 arrays."""
+    from .simulator import simulate
+
+    t0 = time.perf_counter()
+    reqs, rejected, num_pages = simulated_requests(requests, cfg)
+    sim = simulate(reqs, num_pages, cfg.page_size, cfg.scheduler_config(), cost, burst=cfg.burst,
+                   progress=None if progress is None else RunningTotal(progress))
     if progress is not None and rejected:
         progress(rejected)
     return ReplayResult.build(ReplayMode.SIMULATE, cfg, requests=len(requests), metrics=sim.metrics, pool=sim.pool,

@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from radixkv.workloads.traces import TraceFormat
 from .replay import ReplayMode, ReplayResult
+
+if TYPE_CHECKING:
+    from .fleet import FleetResult
 
 
 def nothing_completed(r: ReplayResult, skipped: int) -> str:
@@ -61,3 +65,16 @@ def fragmentation(r: ReplayResult) -> str:
         return "n/a" if f is None else f"{f:.3%}"
     return (f"{pct(r.live_token_fraction)} of allocated KV at peak pages "
             f"(contiguous max-length reservation: {pct(r.contiguous_live_fraction)})")
+
+
+def format_fleet(f: FleetResult) -> str:
+    """The per-replica table `radixkv replay --replicas N` prints under the summary."""
+    served = [r.requests for r in f.replicas]
+    head = (f"router {f.router.value}: {len(f.replicas)} replicas (each its own KV pool as above), "
+            f"requests served per replica max/mean {f.load_max_over_mean:.3f} (min {min(served)}, max {max(served)})")
+    rows = [f"{'replica':>7}  {'requests':>8}  {'prompt tokens':>14}  {'hit tokens':>14}  {'hit rate':>8}  "
+            f"{'peak pages':>10}  {'preemptions':>11}"]
+    for i, r in enumerate(f.replicas):
+        rows.append(f"{i:>7}  {r.requests:>8}  {r.prompt_tokens:>14,}  {r.hit_tokens:>14,}  {r.hit_rate:>8.4f}  "
+                    f"{r.peak_pages:>10,}  {r.preemptions:>11}")
+    return "\n".join([head, *rows])

@@ -7,7 +7,7 @@ caches, when it runs and how long requests wait. No torch.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,6 +157,17 @@ def run_scheduler(scheduler: Scheduler, arrivals: list[Request],
     return now
 
 
+def check_requests(requests: Sequence[Request], num_pages: int, page_size: int, caller: str, pool: str) -> None:
+    """ValueError unless the rids are distinct and each request fits `pool` of `num_pages` alone."""
+    rids = [r.rid for r in requests]
+    if len(set(rids)) != len(rids):
+        raise ValueError(f"{caller} needs distinct request ids")
+    for r in requests:
+        if worst_case_pages(r, page_size) > num_pages:
+            raise ValueError(f"request {r.rid} needs up to {worst_case_pages(r, page_size)} pages "
+                             f"but {pool} has {num_pages}")
+
+
 def simulate(requests: list[Request], num_pages: int, page_size: int, sched: SchedulerConfig,
              cost: StepTimer, burst: bool = False,
              progress: Callable[[int], None] | None = None) -> SimResult:
@@ -169,13 +180,7 @@ def simulate(requests: list[Request], num_pages: int, page_size: int, sched: Sch
     it changes. `fragmentation` holds the live tokens at the peak of pages in use and the
     contiguous-allocator baseline (radixkv.replay.fragmentation). Raises ValueError for duplicate rids or a request larger than the pool.
     """
-    rids = [r.rid for r in requests]
-    if len(set(rids)) != len(rids):
-        raise ValueError("simulate() needs distinct request ids")
-    for r in requests:
-        if worst_case_pages(r, page_size) > num_pages:
-            raise ValueError(f"request {r.rid} needs up to {worst_case_pages(r, page_size)} pages "
-                             f"but the pool has {num_pages}")
+    check_requests(requests, num_pages, page_size, "simulate()", "the pool")
     pool = PagePool(num_pages)
     cache = RadixCache(pool, page_size=page_size)
     scheduler = Scheduler(pool, cache, sched, page_size)
