@@ -171,6 +171,10 @@ class EngineConfig:
     seed: random weights (model given as a config) and the default sampling stream.
     enforce_eager: never replay CUDA graphs (vLLM's name). max_model_len: prompt + output cap
     below the model's own context (None: the model's).
+    tensor_parallel_size: ranks the model is sharded over (engine/parallel.py): this process is rank 0
+    and starts the others (gloo on CPU, NCCL on CUDA: one GPU a rank from `device` on).
+    dist_timeout_s: how long a rank waits in a collective, or at start-up, before the engine reports the
+    ranks it waits for as failed (TensorParallelError) instead of hanging.
     """
 
     page_size: int = 16
@@ -182,6 +186,8 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False
     max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    dist_timeout_s: float = 600.0
     scheduler: SchedulerConfig = SchedulerConfig()
 
     @classmethod
@@ -221,3 +227,8 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if not isinstance(self.scheduler, SchedulerConfig):
             raise TypeError(f"scheduler must be a SchedulerConfig, got {self.scheduler!r}")
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tp!r}")
+        if not self.dist_timeout_s > 0:
+            raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s!r}")
