@@ -83,20 +83,25 @@ class CollectiveError(RuntimeError):
 
 class TPGroup:
     """This process's place in the tensor-parallel group: rank, world, the device its shard lives on,
-    and the collectives of the forward (over torch.distributed's default group, which must exist).
+    and the collectives of the forward.
 
-    A collective that fails raises `on_error(cause)`: CollectiveError by default; rank 0's
-    TensorParallel installs one that names the rank at fault (TensorParallelError)."""
+    Two process groups: torch.distributed's default one, of the device's backend (gloo on CPU, NCCL on CUDA)
+    with the step timeout, carries the forward's collectives; `control` (gloo, start-up timeout: loading
+    weights may take minutes) carries the agreements made while the ranks build their engines.
+    A collective that fails raises `on_error(cause)`: CollectiveError by default; rank 0's TensorParallel
+    installs one that names the rank at fault (TensorParallelError)."""
 
-    def __init__(self, rank: int, world: int, device: torch.device) -> None:
+    def __init__(self, rank: int, world: int, device: torch.device, control: dist.ProcessGroup | None = None) -> None:
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside a group of {world}")
-        self.rank, self.world, self.device = rank, world, device
+        self.rank, self.world, self.device, self.control = rank, world, device, control
         self.on_error: Callable[[BaseException], BaseException] = CollectiveError
 
     @staticmethod
-    def init(rank: int, world: int, device: torch.device, store: dist.Store, timeout_s: float) -> "TPGroup":
-        """Join the default process group (gloo for CPU, NCCL for CUDA) through `store`, every rank at once."""
+    def init(rank: int, world: int, device: torch.device, store: dist.Store, timeout_s: float,
+             start_timeout_s: float) -> "TPGroup":
+        """Join the groups through `store`, every rank at once. timeout_s bounds a step's collectives,
+        start_timeout_s the agreements made while the engines are built."""
         if dist.is_initialized():
             raise RuntimeError("torch.distributed is already initialised in this process; a tensor-parallel "
                                "LLM starts its own process group (one such LLM a process)")
@@ -105,7 +110,8 @@ class TPGroup:
             torch.cuda.set_device(device)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s))
-        return TPGroup(rank, world, device)
+        control = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(timeout_s, start_timeout_s)))
+        return TPGroup(rank, world, device, control)
 
     def _collective(self, fn: Callable[..., object], *args: object, **kwargs: object) -> None:
         try:
@@ -128,8 +134,8 @@ class TPGroup:
 
     def min_over_ranks(self, n: int) -> int:
         """The smallest of every rank's n (e.g. the KV pages every rank has room for)."""
-        t = torch.tensor([n], dtype=torch.int64, device=self.device)
-        self._collective(dist.all_reduce, t, op=dist.ReduceOp.MIN)
+        t = torch.tensor([n], dtype=torch.int64)
+        self._collective(dist.all_reduce, t, op=dist.ReduceOp.MIN, group=self.control)
         return int(t.item())
 
     @staticmethod

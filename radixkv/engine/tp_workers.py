@@ -63,7 +63,8 @@ from .parallel import CollectiveError, TensorParallelError, TPGroup, check_shard
 from .weights import ModelSpec
 
 _STOP_GRACE_S = 10.0  # a worker asked to stop gets this long to exit before it is terminated
-_REPORT_GRACE_S = 3.0  # after a failed collective, how long rank 0 waits for the workers' reports
+_REPORT_GRACE_S = 3.0
+_START_TIMEOUT_S = 600.0  # start-up (imports, weights, CUDA graphs) gets at least this long, whatever dist_timeout_s  # after a failed collective, how long rank 0 waits for the workers' reports
 
 
 class Fault(enum.Enum):
@@ -147,7 +148,8 @@ class TensorParallel:
             raise RuntimeError("torch.distributed is already initialised in this process; a tensor-parallel "
                                "LLM starts its own process group (one such LLM a process)")
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-        store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timedelta(seconds=timeout_s),
+        start_s = max(timeout_s, _START_TIMEOUT_S)
+        store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timedelta(seconds=start_s),
                               wait_for_workers=False)
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(["radixkv.engine.llm"])
@@ -163,7 +165,7 @@ class TensorParallel:
                 theirs.close()
                 workers.append(_Worker(r, proc, ours))
             tp._await_hello()
-            tp.group = TPGroup.init(0, world, devices[0], store, timeout_s)
+            tp.group = TPGroup.init(0, world, devices[0], store, timeout_s, start_s)
         except BaseException:
             tp.close()
             raise
@@ -206,7 +208,7 @@ class TensorParallel:
 
     def _await_hello(self) -> None:
         """Wait until every worker is up (imports done, about to join the group) or one of them failed."""
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + max(self.timeout_s, _START_TIMEOUT_S)
         waiting = list(self.workers)
         while waiting:
             left = deadline - time.monotonic()
@@ -230,7 +232,8 @@ class TensorParallel:
     def _check(self) -> None:
         """Raise the engine's failure, or find a worker that died or reported while idle."""
         if self._error is not None:
-            raise TensorParallelError(str(self._error), self._error.rank)
+            raise TensorParallelError(f"this LLM's tensor-parallel ranks were shut down after a failure: "
+                                      f"{self._error}", self._error.rank)
         if self._closing.is_set():
             raise TensorParallelError("tensor parallel: this LLM was closed")
         if any(w.proc.exitcode is not None or w.conn.poll() for w in self.workers):
@@ -258,7 +261,10 @@ class TensorParallel:
         return error
 
     def _fail(self, error: TensorParallelError) -> None:
+        """Record the engine's failure and stop the workers at once (they are broken or out of step)."""
         self._error = error
+        self._closing.set()
+        _terminate(self.workers)
         self.close()
 
     def close(self) -> None:
@@ -317,15 +323,22 @@ def _shut_down(workers: list[_Worker], closing: threading.Event) -> None:
     deadline = time.monotonic() + _STOP_GRACE_S
     for w in workers:
         w.proc.join(max(0.0, deadline - time.monotonic()))
+    _terminate(workers)
+    for w in workers:
+        w.conn.close()
+    TPGroup.close()
+
+
+def _terminate(workers: list[_Worker]) -> None:
+    """SIGTERM each live worker, then SIGKILL what is still alive after 2 s; reap them all."""
     for w in workers:
         if w.proc.exitcode is None:
             w.proc.terminate()
-            w.proc.join(2.0)
+    for w in workers:
+        w.proc.join(2.0)
         if w.proc.exitcode is None:
             w.proc.kill()
             w.proc.join()
-        w.conn.close()
-    TPGroup.close()
 
 
 def _watch(sentinels: list[int], closing: threading.Event) -> None:
@@ -353,8 +366,9 @@ def _worker_main(rank: int, world: int, port: int, conn: connection.Connection, 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         conn.send_bytes(pickle.dumps(_Hello(rank, os.getpid())))
-        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=timeout_s))
-        group = TPGroup.init(rank, world, torch.device(device), store, timeout_s)
+        start_s = max(timeout_s, _START_TIMEOUT_S)
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=start_s))
+        group = TPGroup.init(rank, world, torch.device(device), store, timeout_s, start_s)
         engine = engine_cls(model, **ctor, _tp_group=group)
         _serve(engine, conn, rank)
     except BaseException as e:  # noqa: BLE001 - every failure is reported to rank 0, then the process ends
