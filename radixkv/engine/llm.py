@@ -139,7 +139,7 @@ class LLM:
         if self.tp is not None:
             self.tp.close()
 
-    def __enter__(self) -> "LLM":
+    def __enter__(self) -> LLM:  # noqa: PYI034 - LLM is not subclassed
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -99,7 +99,7 @@ class TPGroup:
 
     @staticmethod
     def init(rank: int, world: int, device: torch.device, store: dist.Store, timeout_s: float,
-             start_timeout_s: float) -> "TPGroup":
+             start_timeout_s: float) -> TPGroup:
         """Join the groups through `store`, every rank at once. timeout_s bounds a step's collectives,
         start_timeout_s the agreements made while the engines are built."""
         if dist.is_initialized():

@@ -1,8 +1,9 @@
 """TensorParallel: rank 0's handle on the worker ranks of a tensor-parallel LLM (start, steps, failure, close).
 
 Processes. Rank 0 is the caller's process: scheduler, radix tree, sampler, and its own shard. Ranks
-1..N-1 are spawned with torch.multiprocessing ("spawn": safe with CUDA; a script that builds an LLM at
-import time needs the usual `if __name__ == "__main__":` guard). Each worker builds the same engine class
+1..N-1 are started with torch.multiprocessing's "forkserver" context (CUDA-safe like "spawn"; the server
+preloads torch and radixkv once, so later engines start in a fraction of the time; a script that builds
+an LLM at import time needs the usual `if __name__ == "__main__":` guard). Each worker builds the same engine class
 rank 0 is, with the same arguments and its TPGroup, so construction runs the same code on every rank and
 its collectives (agreeing on num_pages, capturing CUDA graphs) pair up in order. On CUDA rank r uses GPU
 `index(device) + r`; NCCL_NVLS_ENABLE defaults to 0 (NVLink multicast off).
@@ -139,7 +140,7 @@ class TensorParallel:
 
     @classmethod
     def launch(cls, engine_cls: type, model: Any, ctor: dict[str, Any], spec: ModelSpec, world: int,
-               device: torch.device, timeout_s: float) -> "TensorParallel":
+               device: torch.device, timeout_s: float) -> TensorParallel:
         """Start ranks 1..world-1 (each builds `engine_cls(model, **ctor, _tp_group=...)` on its device), then
         join the process group as rank 0. ValueError before anything starts when the model cannot be split."""
         check_shardable(spec, world)
@@ -159,7 +160,7 @@ class TensorParallel:
             for r in range(1, world):
                 ours, theirs = ctx.Pipe(duplex=True)
                 args = (r, world, store.port, theirs, engine_cls, model, {**ctor, "device": str(devices[r])},
-                        timeout_s, str(devices[r]))
+                        timeout_s, str(devices[r]), dict(os.environ))
                 proc = ctx.Process(target=_worker_main, args=args, name=f"radixkv-tp-rank{r}", daemon=True)
                 proc.start()
                 theirs.close()
@@ -351,7 +352,7 @@ def _watch(sentinels: list[int], closing: threading.Event) -> None:
     if abort is not None and dist.is_initialized():
         try:
             abort()
-        except Exception:  # noqa: BLE001 - best effort: the step still fails at the next check
+        except Exception:  # noqa: BLE001, S110 - best effort: the step still fails at the next check
             pass
 
 
@@ -359,8 +360,12 @@ def _watch(sentinels: list[int], closing: threading.Event) -> None:
 
 
 def _worker_main(rank: int, world: int, port: int, conn: connection.Connection, engine_cls: type, model: Any,
-                 ctor: dict[str, Any], timeout_s: float, device: str) -> None:
-    """A worker rank: join the group, build the engine's shard, then run every step rank 0 sends."""
+                 ctor: dict[str, Any], timeout_s: float, device: str, env: dict[str, str]) -> None:
+    """A worker rank: join the group, build the engine's shard, then run every step rank 0 sends.
+    env: rank 0's environment at launch (a forkserver child inherits the server's, which may be older);
+    applied before anything reads NCCL_* or CUDA_VISIBLE_DEVICES."""
+    os.environ.clear()
+    os.environ.update(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if device == "cpu":  # the CPU's cores are shared by every rank
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))

@@ -47,10 +47,10 @@ def _run(model: LlamaModel, ids: torch.Tensor, layers: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("over", [{}, dict(vocab_size=161, attention_bias=True)], ids=["plain", "bias-odd-vocab"])
+@pytest.mark.parametrize("over", [{}, {"vocab_size": 161, "attention_bias": True}], ids=["plain", "bias-odd-vocab"])
 def test_two_shards_give_the_whole_models_logits(arch: str, over: dict) -> None:
     if over and not arch.startswith("llama"):
-        over = dict(vocab_size=161)  # attention_bias is Llama's (qwen2 has q/k/v biases of its own)
+        over = {"vocab_size": 161}  # attention_bias is Llama's (qwen2 has q/k/v biases of its own)
     config = tiny_config(arch, **over)
     spec = ModelSpec.from_hf(config)
     sd = random_checkpoint(config, seed=0, dtype=torch.float32, device=torch.device("cpu")).state_dict
