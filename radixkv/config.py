@@ -173,6 +173,10 @@ class EngineConfig:
     below the model's own context (None: the model's).
     async_scheduling (vLLM's name): overlap the host's scheduling of decode step N+1 with the device's
     work on step N (engine/llm.py); None: on when the model runs on a CUDA device.
+    tensor_parallel_size: ranks the model is sharded over (engine/parallel.py): this process is rank 0
+    and starts the others (gloo on CPU, NCCL on CUDA: one GPU a rank from `device` on).
+    dist_timeout_s: how long a rank waits in a collective, or at start-up, before the engine reports the
+    ranks it waits for as failed (TensorParallelError) instead of hanging.
     """
 
     page_size: int = 16
@@ -185,6 +189,8 @@ class EngineConfig:
     enforce_eager: bool = False
     max_model_len: int | None = None
     async_scheduling: bool | None = None
+    tensor_parallel_size: int = 1
+    dist_timeout_s: float = 600.0
     scheduler: SchedulerConfig = SchedulerConfig()
 
     @classmethod
@@ -224,5 +230,13 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be True, False or None, got {self.async_scheduling!r}")
+        if self.async_scheduling and self.tensor_parallel_size != 1:
+            raise ValueError("async_scheduling=True is not supported with tensor_parallel_size > 1 yet "
+                             "(the workers read each step's input ids from the host)")
         if not isinstance(self.scheduler, SchedulerConfig):
             raise TypeError(f"scheduler must be a SchedulerConfig, got {self.scheduler!r}")
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tp!r}")
+        if not self.dist_timeout_s > 0:
+            raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s!r}")

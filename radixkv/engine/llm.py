@@ -44,8 +44,10 @@ from .attention import Backend, PagedAttention
 from .cuda_graphs import DecodeGraphs
 from .kv_store import KVStore, default_num_pages
 from .model import LlamaModel
+from .parallel import TPGroup
 from .sampling import SamplingParams, penalize, sample, sampling_rows, top_logprobs
 from .session import Session
+from .tp_workers import TensorParallel
 from .weights import LoadedModel, load_model
 
 Prompt = str | Sequence[int]
@@ -90,7 +92,8 @@ class LLM:
 
     def __init__(self, model: Any, dtype: Any = "auto", kv_dtype: Any = "auto", page_size: int = 16,
                  device: str | torch.device | None = None, *, attention_backend: Backend = Backend.AUTO,
-                 kv_events: KVEventPublisher | None = None, **more: Any) -> None:
+                 kv_events: KVEventPublisher | None = None, _tp_group: TPGroup | None = None,
+                 **more: Any) -> None:
         named = {"dtype": dtype, "device": None if device is None else str(device)}
         # vLLM's spellings (block_size, kv_cache_dtype) may stand in for a default left as it is
         if page_size != 16 or "block_size" not in more:
@@ -105,14 +108,23 @@ class LLM:
         self.eos_token_ids = loaded.eos_token_ids  # generation stops at any of these unless ignore_eos
         auto_triton = attention_backend is Backend.AUTO and self.device.type == "cuda"
         triton = attention_backend is Backend.TRITON or auto_triton
-        self.model = LlamaModel(loaded.spec, loaded.state_dict, loaded.dtype, self.device, fused=triton)
+        # tensor parallel (tp_workers.py): this process is rank 0 and starts the others, each of which builds
+        # this same LLM with its _tp_group; the scheduler and tree of those stay unused
+        self.tp = (TensorParallel.launch(type(self), model, dict(dtype=dtype, kv_dtype=kv_dtype, page_size=page_size,
+                                         device=device, attention_backend=attention_backend, **more),
+                                         loaded.spec, cfg.tensor_parallel_size, self.device, cfg.dist_timeout_s)
+                   if cfg.tensor_parallel_size > 1 and _tp_group is None else None)
+        tp_group = self.tp.group if self.tp is not None else _tp_group
+        self.model = LlamaModel(loaded.spec, loaded.state_dict, loaded.dtype, self.device, fused=triton, tp=tp_group)
         del loaded
         # token ids must index the embedding (a config may claim more rows than the checkpoint holds)
-        self.vocab_size = min(self.spec.vocab_size, self.model.embed.shape[0], self.model.lm_head.shape[0])
+        self.vocab_size = min(self.spec.vocab_size, self.model.embed.shape[0], self.model.vocab_rows)
         self.kv_dtype = (KVDtype.for_compute(str(self.dtype).removeprefix("torch.")) if cfg.kv_dtype == "auto"
                          else KVDtype(cfg.kv_dtype))
-        num_pages = cfg.num_pages or default_num_pages(self.spec, cfg, self.kv_dtype, self.dtype, self.device)
-        s = self.spec
+        s = self.model.shard_spec  # this rank's heads (all of them without tensor parallelism)
+        num_pages = cfg.num_pages or default_num_pages(s, cfg, self.kv_dtype, self.dtype, self.device)
+        if tp_group is not None:
+            num_pages = tp_group.min_over_ranks(num_pages)  # every rank's pool has the same page ids
         use_graphs = triton and self.device.type == "cuda" and not cfg.enforce_eager
         # with CUDA graphs one more page, never in the pool, takes the padding rows' K/V
         self.kv = KVStore(s.num_layers, num_pages + use_graphs, cfg.page_size, s.num_kv_heads, s.head_dim,
@@ -135,7 +147,8 @@ class LLM:
         self.num_steps = 0
         self._recorded: list[Request] | None = None  # requests added while recording
         self._busy = threading.Lock()  # held by the one call running (generate, step, add_requests)
-        self.async_scheduling = (self.device.type == "cuda" if cfg.async_scheduling is None
+        # tensor parallel workers read each step's input ids from the host batch: no steps ahead there
+        self.async_scheduling = (self.device.type == "cuda" and self.tp is None if cfg.async_scheduling is None
                                  else cfg.async_scheduling)
         self._ahead: _Launched | None = None  # the step queued behind the last one returned (async scheduling)
         self.steps_ahead = 0  # steps that were scheduled ahead (for tests and benchmarks)
@@ -154,6 +167,18 @@ class LLM:
         """Prompt + output tokens a request may hold: the model's context, or less if configured."""
         cap = self.config.max_model_len
         return self.spec.max_position if cap is None else min(cap, self.spec.max_position)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel worker ranks, if any (idempotent; also run by `with LLM(...)`, when the
+        LLM is garbage-collected, and at interpreter exit)."""
+        if self.tp is not None:
+            self.tp.close()
+
+    def __enter__(self) -> LLM:  # noqa: PYI034 - LLM is not subclassed
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def reset_prefix_cache(self) -> bool:
         """Evict every cached prefix no running request holds (vLLM's name); True when the tree
@@ -370,8 +395,17 @@ class LLM:
 
     def forward_logits(self, batch: Batch, use_graphs: bool = True, input_ids: Tensor | None = None) -> Tensor:
         """Logits [S, V] float32 of the batch's sampling rows: from a CUDA graph when the step fits
-        one (and use_graphs), else eagerly. Stores the step's K/V either way. input_ids: int64 [T] on
-        the device in place of batch.input_ids (a step scheduled ahead)."""
+        one (and use_graphs), else eagerly. Stores the step's K/V either way (on every rank). input_ids:
+        int64 [T] on the device in place of batch.input_ids (a step scheduled ahead; not with tensor
+        parallelism, whose workers read the batch's host ids: async scheduling is off there)."""
+        if self.tp is not None:  # tensor parallel: the workers run the same forward over their shards
+            if input_ids is not None:
+                raise RuntimeError("a step scheduled ahead cannot run tensor parallel (its ids are on rank 0's device)")
+            return self.tp.run_step(batch, use_graphs, self.forward_local)
+        return self.forward_local(batch, use_graphs, input_ids)
+
+    def forward_local(self, batch: Batch, use_graphs: bool = True, input_ids: Tensor | None = None) -> Tensor:
+        """forward_logits on this process's shard only (a tensor-parallel worker runs this each step)."""
         if use_graphs and self.graphs is not None and self.graphs.fits(batch):
             return self.graphs.run(batch, input_ids)  # every decode row samples
         dev = self.device

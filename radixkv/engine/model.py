@@ -17,6 +17,7 @@ from typing import NamedTuple, Protocol
 import torch
 import torch.nn.functional as F
 
+from .parallel import TPGroup, shard_spec, shard_vocab
 from .weights import ModelSpec, RopeKind, RopeSpec
 
 
@@ -69,50 +70,67 @@ def layer_ops(fused: bool) -> LayerOps:
 
 
 class _Layer:
-    """Weights of one decoder layer, q/k/v and gate/up fused into single matmuls."""
+    """Weights of one decoder layer, q/k/v and gate/up fused into single matmuls; under tensor parallelism
+    this rank's share (parallel.py): q/k/v and gate/up rows of its heads and MLP columns, o/down columns."""
 
     def __init__(self, spec: ModelSpec, sd: dict[str, torch.Tensor], i: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, rank: int = 0, world: int = 1) -> None:
         p = f"model.layers.{i}."
 
-        def w(name: str) -> torch.Tensor:
-            return sd[p + name].to(device=device, dtype=dtype)
+        def w(name: str, split: int | None = None) -> torch.Tensor:
+            """split: the dim cut into `world` equal parts (0: column-parallel rows, 1: row-parallel columns)."""
+            t = sd[p + name]
+            if split is not None and world > 1:
+                t = t.chunk(world, dim=split)[rank].contiguous()
+            return t.to(device=device, dtype=dtype)
 
-        self.w_qkv = torch.cat([w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"),
-                                w("self_attn.v_proj.weight")])  # [(Hq + 2 Hkv) * D, H]
-        self.b_qkv = (torch.cat([w("self_attn.q_proj.bias"), w("self_attn.k_proj.bias"),
-                                 w("self_attn.v_proj.bias")]) if spec.qkv_bias else None)
-        self.w_o = w("self_attn.o_proj.weight")  # [H, Hq * D]
-        self.b_o = w("self_attn.o_proj.bias") if p + "self_attn.o_proj.bias" in sd else None
+        Hq, Hkv = spec.num_q_heads // world, spec.num_kv_heads // world
+        self.w_qkv = torch.cat([w("self_attn.q_proj.weight", 0), w("self_attn.k_proj.weight", 0),
+                                w("self_attn.v_proj.weight", 0)])  # [(Hq + 2 Hkv) * D, H]
+        self.b_qkv = (torch.cat([w("self_attn.q_proj.bias", 0), w("self_attn.k_proj.bias", 0),
+                                 w("self_attn.v_proj.bias", 0)]) if spec.qkv_bias else None)
+        self.w_o = w("self_attn.o_proj.weight", 1)  # [H, Hq * D]
+        # the o_proj output is summed over the ranks: its bias is added once, by rank 0
+        self.b_o = w("self_attn.o_proj.bias") if p + "self_attn.o_proj.bias" in sd and rank == 0 else None
         # Qwen3: q_norm / k_norm weights [D] laid out per head so one RMSNorm covers q and k
-        self.qk_norm = (torch.cat([w("self_attn.q_norm.weight").expand(spec.num_q_heads, -1),
-                                   w("self_attn.k_norm.weight").expand(spec.num_kv_heads, -1)])
+        self.qk_norm = (torch.cat([w("self_attn.q_norm.weight").expand(Hq, -1),
+                                   w("self_attn.k_norm.weight").expand(Hkv, -1)])
                         if spec.qk_norm else None)  # [Hq + Hkv, D]
-        self.w_gate_up = torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])  # [2 I, H]
-        self.w_down = w("mlp.down_proj.weight")  # [H, I]
+        self.w_gate_up = torch.cat([w("mlp.gate_proj.weight", 0), w("mlp.up_proj.weight", 0)])  # [2 I, H]
+        self.w_down = w("mlp.down_proj.weight", 1)  # [H, I]
         self.ln_attn = w("input_layernorm.weight")
         self.ln_mlp = w("post_attention_layernorm.weight")
 
 
 class LlamaModel:
-    """Forward pass of a Llama-family causal LM held as plain tensors on one device."""
+    """Forward pass of a Llama-family causal LM held as plain tensors on one device.
+
+    tp: this rank's place in a tensor-parallel group (parallel.py), or None for the whole model. Under
+    tensor parallelism the model holds its shard (`shard_spec`: its q/KV heads and MLP width), all-reduces
+    the o_proj and down_proj outputs and all-gathers the logits; every rank returns the whole logits."""
 
     def __init__(self, spec: ModelSpec, state_dict: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device, fused: bool = False) -> None:
+                 device: torch.device, fused: bool = False, tp: TPGroup | None = None) -> None:
         """fused: run norms, RoPE and SiLU-and-multiply as Triton kernels (CUDA, or the interpreter)."""
         missing = [k for k in ("model.embed_tokens.weight", "model.norm.weight") if k not in state_dict]
         if missing:
             raise ValueError(f"checkpoint lacks {missing}; is this a Llama-family causal LM?")
+        rank, world = (tp.rank, tp.world) if tp is not None else (0, 1)
         self.spec = spec
+        self.shard_spec = shard_spec(spec, world)  # ValueError when `world` does not divide the heads
+        self.tp = tp
         self.dtype = dtype
         self.device = device
-        self.embed = state_dict["model.embed_tokens.weight"].to(device=device, dtype=dtype)  # [V, H]
+        self.embed = state_dict["model.embed_tokens.weight"].to(device=device, dtype=dtype)  # [V, H], whole
         if spec.tie_embeddings or "lm_head.weight" not in state_dict:
-            self.lm_head = self.embed
+            lm_head = self.embed
         else:
-            self.lm_head = state_dict["lm_head.weight"].to(device=device, dtype=dtype)  # [V, H]
+            lm_head = state_dict["lm_head.weight"]
+        self.vocab_rows = lm_head.shape[0]  # logits columns (a checkpoint may pad its vocabulary)
+        # [V, H], or this rank's ceil(V / world) rows
+        self.lm_head = shard_vocab(lm_head, rank, world).to(device=device, dtype=dtype)
         self.norm = state_dict["model.norm.weight"].to(device=device, dtype=dtype)
-        self.layers = [_Layer(spec, state_dict, i, dtype, device) for i in range(spec.num_layers)]
+        self.layers = [_Layer(spec, state_dict, i, dtype, device, rank, world) for i in range(spec.num_layers)]
         self.inv_freq = rope_inv_freq(spec.rope, spec.head_dim).to(device)  # [D/2] fp32
         self.ops = layer_ops(fused)
 
@@ -130,9 +148,9 @@ class LlamaModel:
         sample_index: [S] int64 indices into T (each sampling row's last token).
         Returns logits: [S, V] float32.
         """
-        s, ops, eps = self.spec, self.ops, self.spec.rms_norm_eps
+        s, ops, eps, tp = self.shard_spec, self.ops, self.spec.rms_norm_eps, self.tp
         T = input_ids.shape[0]
-        Hq, Hkv, D = s.num_q_heads, s.num_kv_heads, s.head_dim
+        Hq, Hkv, D = s.num_q_heads, s.num_kv_heads, s.head_dim  # this rank's heads
         cos, sin = self.rope(positions)
         h = F.embedding(input_ids, self.embed)  # h: [T, H], the residual stream (updated in place)
         x, _ = ops.rms_norm(h, self.layers[0].ln_attn, eps)
@@ -144,11 +162,19 @@ class LlamaModel:
             ops.apply_rope_(qk, cos, sin)  # q and k rotated together, in place
             q, k = qk[:, :Hq], qk[:, Hq:]  # q: [T, Hq, D], k: [T, Hkv, D] (strided views)
             o = attn.run(q, k, v, i)  # o: [T, Hq, D]
-            x, h = ops.rms_norm(F.linear(o.reshape(T, Hq * D), L.w_o, L.b_o), L.ln_mlp, eps, h)  # h += attn
-            down = F.linear(ops.silu_and_mul(F.linear(x, L.w_gate_up)), L.w_down)  # [T, H]
+            attn_out = F.linear(o.reshape(T, Hq * D), L.w_o, L.b_o)  # [T, H] (a partial sum under TP)
+            if tp is not None:
+                tp.all_reduce_(attn_out)
+            x, h = ops.rms_norm(attn_out, L.ln_mlp, eps, h)  # h += attn
+            down = F.linear(ops.silu_and_mul(F.linear(x, L.w_gate_up)), L.w_down)  # [T, H] (partial under TP)
+            if tp is not None:
+                tp.all_reduce_(down)
             if i + 1 < len(self.layers):
                 x, h = ops.rms_norm(down, self.layers[i + 1].ln_attn, eps, h)  # h += mlp, next layer's norm
             else:
                 h = h + down
         x, _ = ops.rms_norm(h[sample_index], self.norm, eps)  # [S, H]
-        return F.linear(x, self.lm_head).float()  # [S, V]
+        logits = F.linear(x, self.lm_head)  # [S, V], or [S, ceil(V / world)] of this rank's rows
+        if tp is not None:
+            logits = tp.gather_vocab(logits, self.vocab_rows)  # [S, V]
+        return logits.float()

@@ -243,14 +243,15 @@ class Scheduler:
             self._ahead = None
             return
         if batch is not self._inflight:
-            raise ValueError("abandon() takes a batch in flight (from schedule() or schedule_ahead())")
+            raise ValueError("abandon() takes the batch returned by the last schedule() (or schedule_ahead())")
         self._inflight = self._ahead = None
 
     def update(self, batch: Batch, tokens: list[int | None], now: float) -> list[Request]:
         """Apply a step's results: tokens[b] is row b's sampled token when batch.sample[b]
         (None otherwise). Returns the requests that finished this step."""
         if batch is not self._inflight:
-            raise ValueError("update() takes the oldest batch in flight (from schedule() or schedule_ahead())")
+            raise ValueError("update() takes the batch returned by the last schedule() (with schedule_ahead(): "
+                             "the oldest batch in flight)")
         if len(tokens) != len(batch.requests):
             raise ValueError(f"update() got {len(tokens)} tokens for {len(batch.requests)} rows")
         for b, (s, t) in enumerate(zip(batch.sample, tokens)):

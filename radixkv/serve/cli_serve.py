@@ -20,7 +20,8 @@ DEFAULTS: dict[str, Any] = {
     "model": None, "host": "127.0.0.1", "port": 8000, "page_size": 16, "dtype": "auto", "kv_cache_dtype": "auto",
     "device": None, "gpu_memory_utilization": 0.9, "num_gpu_blocks_override": None, "max_model_len": None,
     "max_num_seqs": None, "max_num_batched_tokens": None, "enable_prefix_caching": True, "enforce_eager": False,
-    "seed": 0, "api_key": None, "served_model_name": None, "disable_log_stats": False, "log_level": "info",
+    "seed": 0, "tensor_parallel_size": 1, "api_key": None, "served_model_name": None, "disable_log_stats": False,
+    "log_level": "info",
 }
 # config-file spellings that differ from the dest
 _ALIASES = {"block_size": "page_size", "block-size": "page_size"}
@@ -63,6 +64,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="share KV of common prompt prefixes (default on)")
     s.add_argument("--enforce-eager", action="store_true", default=None, help="never replay CUDA graphs")
     s.add_argument("--seed", type=int, help="sampling seed stream / random weights (default 0)")
+    s.add_argument("--tensor-parallel-size", "-tp", type=positive_int, metavar="N",
+                   help="shard the model over N ranks (GPUs from --device on, or CPU processes; default 1)")
     s.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/* (default: $RADIXKV_API_KEY)")
     s.add_argument("--served-model-name", nargs="+", metavar="NAME",
                    help="model name(s) clients use (default: MODEL as given)")
@@ -113,7 +116,8 @@ def llm_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
                           "kv_cache_dtype": opts["kv_cache_dtype"], "device": opts["device"],
                           "gpu_memory_utilization": opts["gpu_memory_utilization"],
                           "enable_prefix_caching": bool(opts["enable_prefix_caching"]),
-                          "enforce_eager": bool(opts["enforce_eager"]), "seed": opts["seed"]}
+                          "enforce_eager": bool(opts["enforce_eager"]), "seed": opts["seed"],
+                          "tensor_parallel_size": int(opts["tensor_parallel_size"])}
     for name in ("num_gpu_blocks_override", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
         if opts[name] is not None:
             kw[name] = opts[name]

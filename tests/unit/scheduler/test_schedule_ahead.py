@@ -54,7 +54,7 @@ def test_a_step_ahead_continues_every_row_and_gives_the_same_tokens() -> None:
         s.schedule_ahead(0.0)
     with pytest.raises(RuntimeError, match="before update"):
         s.schedule(0.0)
-    with pytest.raises(ValueError, match="oldest batch"):
+    with pytest.raises(ValueError, match="oldest batch in flight"):
         s.update(ahead, [1, 1], 0.0)
     s.update(cur, _tokens(cur), 0.0)
     assert s.in_flight is ahead and s.ahead is None

@@ -1,0 +1,414 @@
+"""TensorParallel: rank 0's handle on the worker ranks of a tensor-parallel LLM (start, steps, failure, close).
+
+Processes. Rank 0 is the caller's process: scheduler, radix tree, sampler, and its own shard. Ranks
+1..N-1 are started with torch.multiprocessing's "forkserver" context (CUDA-safe like "spawn"; the server
+preloads torch and radixkv once, so later engines start in a fraction of the time; a script that builds
+an LLM at import time needs the usual `if __name__ == "__main__":` guard). Each worker builds the same engine class
+rank 0 is, with the same arguments and its TPGroup, so construction runs the same code on every rank and
+its collectives (agreeing on num_pages, capturing CUDA graphs) pair up in order. On CUDA rank r uses GPU
+`index(device) + r`; NCCL_NVLS_ENABLE defaults to 0 (NVLink multicast off).
+
+Channels.
+    store        TCPStore on 127.0.0.1 (port picked by the OS): the process group's rendezvous
+    pipes        one duplex Pipe a worker. Down: _Step (the Batch, its Request objects left behind),
+                 _Stop, _Fault (tests). Up: _Hello at start-up, _Failed(rank, traceback) before a
+                 worker exits on an error
+    collectives  torch.distributed (gloo on CPU, NCCL on CUDA), inside a step's forward and construction
+
+Step. `run_step(batch, use_graphs, local)` sends the step to every worker, then runs `local` (rank 0's
+forward); each worker runs `engine.forward_local(batch, use_graphs)` over its shard. Only rank 0 samples.
+
+Failure semantics (every case ends with all workers stopped and the process group left; the LLM then
+raises TensorParallelError at every step, close() still works; the failed step went back to the
+scheduler, so generate() withdraws its requests and re-raises):
+    a worker raises         it sends its traceback and exits; rank 0's pending collective fails (gloo: at
+                            once, the peer's connection closed) and rank 0 raises TensorParallelError
+                            naming the rank, the step and the worker's error
+    a worker dies silently  (killed, segfault): the same, naming its exit status or signal; found before
+                            the next step is sent if it died while the engine was idle
+    a worker hangs          rank 0's collective times out after dist_timeout_s: TensorParallelError
+                            naming the ranks alive that never answered
+    rank 0's forward raises for its own reasons (KeyboardInterrupt, out of memory): the workers are left
+                            mid-step, out of step with rank 0, so they are stopped and the original
+                            exception propagates
+    rank 0 dies             idle workers read EOF on their pipe, busy ones see their collective fail:
+                            they exit (daemonic, SIGINT ignored: Ctrl-C is rank 0's to handle)
+On NCCL a dead peer does not fail a collective (it waits); a watchdog thread aborts the communicator
+when a worker process exits, so rank 0 does not hang. (Not run here: no multi-GPU machine was lent.)
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from multiprocessing import connection
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import Tensor
+
+from radixkv.batch import Batch
+
+from .parallel import CollectiveError, TensorParallelError, TPGroup, check_shardable
+from .weights import ModelSpec
+
+_STOP_GRACE_S = 10.0  # a worker asked to stop gets this long to exit before it is terminated
+_REPORT_GRACE_S = 3.0
+_START_TIMEOUT_S = 600.0  # start-up (imports, weights, CUDA graphs) gets at least this long, whatever dist_timeout_s  # after a failed collective, how long rank 0 waits for the workers' reports
+
+
+class Fault(enum.Enum):
+    """Test-only faults a worker acts out at its next step (TensorParallel.inject_fault)."""
+
+    RAISE = "raise"  # raise RuntimeError before the forward
+    EXIT = "exit"  # os._exit(7) without a word
+    HANG = "hang"  # sleep past any timeout
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    number: int
+    use_graphs: bool
+    batch: Batch  # requests: [None] * B (workers have no Request objects)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class _FaultMsg:
+    kind: Fault
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hello:
+    rank: int
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Failed:
+    rank: int
+    error: str  # "Type: message", one line
+    traceback: str
+    collective: bool  # it was a collective failing (a consequence of another rank's failure, usually)
+
+
+@dataclasses.dataclass
+class _Worker:
+    rank: int
+    proc: Any  # multiprocessing Process (spawn context)
+    conn: connection.Connection
+    report: _Failed | None = None
+
+
+def rank_devices(device: torch.device, world: int) -> list[torch.device]:
+    """The device of each rank: the CPU for all, or consecutive GPUs from `device`'s index."""
+    if device.type != "cuda":
+        return [device] * world
+    base = device.index if device.index is not None else torch.cuda.current_device()
+    if base + world > torch.cuda.device_count():
+        raise ValueError(f"tensor_parallel_size {world} from {device} needs GPUs {base}..{base + world - 1}, "
+                         f"but {torch.cuda.device_count()} are visible")
+    return [torch.device("cuda", base + r) for r in range(world)]
+
+
+class TensorParallel:
+    """Rank 0's side of a tensor-parallel engine: the worker processes, their pipes, rank 0's TPGroup."""
+
+    def __init__(self, workers: list[_Worker], store: dist.Store, timeout_s: float) -> None:
+        self.workers, self._store, self.timeout_s = workers, store, timeout_s
+        self.group: TPGroup | None = None
+        self.steps = 0
+        self._error: TensorParallelError | None = None
+        self._closing = threading.Event()
+        # stops the workers on close(), when this object is collected, or at interpreter exit
+        self._finalizer = weakref.finalize(self, _shut_down, workers, self._closing)
+
+    @classmethod
+    def launch(cls, engine_cls: type, model: Any, ctor: dict[str, Any], spec: ModelSpec, world: int,
+               device: torch.device, timeout_s: float) -> TensorParallel:
+        """Start ranks 1..world-1 (each builds `engine_cls(model, **ctor, _tp_group=...)` on its device), then
+        join the process group as rank 0. ValueError before anything starts when the model cannot be split."""
+        check_shardable(spec, world)
+        devices = rank_devices(device, world)
+        if dist.is_initialized():
+            raise RuntimeError("torch.distributed is already initialised in this process; a tensor-parallel "
+                               "LLM starts its own process group (one such LLM a process)")
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        start_s = max(timeout_s, _START_TIMEOUT_S)
+        store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timedelta(seconds=start_s),
+                              wait_for_workers=False)
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["radixkv.engine.llm"])
+        workers: list[_Worker] = []
+        tp = cls(workers, store, timeout_s)
+        try:
+            for r in range(1, world):
+                ours, theirs = ctx.Pipe(duplex=True)
+                args = (r, world, store.port, theirs, engine_cls, model, {**ctor, "device": str(devices[r])},
+                        timeout_s, str(devices[r]), dict(os.environ))
+                proc = ctx.Process(target=_worker_main, args=args, name=f"radixkv-tp-rank{r}", daemon=True)
+                proc.start()
+                theirs.close()
+                workers.append(_Worker(r, proc, ours))
+            tp._await_hello()
+            tp.group = TPGroup.init(0, world, devices[0], store, timeout_s, start_s)
+        except BaseException:
+            tp.close()
+            raise
+        tp.group.on_error = tp._failure
+        if devices[0].type == "cuda":
+            threading.Thread(target=_watch, args=([w.proc.sentinel for w in workers], tp._closing),
+                             name="radixkv-tp-watchdog", daemon=True).start()
+        return tp
+
+    @property
+    def world(self) -> int:
+        return len(self.workers) + 1
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [w.proc.pid for w in self.workers]
+
+    # ------------------------------------------------------------------ steps
+
+    def run_step(self, batch: Batch, use_graphs: bool, local: Callable[[Batch, bool], Tensor]) -> Tensor:
+        """Send the step to every worker, then return `local(batch, use_graphs)` (rank 0's forward)."""
+        self._check()
+        self.steps += 1
+        remote = dataclasses.replace(batch, requests=[None] * len(batch.requests))  # type: ignore[list-item]
+        payload = pickle.dumps(_Step(self.steps, use_graphs, remote), protocol=pickle.HIGHEST_PROTOCOL)
+        for w in self.workers:
+            try:
+                w.conn.send_bytes(payload)
+            except OSError as e:  # its end closed: it exited
+                raise self._failure(e) from e
+        try:
+            return local(batch, use_graphs)
+        except TensorParallelError:
+            raise
+        except BaseException as e:
+            self._fail(TensorParallelError(
+                f"tensor parallel: rank 0's forward raised {type(e).__name__} in step {self.steps}, leaving the "
+                f"workers mid-step; they were shut down, build a new LLM", rank=0))
+            raise
+
+    def _await_hello(self) -> None:
+        """Wait until every worker is up (imports done, about to join the group) or one of them failed."""
+        deadline = time.monotonic() + max(self.timeout_s, _START_TIMEOUT_S)
+        waiting = list(self.workers)
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._failure(None)
+            ready = connection.wait([x for w in waiting for x in (w.conn, w.proc.sentinel)], timeout=left)
+            for w in [w for w in waiting if w.conn in ready or w.proc.sentinel in ready]:
+                try:
+                    msg = pickle.loads(w.conn.recv_bytes()) if w.conn.poll() else None
+                except (EOFError, OSError):
+                    msg = None
+                if not isinstance(msg, _Hello):
+                    w.report = msg if isinstance(msg, _Failed) else None
+                    raise self._failure(None)
+                waiting.remove(w)
+
+    def inject_fault(self, rank: int, kind: Fault) -> None:
+        """Tests: make worker `rank` act out `kind` at its next step."""
+        self.workers[rank - 1].conn.send_bytes(pickle.dumps(_FaultMsg(kind)))
+
+    def _check(self) -> None:
+        """Raise the engine's failure, or find a worker that died or reported while idle."""
+        if self._error is not None:
+            raise TensorParallelError(f"this LLM's tensor-parallel ranks were shut down after a failure: "
+                                      f"{self._error}", self._error.rank)
+        if self._closing.is_set():
+            raise TensorParallelError("tensor parallel: this LLM was closed")
+        if any(w.proc.exitcode is not None or w.conn.poll() for w in self.workers):
+            raise self._failure(None)
+
+    # ------------------------------------------------------------------ failure
+
+    def _failure(self, cause: BaseException | None) -> TensorParallelError:
+        """The engine's TensorParallelError (built once): which rank failed and how, from the workers'
+        reports and exit statuses; every worker is stopped before it returns."""
+        if self._error is not None:
+            return self._error
+        deadline = time.monotonic() + min(_REPORT_GRACE_S, self.timeout_s)
+        pending = list(self.workers)
+        while pending and time.monotonic() < deadline:  # until each has reported or exited
+            ready = connection.wait([x for w in pending for x in (w.conn, w.proc.sentinel)],
+                                    timeout=max(0.0, deadline - time.monotonic()))
+            for w in list(pending):
+                if w.conn in ready or w.proc.sentinel in ready:
+                    _read_report(w)
+                    if w.report is not None or w.proc.exitcode is not None:
+                        pending.remove(w)
+        error = _blame(self.workers, self.steps, self.timeout_s, cause)
+        self._fail(error)
+        return error
+
+    def _fail(self, error: TensorParallelError) -> None:
+        """Record the engine's failure and stop the workers at once (they are broken or out of step)."""
+        self._error = error
+        self._closing.set()
+        _terminate(self.workers)
+        self.close()
+
+    def close(self) -> None:
+        """Stop every worker (asked first, then terminated) and leave the process group; idempotent."""
+        self._finalizer()
+
+
+def _read_report(w: _Worker) -> None:
+    try:
+        while w.report is None and w.conn.poll():
+            msg = pickle.loads(w.conn.recv_bytes())
+            if isinstance(msg, _Failed):
+                w.report = msg
+    except (EOFError, OSError):
+        pass
+
+
+def _blame(workers: Sequence[_Worker], step: int, timeout_s: float, cause: BaseException | None) -> TensorParallelError:
+    """The report: a worker's own error first, then one that died without a word, then one alive that never
+    answered (a hang), then one whose collective failed; rank 0's own collective error at the end."""
+    where = f"in step {step}" if step else "while starting"
+    tail = f" (rank 0: {type(cause).__name__}: {_line(cause)})" if cause is not None else ""
+    for w in workers:
+        if w.report is not None and not w.report.collective:
+            return TensorParallelError(f"tensor-parallel rank {w.rank} failed {where}: {w.report.error}\n"
+                                       f"{w.report.traceback}{tail}", w.rank)
+    for w in workers:
+        if w.report is None and w.proc.exitcode is not None:
+            code = w.proc.exitcode
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+            return TensorParallelError(f"tensor-parallel rank {w.rank} {how} {where}{tail}", w.rank)
+    silent = [w.rank for w in workers if w.report is None]
+    if silent:
+        return TensorParallelError(f"tensor-parallel rank(s) {silent} did not answer {where} within "
+                                   f"dist_timeout_s={timeout_s:g}s (alive but unresponsive: hung?){tail}", silent[0])
+    w = workers[0]
+    assert w.report is not None
+    return TensorParallelError(f"tensor-parallel rank {w.rank} failed {where}: {w.report.error}{tail}", w.rank)
+
+
+def _line(e: BaseException) -> str:
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    return lines[0][:300] if lines else ""
+
+
+def _shut_down(workers: list[_Worker], closing: threading.Event) -> None:
+    """Ask each live worker to stop, wait, then terminate and kill what is left; leave the process group."""
+    closing.set()
+    stop = pickle.dumps(_Stop())
+    for w in workers:
+        if w.proc.exitcode is None:
+            try:
+                w.conn.send_bytes(stop)
+            except OSError:
+                pass
+    deadline = time.monotonic() + _STOP_GRACE_S
+    for w in workers:
+        w.proc.join(max(0.0, deadline - time.monotonic()))
+    _terminate(workers)
+    for w in workers:
+        w.conn.close()
+    TPGroup.close()
+
+
+def _terminate(workers: list[_Worker]) -> None:
+    """SIGTERM each live worker, then SIGKILL what is still alive after 2 s; reap them all."""
+    for w in workers:
+        if w.proc.exitcode is None:
+            w.proc.terminate()
+    for w in workers:
+        w.proc.join(2.0)
+        if w.proc.exitcode is None:
+            w.proc.kill()
+            w.proc.join()
+
+
+def _watch(sentinels: list[int], closing: threading.Event) -> None:
+    """NCCL only: when a worker process exits before close(), abort the communicator so that rank 0's
+    pending collectives return instead of waiting for a peer that is gone."""
+    connection.wait(sentinels)
+    if closing.is_set():
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is not None and dist.is_initialized():
+        try:
+            abort()
+        except Exception:  # noqa: BLE001, S110 - best effort: the step still fails at the next check
+            pass
+
+
+# ---------------------------------------------------------------------- worker process
+
+
+def _worker_main(rank: int, world: int, port: int, conn: connection.Connection, engine_cls: type, model: Any,
+                 ctor: dict[str, Any], timeout_s: float, device: str, env: dict[str, str]) -> None:
+    """A worker rank: join the group, build the engine's shard, then run every step rank 0 sends.
+    env: rank 0's environment at launch (a forkserver child inherits the server's, which may be older);
+    applied before anything reads NCCL_* or CUDA_VISIBLE_DEVICES."""
+    os.environ.clear()
+    os.environ.update(env)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if device == "cpu":  # the CPU's cores are shared by every rank
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        conn.send_bytes(pickle.dumps(_Hello(rank, os.getpid())))
+        start_s = max(timeout_s, _START_TIMEOUT_S)
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=start_s))
+        group = TPGroup.init(rank, world, torch.device(device), store, timeout_s, start_s)
+        engine = engine_cls(model, **ctor, _tp_group=group)
+        _serve(engine, conn, rank)
+    except BaseException as e:  # noqa: BLE001 - every failure is reported to rank 0, then the process ends
+        report = _Failed(rank, f"{type(e).__name__}: {_line(e)}", traceback.format_exc(),
+                         isinstance(e, CollectiveError))
+        try:
+            conn.send_bytes(pickle.dumps(report))
+        except OSError:
+            pass
+        os._exit(1)
+    TPGroup.close()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)  # the group is left and nothing is buffered: skip seconds of interpreter teardown
+
+
+def _serve(engine: Any, conn: connection.Connection, rank: int) -> None:
+    """Run steps until _Stop, or until rank 0's end of the pipe closes (it is gone)."""
+    fault: Fault | None = None
+    while True:
+        try:
+            msg = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        if isinstance(msg, _Stop):
+            return
+        if isinstance(msg, _FaultMsg):
+            fault = msg.kind
+            continue
+        assert isinstance(msg, _Step), f"rank {rank}: unexpected message {msg!r}"
+        if fault is Fault.RAISE:
+            raise RuntimeError(f"fault injected into rank {rank} (test)")
+        if fault is Fault.EXIT:
+            os._exit(7)
+        if fault is Fault.HANG:
+            time.sleep(3600)
+        with torch.inference_mode():
+            engine.forward_local(msg.batch, msg.use_graphs)
