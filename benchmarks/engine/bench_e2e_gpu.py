@@ -110,6 +110,26 @@ def check_graph_equals_eager(device: torch.device, kv: str, smoke: bool) -> dict
     return out
 
 
+def check_async_equals_sync(device: torch.device, smoke: bool) -> dict:
+    """generate with async scheduling on and off: the same tokens for greedy, seeded top-p and stop-token
+    requests of mixed lengths (rows that finish early are dropped from the steps scheduled ahead)."""
+    cfg = small_config("llama", smoke)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in (37, 150, 64, 9, 90, 17)]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (24, 5, 40)]
+    params += [SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=30, ignore_eos=True),
+               SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[int(prompts[4][3])]),
+               SamplingParams(temperature=1.0, seed=3, max_tokens=12, ignore_eos=True)]
+    outs, ahead = [], []
+    for overlap in (True, False):
+        llm = LLM(cfg, dtype="bfloat16", device=device, num_pages=512, async_scheduling=overlap)
+        outs.append([o.token_ids for o in llm.generate(prompts, params)])
+        ahead.append(llm.steps_ahead)
+        del llm
+    return dict(check="async == sync", tokens_equal=outs[0] == outs[1], steps_ahead=ahead[0],
+                ok=outs[0] == outs[1] and ahead[0] > 0 and ahead[1] == 0)
+
+
 def check_sampler(device: torch.device, smoke: bool) -> dict:
     """The fused Gumbel-max kernel against its twin on this device: same tokens; time of each."""
     from radixkv import kernels
@@ -139,10 +159,12 @@ def check_sampler(device: torch.device, smoke: bool) -> dict:
 
 
 def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, graphs: bool, bw: float,
-                 smoke: bool) -> dict:
-    """Median whole-step time of decode-only steps for `batch` rows of `prompt` + up to 128 tokens."""
-    saved = llm.graphs
+                 smoke: bool, overlap: bool = False) -> dict:
+    """Median whole-step time of decode-only steps for `batch` rows of `prompt` + up to 128 tokens.
+    overlap: async scheduling (the host plans step N+1 while the GPU runs step N)."""
+    saved, saved_async, ahead0 = llm.graphs, llm.async_scheduling, llm.steps_ahead
     llm.graphs = saved if graphs else None
+    llm.async_scheduling = overlap
     g = torch.Generator().manual_seed(batch)
     reqs = llm.add_requests([torch.randint(3, llm.spec.vocab_size, (prompt,), generator=g).tolist()
                              for _ in range(batch)], params)
@@ -156,7 +178,7 @@ def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, grap
             if decode:
                 times.append(dt)
                 ctx.append(sum(r.num_tokens for r in reqs))
-    llm.graphs = saved
+    llm.graphs, llm.async_scheduling = saved, saved_async
     llm.reset_prefix_cache()
     steps = times[4:] or times  # the first decode steps capture graphs
     ms = statistics.median(steps) * 1e3
@@ -164,7 +186,8 @@ def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, grap
     floor_ms = (weight_bytes(llm) + kv_read) / bw * 1e3
     config = "cache-on-fp8" if llm.kv_dtype.value.startswith("fp8") else f"cache-on-{llm.kv_dtype.value}"
     return full_row(dict(workload="decode-sweep", config=config, batch=batch,
-                graphs=graphs, sampled=not params.greedy, step_ms=round(ms, 3), floor_ms=round(floor_ms, 3),
+                graphs=graphs, sampled=not params.greedy, async_scheduling=overlap,
+                steps_ahead=llm.steps_ahead - ahead0, step_ms=round(ms, 3), floor_ms=round(floor_ms, 3),
                 fraction_of_floor=round(floor_ms / ms, 3), output_tokens_per_s=round(batch / ms * 1e3, 1),
                 steps_timed=len(steps), max_concurrency=batch, pool_pages=llm.num_pages))
 
@@ -556,17 +579,23 @@ def profile_steps(llm: LLM, batch: int, prompt: int, out: str | None, sampled: b
 def part_a(device: torch.device, a: argparse.Namespace, rows: list[dict], emit: Any) -> None:
     """Checks, then the decode sweep; rows already in the JSON (same check / same sweep point) are kept."""
     have_checks = {r["check"] for r in rows if "check" in r}
-    swept = {(r["config"], r["batch"], r["graphs"], r["sampled"]) for r in rows if r.get("workload") == "decode-sweep"}
+    swept = {(r["config"], r["batch"], r["graphs"], r["sampled"], r.get("async_scheduling", False))
+             for r in rows if r.get("workload") == "decode-sweep"}
     if not a.skip_checks:
         if "gumbel_argmax == twin" not in have_checks:
             emit(check_sampler(device, a.smoke))
+        if "async == sync" not in have_checks:
+            emit(check_async_equals_sync(device, a.smoke))
         for kv in ("auto", "fp8_e4m3"):
             if f"graph == eager ({kv})" not in have_checks:
                 emit(check_graph_equals_eager(device, kv, a.smoke))
     batches = [int(b) for b in a.batches.split(",")]
     graphs_on = device.type == "cuda"  # LLM captures graphs on CUDA (Triton) unless enforce_eager
-    points = [(b, gr, False) for b in batches for gr in ((True, False) if graphs_on else (False,))]
-    points += [(64, graphs_on, True)] if 64 in batches else []
+    # (batch, graphs, sampled, async): graphs with async scheduling on and off, eager without
+    points = [(b, gr, False, ov) for b in batches
+              for gr, ov in (((True, True), (True, False), (False, False))[:3 - a.no_eager] if graphs_on
+                             else ((False, False),))]
+    points += [(64, graphs_on, True, ov) for ov in ((True, False) if graphs_on else (False,))] if 64 in batches else []
     points = [p for p in points if ("cache-on-bf16", *p) not in swept]
     if not points and not a.profile:
         print("Part A: every decode-sweep row is already in the JSON")
@@ -578,10 +607,10 @@ def part_a(device: torch.device, a: argparse.Namespace, rows: list[dict], emit: 
     llm = LLM(llama3_8b_config(a.smoke), dtype="bfloat16", device=device, num_pages=max(batches) * per_row + 64)
     emit(dict(check="8B model", weight_gb=round(weight_bytes(llm) / 1e9, 3), pool_pages=llm.num_pages,
               graphs=llm.graphs is not None))
-    for b, graphs, sampled in points:
+    for b, graphs, sampled, overlap in points:
         if graphs and llm.graphs is None:
             continue
-        emit(decode_sweep(llm, b, prompt, SAMPLED if sampled else GREEDY, graphs, bw, a.smoke))
+        emit(decode_sweep(llm, b, prompt, SAMPLED if sampled else GREEDY, graphs, bw, a.smoke, overlap))
     if a.profile:
         for b, sampled in ((1, False), (256, False), (64, True)):
             profile_steps(llm, b, prompt, a.profile, sampled)
@@ -614,10 +643,12 @@ def _f(v: Any, fmt: str) -> str:
 
 
 def summary(rows: list[dict]) -> str:
-    lines = [f"{'batch':>5} {'config':>14} {'graphs':>6} {'sampled':>7} {'step ms':>8} {'floor ms':>8} {'of floor':>8}"]
+    lines = [f"{'batch':>5} {'config':>14} {'graphs':>6} {'sampled':>7} {'async':>5} {'step ms':>8} {'floor ms':>8} "
+             f"{'of floor':>8}"]
     for r in rows:
         if r.get("workload") in ("decode-sweep", "decode-long"):
             lines.append(f"{r['batch']:>5} {r['config']:>14} {str(r['graphs']):>6} {str(r['sampled']):>7} "
+                         f"{str(r.get('async_scheduling', False)):>5} "
                          f"{r['step_ms']:>8.2f} {r['floor_ms']:>8.2f} {r['fraction_of_floor']:>8.2f}")
     lines.append(f"\n{'workload':>10} {'config':>14} {'reqs':>5} {'out tok/s':>10} {'req/s':>7} {'ttft p50':>8} "
                  f"{'ttft p99':>8} {'hit':>6} {'peak/pool':>13} {'cpu frac':>8} {'max conc':>8} {'step ms':>8}")
@@ -646,6 +677,7 @@ def main() -> int:
     ap.add_argument("--long-decode", default=None, metavar="BATCH:PROMPT",
                     help="also time bf16 against fp8_e4m3 KV decode at this point (e.g. 128:4096)")
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--no-eager", action="store_true", help="Part A: graph rows only (async scheduling on and off)")
     ap.add_argument("--gsm8k", default=None, help="GSM8K folder (train.jsonl, test.jsonl) for the few-shot prompts")
     ap.add_argument("--sharegpt", default=None, help="ShareGPT JSONL for the multi-turn lengths (else synthetic)")
     ap.add_argument("--profile", default=None, help="append torch.profiler tables (batch 1, 256; 64 sampled) to this file")
