@@ -4,7 +4,8 @@ One cascade level is a set of groups; group g is a set of decode rows whose firs
 are the same pages (a node of the radix tree several running requests sit under). Layout (CascadeGroups):
 
     group_start   int32 [G + 1]              CSR offsets: group g owns group_rows[group_start[g] : group_start[g + 1]]
-    group_rows    int32 [R]                  batch rows (indices into q), each in at most one group of a level
+    group_rows    int32 [R]                  batch rows (indices into q), each in at most one group of a level;
+                                             entries past group_start[G] are unused (a static plan's padding)
     prefix_pages  int32 [G, max_prefix_pages] group g's shared page run (a page-table row)
     prefix_lens   int32 [G]                  tokens of the run (a multiple of page_size when suffix tables
                                              start after it, as plan_cascade builds them)
@@ -31,8 +32,8 @@ v_scale [P, S, Hkv], any strides, e.g. KVStore's head-major pages) are dequantis
 decode.py: K scales multiply the score columns, V scales the probabilities. INT4/INT2 pages are not
 supported here yet. bf16 runs on the GPU only (the interpreter mis-computes bf16 dots; tests use fp16/fp32).
 Values of the index tensors are checked on CPU only (launch.py's rule); on CUDA they are the caller's.
-Engine: LLM(cascade=True) runs cascade_decode on eager decode steps (radixkv/engine/attention.py); CUDA graphs
-and the end-to-end H200 benchmark are next.
+Engine: LLM(cascade=True) runs cascade_decode on decode steps (radixkv/engine/attention.py), replayed from CUDA
+graphs keyed by group-count buckets (radixkv/engine/cuda_graphs.py) or eagerly when a step does not fit them.
 """
 from __future__ import annotations
 
@@ -228,6 +229,9 @@ class CascadePlan(NamedTuple):
     suffix_lens: Tensor  # int32 [B]
     max_suffix_len: int  # host: the longest suffix (picks the suffix split count)
     empty_suffix: bool  # host: some row has suffix_lens 0 (all its tokens shared)
+    # host: every row is in a group (prefix states need no -inf init); None: len(group_rows) >= B decides.
+    # A CUDA graph's static plan (engine/cuda_graphs.py) has padding rows and says False.
+    all_rows_grouped: bool | None = None
 
 
 def plan_cascade(page_tables: Sequence[Sequence[int]], seq_lens: Sequence[int],
@@ -293,11 +297,11 @@ def _check_groups(fn: str, q: Tensor, k_cache: Tensor, prefix_pages: Tensor, pre
     num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
     B, R, cap = q.shape[0], rows.shape[0], pages.shape[1] * page_size
     s = start.tolist()
-    if s[0] != 0 or s[-1] != R or any(a > b for a, b in itertools.pairwise(s)):
-        raise IndexValueError(f"{fn}: group_start must rise from 0 to len(group_rows) = {R}, got {s}")
-    r = rows.tolist()
+    if s[0] != 0 or s[-1] > R or any(a > b for a, b in itertools.pairwise(s)):
+        raise IndexValueError(f"{fn}: group_start must rise from 0 to len(group_rows) = {R} at most, got {s}")
+    r = rows.tolist()[: s[-1]]  # entries past the last group's rows are unused (a static plan's padding)
     bad = [x for x in r if not 0 <= x < B]
-    if bad or len(set(r)) != R:
+    if bad or len(set(r)) != len(r):
         why = f"row {bad[0]} outside q's {B} rows" if bad else "a row in two groups"
         raise IndexValueError(f"{fn}: group_rows holds {why}")
     for g, n in enumerate(lens.tolist()):
@@ -361,13 +365,16 @@ def cascade_prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix
                              group_start: Tensor, group_rows: Tensor, sm_scale: float | None = None,
                              k_scale: Tensor | None = None, v_scale: Tensor | None = None, *,
                              max_group_rows: int | None = None, num_splits: int | None = None,
-                             config: KernelConfig | None = None) -> tuple[Tensor, Tensor]:
+                             config: KernelConfig | None = None,
+                             all_rows_grouped: bool | None = None) -> tuple[Tensor, Tensor]:
     """Each group's rows (all their q heads) against the group's shared prefix, no causal mask.
 
     q: [B, Hq, D]; caches [P, S, Hkv, D]; group tensors as the module docstring. Returns partial states
     (o float32 [B, Hq, num_splits, D], lse float32 [B, Hq, num_splits]); rows in no group: lse -inf, o 0.
     max_group_rows (host int) sizes the grid (default len(group_rows): exact for one group, no host sync);
-    num_splits cuts each prefix into that many key ranges (default: prefix_num_splits).
+    num_splits cuts each prefix into that many key ranges (default: prefix_num_splits). all_rows_grouped:
+    whether every row of q is in a group, so no state needs the -inf init (default: len(group_rows) >= B,
+    rows being unique; False for a static plan whose group_rows buffer is longer than its groups' rows).
     """
     fn = "cascade_prefix_attention"
     fp8 = _check_attention_args(fn, q, k_cache, v_cache, k_scale, v_scale)
@@ -385,7 +392,8 @@ def cascade_prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix
         num_splits = prefix_num_splits(tiles, hkv, pages.shape[1] * page_size, sm_count(q.device))
     num_splits = host_int(fn, "num_splits", num_splits, lo=1)
     f32 = {"dtype": torch.float32, "device": q.device}
-    if R >= B:  # rows are unique (checked on CPU, the caller's duty on CUDA): every row is in a group
+    grouped = R >= B if all_rows_grouped is None else all_rows_grouped  # rows are unique (checked on CPU)
+    if grouped:
         o, lse = torch.empty(B, hq, num_splits, d, **f32), torch.empty(B, hq, num_splits, **f32)
     else:
         o, lse = torch.zeros(B, hq, num_splits, d, **f32), torch.full((B, hq, num_splits), float("-inf"), **f32)
@@ -508,7 +516,8 @@ def cascade_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePla
                             num_splits=suffix_splits, config=suffix_config, out=out)
     o_p, lse_p = cascade_prefix_attention(q, k_cache, v_cache, g.prefix_pages, g.prefix_lens, g.group_start,
                                           g.group_rows, sm_scale, k_scale, v_scale, max_group_rows=g.max_group_rows,
-                                          num_splits=prefix_splits, config=prefix_config)
+                                          num_splits=prefix_splits, config=prefix_config,
+                                          all_rows_grouped=plan.all_rows_grouped)
     # An empty suffix keeps the Triton kernel (explicit config): the Gluon one needs a token a row.
     if plan.empty_suffix and suffix_config is None:
         suffix_config = default_config(KernelKind.DECODE, q, k_cache)

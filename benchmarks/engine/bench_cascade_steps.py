@@ -7,9 +7,9 @@
 A Llama-3-8B-shaped model (random bf16 weights, page 16). For each (batch, shared, private): one request
 caches the shared prefix, then `batch` requests of shared prefix + `private` own tokens are prefilled and
 decode `--new` tokens; the median whole `LLM.step()` of the decode steps (scheduling, planning, forward,
-sampling, update) is timed with SchedulerConfig.cascade on and off, on the same engine and pool. Plain steps
-replay CUDA graphs; cascade steps run eagerly (graph buckets for cascade group counts are not built yet),
-so step_ms_cascade carries the eager launch overhead. attention_us_* and flashinfer_us are copied from
+sampling, update) is timed with SchedulerConfig.cascade on and off, on the same engine and pool. Both replay
+CUDA graphs (cascade steps from graphs keyed by group-count buckets, engine/cascade_inputs.py); a first check
+compares greedy tokens of graph and eager cascade steps on a small model. attention_us_* and flashinfer_us are copied from
 bench_cascade.py's rows of the same shapes (--kernels, run in the same device call). Writes the issue's
 rows (batch, shared_tokens, private_tokens, kv_dtype, attention_us_plain, attention_us_cascade,
 attention_speedup, step_ms_plain, step_ms_cascade, flashinfer_us) and prints a table.
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_engine_check import llama3_8b_config  # noqa: E402
+from gpu_engine_check import llama3_8b_config, small_config  # noqa: E402
 
 from radixkv import LLM, SamplingParams  # noqa: E402
 from radixkv.scheduler.cascade_groups import RULE_ALWAYS  # noqa: E402
@@ -60,6 +60,32 @@ def step_times(llm: LLM, shared: list[int], batch: int, private: int, new: int, 
     return statistics.median(times[3:] or times) * 1e3, llm.attention.cascade_steps - before
 
 
+def check_graphs(dev: torch.device, smoke: bool) -> dict:
+    """A small random Llama, 3 groups of rows under 2 few-shot-like prefixes plus lone rows: greedy tokens of
+    cascade steps from CUDA graphs, cascade steps run eagerly, and plain decode (the cascade rule forced on)."""
+    cfg = small_config("llama", smoke)
+    g = torch.Generator().manual_seed(2)
+    shared = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in (256, 96)]
+    prompts = [shared[i % 2][: 256 - 64 * (i % 3)] + torch.randint(3, cfg.vocab_size, (5 + i,), generator=g).tolist()
+               for i in range(12)] + [torch.randint(3, cfg.vocab_size, (40,), generator=g).tolist()]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    dtype = "bfloat16" if dev.type == "cuda" else "float32"
+    outs, replays = {}, {}
+    for name, more in (("graphs", {}), ("eager", {"enforce_eager": True}), ("plain", {"cascade": False})):
+        llm = LLM(cfg, dtype=dtype, device=dev, num_pages=512, **{"cascade": True, **more})
+        llm.scheduler.cascade_rule = RULE_ALWAYS
+        llm.generate([p[:-1] for p in prompts], SamplingParams(temperature=0.0, max_tokens=1))  # cache prefixes
+        outs[name] = [o.token_ids for o in llm.generate(prompts, params)]
+        replays[name] = (llm.attention.cascade_steps, 0 if llm.graphs is None else llm.graphs.cascade_replays)
+        del llm
+    same = lambda a, b: sum(x == y for p, q in zip(outs[a], outs[b]) for x, y in zip(p, q)) / (24 * len(prompts))  # noqa: E731
+    row = {"check": "cascade graphs", "tokens_graphs_eq_eager": same("graphs", "eager"),
+           "tokens_graphs_eq_plain": same("graphs", "plain"), "cascade_steps": replays}
+    row["ok"] = (row["tokens_graphs_eq_eager"] >= 0.98 and replays["eager"][0] > 0 and replays["plain"][0] == 0
+                 and (dev.type != "cuda" or replays["graphs"][1] > 0))
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 256])
@@ -73,6 +99,8 @@ def main() -> int:
     if a.smoke:
         a.batch, a.shared, a.private, a.new = [3], [64], [8], 6
     dev = torch.device("cuda" if torch.cuda.is_available() and not a.smoke else "cpu")
+    check = check_graphs(dev, a.smoke)
+    print(json.dumps(check), flush=True)
     kernels = {}
     if a.kernels and Path(a.kernels).exists():
         kernels = {(r["batch"], r["shared_tokens"], r["private_tokens"], r["kv_dtype"]): r
@@ -92,7 +120,9 @@ def main() -> int:
         for batch in a.batch:
             for private in a.private:
                 plain_ms, n_plain = step_times(llm, shared, batch, private, a.new, False, batch + private)
+                before = 0 if llm.graphs is None else llm.graphs.cascade_replays
                 cascade_ms, n_cascade = step_times(llm, shared, batch, private, a.new, True, batch + private)
+                replays = 0 if llm.graphs is None else llm.graphs.cascade_replays - before
                 k = kernels.get((batch, shared_n, private, "bf16"), {})
                 r = {"batch": batch, "shared_tokens": shared_n, "private_tokens": private, "kv_dtype": "bf16",
                      "attention_us_plain": k.get("attention_us_plain"),
@@ -101,7 +131,7 @@ def main() -> int:
                      "step_ms_plain": round(plain_ms, 3), "step_ms_cascade": round(cascade_ms, 3),
                      "step_speedup": round(plain_ms / cascade_ms, 3), "flashinfer_us": k.get("flashinfer_us"),
                      "cascade_steps": n_cascade, "plain_cascade_steps": n_plain,
-                     "cascade_graphs": False}
+                     "cascade_graph_replays": replays}
                 rows.append(r)
                 print(json.dumps(r), flush=True)
                 if a.json:
@@ -114,7 +144,8 @@ def main() -> int:
               f"{r['step_ms_cascade']:>12.2f} {r['step_speedup']:>6.2f}")
     ok = all(r["cascade_steps"] > 0 and r["plain_cascade_steps"] == 0 for r in rows)
     print("cascade path taken on every shape, never with cascade off:", ok)
-    return 0 if ok else 1
+    print(check)
+    return 0 if ok and check["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ only tensors built by `plan`, so it does no host sync (CUDA-graph friendly on th
 Cascade steps (LLM(cascade=True)): a decode-only Batch whose `cascade` the scheduler filled is planned
 as a kernels.cascade.CascadePlan (one level: Batch.cascade.plan_groups()), and run attends through
 cascade_decode (reference.cascade_decode_ref on the reference backend): each group's shared prefix once,
-each row's own pages, merged. Eager only for now (DecodeGraphs.fits refuses such steps); graph buckets
-for group counts and the end-to-end H200 benchmark are next (issue 21 item 3). Planning one imports
-kernels.cascade (plan_cascade), hence Triton, even on the reference backend; plain steps never do.
+each row's own pages, merged. On CUDA such steps usually replay a graph instead (cuda_graphs.py, its static
+plan from cascade_inputs.py); this eager plan serves the rest. Planning one imports kernels.cascade
+(plan_cascade), hence Triton, even on the reference backend; plain steps never do.
 """
 from __future__ import annotations
 

@@ -19,6 +19,8 @@ The decode kernel's split count is a launch parameter, frozen in a graph: graphs
 (bucket, splits) with the split count PagedAttention would choose rounded up to a power of two,
 and captured on first use (an eager run of the same step first, so Triton has compiled and
 the step's K/V are stored; storing them again on replay writes the same values).
+Cascade steps (Batch.cascade, with cascade=True) read a static cascade plan too (cascade_inputs.py)
+and are keyed by (bucket, CascadeKey); a step with more than MAX_GROUPS groups runs eagerly.
 Graphs share one memory pool and run one at a time. Sampling runs after the graph, eagerly.
 """
 from __future__ import annotations
@@ -48,7 +50,8 @@ class DecodeGraphs:
     """Decode steps of up to `max_rows` rows of up to `max_pages` pages, replayed from CUDA graphs."""
 
     def __init__(self, model: LlamaModel, attention: PagedAttention, max_rows: int, max_pages: int,
-                 scratch_page: int) -> None:
+                 scratch_page: int, cascade: bool = False) -> None:
+        """cascade: also replay cascade steps (float KV pages only: the cascade kernels read no INT pages)."""
         kv = attention.kv
         if kv.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
@@ -69,14 +72,23 @@ class DecodeGraphs:
         self._rows = torch.arange(R, dtype=torch.int64, device=kv.device)  # sample index: every row
         self._q_start = torch.arange(R, dtype=torch.int32, device=kv.device)
         self._q_lens = torch.ones(R, dtype=torch.int32, device=kv.device)
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
         self.replays = 0  # steps served from a graph (for tests and benchmarks)
+        self.cascade_replays = 0  # of which cascade steps
+        self._cascade = None
+        if cascade:
+            from .cascade_inputs import CascadeInputs  # imports the cascade kernels (Triton)
+
+            self._cascade = CascadeInputs(R, W, kv.page_size, scratch_page, kv.device)
 
     def fits(self, batch: Batch) -> bool:
-        """Whether this step can be replayed: decode-only, every row samples, within the buffers, no cascade
-        levels (Batch.cascade steps run eagerly: graph buckets for group counts are not built yet)."""
-        return (batch.cascade is None and batch.is_decode_only and len(batch.requests) <= self.max_rows and all(batch.sample)
+        """Whether this step can be replayed: decode-only, every row samples, within the buffers; a cascade
+        step only with cascade=True and at most MAX_GROUPS groups."""
+        if batch.cascade is not None and (self._cascade is None
+                                          or not self._cascade.fits(batch.cascade.one_level)):
+            return False
+        return (batch.is_decode_only and len(batch.requests) <= self.max_rows and all(batch.sample)
                 and max(len(p) for p in batch.page_tables) <= self.max_pages)
 
     def run(self, batch: Batch, input_ids: Tensor | None = None) -> Tensor:
@@ -85,12 +97,20 @@ class DecodeGraphs:
         B = len(batch.requests)
         bucket = next(b for b in self.buckets if b >= B)
         self._fill(bucket, batch.input_ids, batch.positions, batch.seq_lens, batch.slots, batch.page_tables)
+        key: tuple = (bucket, _pow2_at_least(self.attention.decode_splits(bucket, max(batch.seq_lens))))
+        if batch.cascade is not None:
+            key = (bucket, self._cascade.fill(self._turn, bucket, batch.cascade.plan_groups(), batch.page_tables,
+                                              batch.seq_lens))
+            self._cascade.upload(self._turn)
         self._upload(bucket)
         if input_ids is not None:
             self._dev[:B].copy_(input_ids)
-        graph, logits = self._graph(bucket, max(batch.seq_lens))
+        graph, logits = self._graph(key)
         graph.replay()
         self.replays += 1
+        if batch.cascade is not None:
+            self.cascade_replays += 1
+            self.attention.cascade_steps += 1
         return logits[:B]
 
     def capture_all(self) -> None:
@@ -100,7 +120,7 @@ class DecodeGraphs:
         for bucket in self.buckets:
             self._fill(bucket, [], [], [], [], [])  # padding rows only: they write the scratch page
             self._upload(bucket)
-            self._graph(bucket, 1)
+            self._graph((bucket, _pow2_at_least(self.attention.decode_splits(bucket, 1))))
         torch.cuda.synchronize()
 
     def _upload(self, bucket: int) -> None:
@@ -109,9 +129,9 @@ class DecodeGraphs:
         self._dev[:used].copy_(self._hosts[self._turn][:used], non_blocking=True)
         self._turn ^= 1
 
-    def _graph(self, bucket: int, max_seq_len: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        """The graph of (bucket, splits), captured first if needed (on the inputs just uploaded)."""
-        key = (bucket, _pow2_at_least(self.attention.decode_splits(bucket, max_seq_len)))
+    def _graph(self, key: tuple) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """The graph of key = (bucket, splits) or (bucket, CascadeKey), captured first if needed (on the
+        inputs just uploaded)."""
         if key not in self._graphs:
             self._graphs[key] = self._capture(*key)
         return self._graphs[key]
@@ -135,11 +155,13 @@ class DecodeGraphs:
 
     # ------------------------------------------------------------------ capture
 
-    def _capture(self, bucket: int, splits: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+    def _capture(self, bucket: int, splits: int | tuple) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """splits: the decode split count, or a CascadeKey (the cascade plan's views)."""
         ids, pos, seq_lens, slots, table = self._views(bucket)
+        cascade = None if isinstance(splits, int) else self._cascade.plan(bucket, splits)
         plan = AttentionPlan(path=Path.DECODE, page_table=table, seq_lens=seq_lens, q_start=self._q_start[:bucket],
                              q_lens=self._q_lens[:bucket], slots=slots, num_tokens=bucket, max_q_len=1,
-                             max_seq_len=0, num_splits=splits)
+                             max_seq_len=0, num_splits=splits if cascade is None else 1, cascade=cascade)
         rows = self._rows[:bucket]
         self.attention.install(plan._replace(slots=slots.long()))
         self.model.forward(ids.long(), pos.long(), self.attention, rows)  # eager warm-up, real inputs

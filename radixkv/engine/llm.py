@@ -84,7 +84,7 @@ class LLM:
     attention_backend: Backend.AUTO runs Triton on CUDA and the PyTorch reference on CPU;
     Backend.TRITON on CPU needs TRITON_INTERPRET=1 (tests).
     cascade=True: decode steps whose rows share cached prefix pages attend through the cascade kernels
-    (each shared prefix read once per group; eager steps only, CUDA graphs not yet).
+    (each shared prefix read once per group), replayed from CUDA graphs up to cascade_inputs.MAX_GROUPS groups.
     kv_events: a publisher (radixkv.cache.events, e.g. QueuePublisher) told of every block the prefix cache
     stores or drops, in vLLM's KV event shape, so a router can follow what this engine holds.
     Other keyword arguments are EngineConfig fields (num_pages, seed, scheduler, ...).
@@ -131,7 +131,8 @@ class LLM:
                           self.kv_dtype, self.device, self.dtype)
         self.attention = PagedAttention(self.kv, s.num_q_heads, s.head_dim, s.head_dim ** -0.5, attention_backend)
         self.graphs = (DecodeGraphs(self.model, self.attention, cfg.scheduler.max_running,
-                                    -(-self.max_model_len // cfg.page_size), scratch_page=num_pages)
+                                    -(-self.max_model_len // cfg.page_size), scratch_page=num_pages,
+                                    cascade=cfg.scheduler.cascade and not self.kv_dtype.is_int)
                        if use_graphs else None)
         if self.graphs is not None:
             self.graphs.capture_all()
