@@ -23,12 +23,15 @@ No ZMQ publisher here: pyzmq is not a dependency (a ZMQ one would `emit` into a 
 """
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import xxhash
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .node import Namespace, Node
@@ -129,8 +132,20 @@ class BlockChains:
 
     def __init__(self, publisher: KVEventPublisher, block_size: int) -> None:
         self.publisher = publisher
+        self.dropped = 0  # events the publisher raised on (lost to its consumers; the tree is unaffected)
         self.block_size = block_size
         self.hashes: dict[Node, list[int]] = {}
+
+    def _publish(self, event: KVCacheEvent) -> None:
+        """Hand one event to the publisher. One that raises (a socket gone) loses the event, counted in
+        `dropped` and logged, but never interrupts the tree change that emitted it: an observer cannot
+        leave the cache (or the step that changes it) half done."""
+        try:
+            self.publisher.emit(event)
+        except Exception:  # noqa: BLE001 - any publisher failure is the observer's, not the tree's
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                log.warning("KV event publisher raised; %d event(s) dropped so far", self.dropped, exc_info=True)
 
     def _tail(self, parent: Node) -> int:
         own = self.hashes.get(parent)
@@ -142,7 +157,7 @@ class BlockChains:
         assert parent is not None
         prev = self._tail(parent)
         hashes = self.hashes[leaf] = chain_hashes(leaf.key, self.block_size, prev)
-        self.publisher.emit(BlockStored(hashes, None if parent.parent is None else prev, leaf.key.tolist(),
+        self._publish(BlockStored(hashes, None if parent.parent is None else prev, leaf.key.tolist(),
                                         self.block_size, namespace=leaf.namespace))
 
     def split(self, upper: Node, lower: Node, blocks: int) -> None:
@@ -159,9 +174,9 @@ class BlockChains:
             self.hashes[node] = hashes[:keep]
         else:
             del self.hashes[node]
-        self.publisher.emit(BlockRemoved(hashes[keep:]))
+        self._publish(BlockRemoved(hashes[keep:]))
 
     def cleared(self) -> None:
         """Every node left the tree."""
         self.hashes.clear()
-        self.publisher.emit(AllBlocksCleared())
+        self._publish(AllBlocksCleared())

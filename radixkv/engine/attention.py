@@ -58,6 +58,13 @@ class AttentionPlan(NamedTuple):
     cascade: CascadePlan | None = None  # decode path: groups [G], suffix tables [B, max_suffix_pages]
 
 
+def host_to_device(values: np.ndarray | list, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A host array or list as a tensor on device, through pinned memory on CUDA: a copy from pageable
+    memory may wait for the stream, which would stall a step launched ahead (async scheduling)."""
+    t = torch.from_numpy(values) if isinstance(values, np.ndarray) else torch.tensor(values, dtype=dtype)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
+
 def _resolve(backend: Backend, device: torch.device) -> Backend:
     if not isinstance(backend, Backend):
         raise TypeError(f"backend must be a Backend, got {backend!r}")
@@ -120,11 +127,11 @@ class PagedAttention:
         cascade = self._cascade_plan(batch) if decode and batch.cascade is not None else None
         self._plan = AttentionPlan(
             path=Path.DECODE if decode else Path.PREFILL,
-            page_table=torch.from_numpy(table).to(dev),
-            seq_lens=torch.tensor(batch.seq_lens, dtype=torch.int32, device=dev),
-            q_start=torch.tensor(batch.q_start, dtype=torch.int32, device=dev),
-            q_lens=torch.tensor(batch.q_lens, dtype=torch.int32, device=dev),
-            slots=torch.tensor(batch.slots, dtype=torch.int64, device=dev),
+            page_table=host_to_device(table, torch.int32, dev),
+            seq_lens=host_to_device(batch.seq_lens, torch.int32, dev),
+            q_start=host_to_device(batch.q_start, torch.int32, dev),
+            q_lens=host_to_device(batch.q_lens, torch.int32, dev),
+            slots=host_to_device(batch.slots, torch.int64, dev),
             num_tokens=len(batch.slots),
             max_q_len=max(batch.q_lens),
             max_seq_len=max_seq,

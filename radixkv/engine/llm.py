@@ -40,7 +40,7 @@ from radixkv.request import CompletionOutput, FinishReason, Request, RequestOutp
 from radixkv.scheduler import Scheduler
 from radixkv.scheduler.cascade_groups import rule_for
 
-from .attention import Backend, PagedAttention
+from .attention import Backend, PagedAttention, host_to_device
 from .cuda_graphs import DecodeGraphs
 from .kv_store import KVStore, default_num_pages
 from .model import LlamaModel
@@ -324,31 +324,29 @@ class LLM:
 
     @torch.inference_mode()
     def _step(self) -> list[Request]:
-        now = self._now()
-        launched, self._ahead = self._ahead, None
-        if launched is None:
-            batch = self.scheduler.schedule(now)
-            if batch is None:
-                return []
-            try:
-                launched = self._launch(batch)
-            except BaseException:
-                self.scheduler.abandon(batch)
-                raise
-        batch = launched.batch
         try:
+            launched, self._ahead = self._ahead, None
+            if launched is None:
+                batch = self.scheduler.schedule(self._now())
+                if batch is None:
+                    return []
+                launched = self._launch(batch)
             if self.async_scheduling and self._may_run_ahead(launched):
-                nxt = self.scheduler.schedule_ahead(now)
+                nxt = self.scheduler.schedule_ahead(self._now())
                 if nxt is not None:
                     self._ahead = self._launch(nxt, launched)
                     self.steps_ahead += 1
             tokens = self._collect(launched)  # the step's one wait on the device
-            finished = self.scheduler.update(batch, tokens, self._now())
+            finished = self.scheduler.update(launched.batch, tokens, self._now())
         except BaseException:
             self._ahead = None
-            if self.scheduler.in_flight is batch:  # update() refuses before it changes anything
-                self.scheduler.abandon(batch)  # and the step scheduled ahead of it
+            # what was not updated never happened: abandoning the oldest batch in flight drops the one
+            # scheduled ahead of it too (update() refuses a bad call before it changes anything; one that
+            # raises midway has made the step ahead the one in flight)
+            if self.scheduler.in_flight is not None:
+                self.scheduler.abandon(self.scheduler.in_flight)
             raise
+        batch = launched.batch
         self.num_steps += 1
         for b, lp in launched.logprobs.items():
             batch.requests[b].sampling.logprobs.append(lp)
@@ -379,6 +377,8 @@ class LLM:
         done = {r.rid for r in finished}
         for b, s in enumerate(batch.sample):
             r = batch.requests[b]
+            if r.finished and r.rid not in done:  # a row of a step ahead whose request had finished: dropped
+                continue
             p = r.sampling.params if s and isinstance(r.sampling, _RowSampling) else None
             if p is None or not p.stop or len(r.output) < p.min_tokens:
                 continue
@@ -413,9 +413,9 @@ class LLM:
         self.attention.plan(batch)
         last = [batch.q_start[b] + batch.q_lens[b] - 1 for b, s in enumerate(batch.sample) if s]
         if input_ids is None:
-            input_ids = torch.tensor(batch.input_ids, dtype=torch.int64, device=dev)
-        return self.model.forward(input_ids, torch.tensor(batch.positions, dtype=torch.int64, device=dev),
-                                  self.attention, torch.tensor(last, dtype=torch.int64, device=dev))
+            input_ids = host_to_device(batch.input_ids, torch.int64, dev)
+        return self.model.forward(input_ids, host_to_device(batch.positions, torch.int64, dev), self.attention,
+                                  host_to_device(last, torch.int64, dev))
 
     def _launch(self, batch: Batch, prev: _Launched | None = None) -> _Launched:
         """Queue the forward pass and the sampler of `batch` (one token per sampling row) and the copy
@@ -426,7 +426,8 @@ class LLM:
         ids = None
         if batch.follows is not None:
             # every row of prev samples (_may_run_ahead), so follows indexes prev.drawn
-            ids = prev.drawn if batch.follows == prev.rows else prev.drawn.index_select(0, _to_device(batch.follows, dev))
+            ids = (prev.drawn if batch.follows == prev.rows
+                   else prev.drawn.index_select(0, host_to_device(batch.follows, torch.int64, dev)))
         raw = logits = self.forward_logits(batch, input_ids=ids)
         reqs = [batch.requests[b] for b in rows]
         params = [r.sampling.params for r in reqs]
@@ -602,12 +603,6 @@ class LLM:
         chat's prefix-cache namespace (every turn's params get it): sessions with different salts
         never share pages."""
         return Session(self, system, params or SamplingParams(temperature=0.0, max_tokens=64), cache_salt=cache_salt)
-
-
-def _to_device(values: list[int], device: torch.device) -> Tensor:
-    """int64 [len(values)] on device, through pinned memory on CUDA (a pageable copy may wait for the stream)."""
-    t = torch.tensor(values, dtype=torch.int64)
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
 def _token_id(t: Any) -> int | None:

@@ -208,11 +208,13 @@ class Scheduler:
         if cur is None or self._ahead is not None:
             raise RuntimeError("schedule_ahead() needs one batch in flight and none scheduled ahead of it")
         cfg, ps = self.config, self.page_size
-        if (not all(cur.sample) or len(cur.requests) != len(self.running)
-                or any(e.req is not r for e, r in zip(self.running, cur.requests))
+        # rows of cur whose request still runs (a step ahead keeps rows that finished before it is updated)
+        live = [b for b, r in enumerate(cur.requests) if r.status is Status.RUNNING]
+        if (not all(cur.sample) or len(live) != len(self.running)
+                or any(e.req is not cur.requests[b] for e, b in zip(self.running, live))
                 or (self.waiting and len(self.running) < cfg.max_running)):
             return None
-        rows = [b for b, r in enumerate(cur.requests) if len(r.output) + 1 < r.max_tokens]
+        rows = [b for b in live if len(cur.requests[b].output) + 1 < cur.requests[b].max_tokens]
         if not rows or len(rows) > cfg.max_batch_tokens:
             return None
         reqs = [cur.requests[b] for b in rows]

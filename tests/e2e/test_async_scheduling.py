@@ -1,0 +1,154 @@
+"""Async scheduling on the CPU (the same loop as on CUDA, where it is the default): step N+1 is scheduled
+and launched before step N's tokens are read. Outputs equal the synchronous loop's for greedy, seeded,
+stop-token, stop-string, n > 1 and aborted requests; rows that finish keep the overlap going; a failure
+anywhere in a step leaves the engine able to go on."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixkv import LLM, SamplingParams
+
+from .tiny_models import tiny_config
+
+
+def _prompts(n: int, seed: int = 3) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 160, (5 + 7 * (i % 4),), generator=g).tolist() for i in range(n)]
+
+
+def _llm(overlap: bool, **more) -> LLM:
+    return LLM(tiny_config("llama"), dtype="float32", device="cpu", page_size=4, num_pages=96,
+               async_scheduling=overlap, **more)
+
+
+def _whole(llm: LLM) -> None:
+    llm.cache.check_invariants()
+    llm.reset_prefix_cache()
+    assert llm.pool.num_free == llm.pool.num_pages
+
+
+def _outputs(outs):
+    return [[(c.token_ids, c.finish_reason, c.stop_reason) for c in o.outputs] for o in outs]
+
+
+def test_async_equals_sync_for_every_kind_of_request() -> None:
+    prompts = _prompts(6)
+    ref = _llm(False).generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    stop = ref[0].token_ids[4]
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[stop]),
+              SamplingParams(temperature=0.9, top_p=0.8, seed=5, max_tokens=9, ignore_eos=True, n=2),
+              SamplingParams(temperature=1.0, top_k=7, seed=1, max_tokens=1, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
+              SamplingParams(temperature=0.7, min_p=0.1, seed=2, max_tokens=15, ignore_eos=True)]
+    prompts[1] = prompts[0]  # the stop token fires at its fifth token
+    want = _outputs(_llm(False).generate(prompts, params))
+    llm = _llm(True)
+    assert _outputs(llm.generate(prompts, params)) == want
+    assert want[1][0][1] == "stop" and llm.steps_ahead > 5
+    _whole(llm)
+
+
+def test_stop_strings_end_rows_of_the_step_ahead_without_harm() -> None:
+    class Tok:  # one "word" a token: stop strings are token ids in angle brackets
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(f"<{i}>" for i in ids)
+
+    prompts = _prompts(3, seed=8)
+    outs = {}
+    for overlap in (False, True):
+        llm = _llm(overlap)
+        llm.tokenizer = Tok()
+        first = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
+        params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, stop=[f"<{first[0].token_ids[2]}>"])
+        outs[overlap] = [(o.token_ids, o.outputs[0].finish_reason, o.outputs[0].stop_reason)
+                         for o in llm.generate(prompts, params)]
+        _whole(llm)
+    assert outs[True] == outs[False] and outs[True][0][1] == "stop" and len(outs[True][0][0]) == 3
+
+
+def test_rows_finishing_every_step_keep_the_overlap() -> None:
+    """Rows that end on a stop token are dropped from the step ahead; the next step is still planned ahead."""
+    prompts = _prompts(8, seed=4)
+    greedy = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
+    full = [o.token_ids for o in _llm(False).generate(prompts, greedy)]
+    params = [SamplingParams(temperature=0.0, max_tokens=14, stop_token_ids=[t[2 + i]]) for i, t in enumerate(full)]
+    llm = _llm(True)
+    outs = [o.token_ids for o in llm.generate(prompts, params)]
+    assert outs == [t[: t.index(t[2 + i]) + 1] for i, t in enumerate(full)]
+    decode_steps = llm.num_steps - 1  # the first step prefills every prompt
+    assert llm.steps_ahead >= decode_steps - 2, (llm.steps_ahead, llm.num_steps)
+
+
+def test_abort_between_steps_drops_the_row_of_the_step_ahead() -> None:
+    prompts = _prompts(3, seed=9)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    want = [o.token_ids for o in _llm(False).generate(prompts, params)]
+    llm = _llm(True)
+    reqs = llm.add_requests(prompts, params)
+    for _ in range(3):
+        llm.step()
+    assert llm.scheduler.in_flight is not None and llm.scheduler.in_flight.follows is not None
+    assert llm.scheduler.abort(reqs[1].rid) is reqs[1]
+    while llm.has_work():
+        llm.step()
+    assert reqs[1].output == want[1][: len(reqs[1].output)] and len(reqs[1].output) < 10
+    assert [reqs[0].output, reqs[2].output] == [want[0], want[2]]
+    _whole(llm)
+
+
+class _FailsOnce:
+    """A KV-event publisher that raises once when armed (a router's sink going down mid-update)."""
+
+    armed = False
+
+    def emit(self, event) -> None:
+        if self.armed:
+            self.armed = False
+            raise ConnectionError("injected: event sink down")
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_failing_event_publisher_loses_its_event_not_the_step(overlap) -> None:
+    sink = _FailsOnce()
+    llm = _llm(overlap, kv_events=sink)
+    params = [SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)]
+    want = [o.token_ids for o in _llm(overlap).generate(_prompts(2, seed=6), params)]
+    a, b = llm.add_requests(_prompts(2, seed=6), params)
+    while len(a.output) < 2:
+        llm.step()
+    sink.armed = True  # a's last token: its blocks go into the tree, whose event raises
+    while llm.has_work():
+        llm.step()
+    assert [a.output, b.output] == want and llm.cache._chains.dropped == 1
+    _whole(llm)
+
+
+@pytest.mark.parametrize("stage", ["schedule_ahead", "update"])
+def test_a_step_failing_midway_leaves_the_engine_able_to_go_on(monkeypatch, stage) -> None:
+    """An exception inside schedule_ahead or update (the step ahead already in flight) abandons every batch
+    not yet updated; stepping on serves the same tokens."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    want = [o.token_ids for o in _llm(False).generate(_prompts(3, seed=7), params)]
+    llm = _llm(True)
+    reqs = llm.add_requests(_prompts(3, seed=7), params)
+    for _ in range(3):
+        llm.step()
+    real = getattr(llm.scheduler, stage)
+
+    def fails(*args, **kwargs):
+        if stage == "update":
+            real(*args, **kwargs)  # applied, then the caller is interrupted
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(llm.scheduler, stage, fails)
+    with pytest.raises(KeyboardInterrupt):
+        llm.step()
+    monkeypatch.undo()
+    assert llm.scheduler.in_flight is None and llm._ahead is None
+    while llm.has_work():
+        llm.step()
+    assert [r.output for r in reqs] == want
+    _whole(llm)
