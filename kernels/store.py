@@ -65,6 +65,22 @@ def _store_one(src_ptr, t, stride_st, stride_sh, stride_sd,
 
 
 @triton.jit
+def _group_grid(lo, hi, QMAX: tl.constexpr, FP16_MAX: tl.constexpr, SCALE_MIN: tl.constexpr):
+    """(scale, zero) float32 of groups with minimum lo and maximum hi, each rounded to float16 (as stored)."""
+    zero = tl.minimum(tl.maximum(lo, -FP16_MAX), FP16_MAX).to(tl.float16).to(tl.float32)
+    scale = tl.math.div_rn(hi - zero, tl.full(hi.shape, QMAX, tl.float32))
+    scale = tl.minimum(tl.maximum(scale, SCALE_MIN), FP16_MAX).to(tl.float16).to(tl.float32)
+    return scale, zero
+
+
+@triton.jit
+def _codes(x, scale, zero, QMAX: tl.constexpr):
+    """int32 codes of x by its groups' (scale, zero), broadcast to x: round half up (truncation of >= 0)."""
+    code = tl.math.div_rn(x - zero, tl.broadcast_to(scale, x.shape))
+    return (tl.minimum(tl.maximum(code, 0.0), QMAX) + 0.5).to(tl.int32)
+
+
+@triton.jit
 def _store_int(src_ptr, t, stride_st, stride_sh, stride_sd,
                cache_ptr, page, off, stride_cp, stride_cs, stride_ch, stride_cd,
                scale_ptr, stride_xp, stride_xs, stride_xh, stride_xg, stride_xz,
@@ -83,11 +99,8 @@ def _store_int(src_ptr, t, stride_st, stride_sh, stride_sd,
                 mask=mask, other=0.0).to(tl.float32)
     lo = tl.min(tl.min(tl.where(mask, x, float("inf")), axis=3), axis=2)  # [BLOCK_H, G]
     hi = tl.max(tl.max(tl.where(mask, x, float("-inf")), axis=3), axis=2)
-    zero = tl.minimum(tl.maximum(lo, -FP16_MAX), FP16_MAX).to(tl.float16).to(tl.float32)
-    scale = tl.math.div_rn(hi - zero, tl.full(hi.shape, QMAX, tl.float32))
-    scale = tl.minimum(tl.maximum(scale, SCALE_MIN), FP16_MAX).to(tl.float16).to(tl.float32)
-    code = tl.math.div_rn(x - zero[:, :, None, None], tl.broadcast_to(scale[:, :, None, None], x.shape))
-    code = (tl.minimum(tl.maximum(code, 0.0), QMAX) + 0.5).to(tl.int32)  # round half up (truncation of >= 0)
+    scale, zero = _group_grid(lo, hi, QMAX, FP16_MAX, SCALE_MIN)
+    code = _codes(x, scale[:, :, None, None], zero[:, :, None, None], QMAX)
     packed = tl.sum(tl.sum(code << (plane * BITS), axis=2), axis=1)  # [BLOCK_H, BLOCK_W]: planes OR-ed
     h2 = tl.arange(0, BLOCK_H)[:, None]
     j2 = tl.arange(0, BLOCK_W)[None, :]
@@ -119,11 +132,8 @@ def _store_int_sub(src_ptr, t, stride_st, stride_sh, stride_sd,
                 mask=mask, other=0.0).to(tl.float32)
     lo = tl.min(tl.where(mask, x, float("inf")), axis=3)  # [BLOCK_H, PLANES, GPP]
     hi = tl.max(tl.where(mask, x, float("-inf")), axis=3)
-    zero = tl.minimum(tl.maximum(lo, -FP16_MAX), FP16_MAX).to(tl.float16).to(tl.float32)
-    scale = tl.math.div_rn(hi - zero, tl.full(hi.shape, QMAX, tl.float32))
-    scale = tl.minimum(tl.maximum(scale, SCALE_MIN), FP16_MAX).to(tl.float16).to(tl.float32)
-    code = tl.math.div_rn(x - zero[:, :, :, None], tl.broadcast_to(scale[:, :, :, None], x.shape))
-    code = (tl.minimum(tl.maximum(code, 0.0), QMAX) + 0.5).to(tl.int32)  # round half up (truncation of >= 0)
+    scale, zero = _group_grid(lo, hi, QMAX, FP16_MAX, SCALE_MIN)
+    code = _codes(x, scale[:, :, :, None], zero[:, :, :, None], QMAX)
     packed = tl.sum(code << (p * BITS), axis=1)  # [BLOCK_H, GPP, BLOCK_G]: planes OR-ed
     h3 = tl.arange(0, BLOCK_H)[:, None, None]
     gg3 = tl.arange(0, GROUPS_PER_PLANE)[None, :, None]
