@@ -29,9 +29,9 @@ The format (shared by store_kv, paged_decode, paged_prefill, their twins in refe
   G * bits / 8 whole groups of D / G values: the kernels gather each column's (scale, zero) and
   dequantise the plane in registers before its dot). The kernels read G from the scales' shape.
   radixkv's KVStore uses radixkv.plan.kv_int_groups: int4 groups of 16 values up to head_dim 64
-  (4 groups at D = 64: 32 packed bytes + 4 x 4 = 48 bytes a token-head, bf16: 128), 2 groups of 64 at
-  D = 128 (64 + 2 x 4 = 72 bytes, bf16: 256, 3.6x less); int2 groups of 32 (32 + 4 x 4 = 48 bytes at
-  D = 128). Why 16 at D = 64: SmolLM2-135M's keys (head_dim 64) carry a few outlier channels; one group
+  (4 groups at D = 64: 32 packed bytes + 4 x 4 = 48 bytes a token-head's K (or V) row, bf16: 128), 2 groups
+  of 64 at D = 128 (64 + 2 x 4 = 72 bytes, bf16: 256, 3.6x less); int2 groups of 32 (32 + 4 x 4 = 48 bytes
+  at D = 128). Why 16 at D = 64: SmolLM2-135M's keys (head_dim 64) carry a few outlier channels; one group
   of 64 a key row gave +14-28% perplexity against bf16 KV, groups of 16 bring it near 3%
   (benchmarks/RESULTS.md). int2 groups of 64 would take 40 bytes at D = 128, but their error on random
   rows is ~15% larger (0.45 against 0.39 relative; tests/kernels/test_intq_format.py checks the order).
