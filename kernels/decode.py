@@ -16,6 +16,9 @@ group scales into the scores instead of dequantising K: for a plane of group g,
 q . (s * x + z) = s * (q . x) + z * sum(q), so the dots run on the exact integer codes and the scale
 and zero multiply [GQA rows, BLOCK_N] scores, not [BLOCK_N, D] values. Likewise for V, the probabilities
 are scaled per group (P * s) before the dot and sum(P * z) is added to the group's output columns.
+Where a plane holds several groups (int4 groups of 16 values at head_dim 64, kernels/intq.py), a plane's
+(scale, zero) differ along its columns: that plane is dequantised in registers instead (each column's pair
+gathered, codes * s + z, `plane_dequant`) and dotted as it is, as paged_prefill does.
 Codes become float16 (float32 for fp32 q) without shifts or int-to-float converts: a plane is masked in
 place (code * 2^(bits * plane), the power of two folded into its scale), set as the low mantissa bits
 of 1024.0, and 1024.0 subtracted; 16-bit q is used in float16 (bf16 q is converted).
@@ -33,7 +36,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .dispatch import fp8_decode_gluon
-from .intq import planes
+from .intq import groups_per_plane, planes, planes_per_group
 from .launch import (
     LOG2E,
     KernelConfig,
@@ -162,10 +165,30 @@ def _plane_q(q_ptr, q_row, heads, hj_mask, offs_j, plane, stride_qh, stride_qd,
 
 
 @triton.jit
-def _plane_scores(q, q_sum, kb, ks_ptr, xrow, n_mask, plane, stride_xg, stride_xz,
-                  BITS: tl.constexpr, PLANES_PER_GROUP: tl.constexpr, F32: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
-    """One bit-plane's share of the scores, s * (q . codes) + z * sum(q): [BLOCK_H, BLOCK_N]."""
+def plane_dequant(packed, x_ptr, xrow, kv_mask, offs_j, plane, stride_xg, stride_xz,
+                  BITS: tl.constexpr, GROUPS_PER_PLANE: tl.constexpr, GROUP_SIZE: tl.constexpr,
+                  F32: tl.constexpr):
+    """Bit-plane `plane` of packed rows [BLOCK_N, BLOCK_W] holding GROUPS_PER_PLANE groups of GROUP_SIZE
+    values each, dequantised: codes * scale + zero with each column's own (scale, zero), gathered
+    [BLOCK_N, BLOCK_W] (group plane * GROUPS_PER_PLANE + j // GROUP_SIZE), in float16 (float32 if F32)."""
+    cdt = tl.float32 if F32 else tl.float16
+    grp = plane * GROUPS_PER_PLANE + offs_j // GROUP_SIZE  # [BLOCK_W]
+    xs = x_ptr + xrow[:, None] + grp[None, :] * stride_xg  # [BLOCK_N, BLOCK_W]
+    s = (tl.load(xs, mask=kv_mask, other=0.0).to(tl.float32) * plane_unit(plane, BITS)).to(cdt)
+    z = tl.load(xs + stride_xz, mask=kv_mask, other=0.0).to(cdt)
+    return tl.fma(int_codes(packed, plane, BITS, F32), s, z)
+
+
+@triton.jit
+def _plane_scores(q, q_sum, kb, ks_ptr, xrow, n_mask, kv_mask, offs_j, plane, stride_xg, stride_xz,
+                  BITS: tl.constexpr, PLANES_PER_GROUP: tl.constexpr, GROUPS_PER_PLANE: tl.constexpr,
+                  GROUP_SIZE: tl.constexpr, F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One bit-plane's share of the scores, s * (q . codes) + z * sum(q): [BLOCK_H, BLOCK_N]; where a plane
+    holds several groups, q . (codes * s + z) over the plane dequantised in registers."""
+    if GROUPS_PER_PLANE > 1:
+        k = plane_dequant(kb, ks_ptr, xrow, kv_mask, offs_j, plane, stride_xg, stride_xz, BITS,
+                          GROUPS_PER_PLANE, GROUP_SIZE, F32)
+        return tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     x = int_codes(kb, plane, BITS, F32)  # [BLOCK_N, BLOCK_W]: codes * 2^(BITS * plane)
     xs = ks_ptr + xrow + (plane // PLANES_PER_GROUP) * stride_xg  # [BLOCK_N]
     s = tl.load(xs, mask=n_mask, other=0.0).to(tl.float32) * plane_unit(plane, BITS)
@@ -175,10 +198,15 @@ def _plane_scores(q, q_sum, kb, ks_ptr, xrow, n_mask, plane, stride_xg, stride_x
 
 
 @triton.jit
-def _plane_values(acc, p, alpha, vb, vs_ptr, xrow, n_mask, plane, stride_xg, stride_xz,
-                  BITS: tl.constexpr, PLANES_PER_GROUP: tl.constexpr, F32: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
-    """One bit-plane's accumulator [BLOCK_H, BLOCK_W] rescaled by alpha plus (P * s) . codes + sum(P * z)."""
+def _plane_values(acc, p, alpha, vb, vs_ptr, xrow, n_mask, kv_mask, offs_j, plane, stride_xg, stride_xz,
+                  BITS: tl.constexpr, PLANES_PER_GROUP: tl.constexpr, GROUPS_PER_PLANE: tl.constexpr,
+                  GROUP_SIZE: tl.constexpr, F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One bit-plane's accumulator [BLOCK_H, BLOCK_W] rescaled by alpha plus (P * s) . codes + sum(P * z)
+    (P . (codes * s + z) where a plane holds several groups)."""
+    if GROUPS_PER_PLANE > 1:
+        v = plane_dequant(vb, vs_ptr, xrow, kv_mask, offs_j, plane, stride_xg, stride_xz, BITS,
+                          GROUPS_PER_PLANE, GROUP_SIZE, F32)
+        return acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     x = int_codes(vb, plane, BITS, F32)  # [BLOCK_N, BLOCK_W]: codes * 2^(BITS * plane)
     xs = vs_ptr + xrow + (plane // PLANES_PER_GROUP) * stride_xg
     s = tl.load(xs, mask=n_mask, other=0.0).to(tl.float32) * plane_unit(plane, BITS)
@@ -209,7 +237,8 @@ def _int_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr
                 stride_ptb, stride_ob, stride_oh, stride_od, num_splits,
                 GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, BITS: tl.constexpr, PLANES: tl.constexpr,
-                PACKED: tl.constexpr, BLOCK_W: tl.constexpr, PLANES_PER_GROUP: tl.constexpr, F32: tl.constexpr,
+                PACKED: tl.constexpr, BLOCK_W: tl.constexpr, PLANES_PER_GROUP: tl.constexpr,
+                GROUPS_PER_PLANE: tl.constexpr, GROUP_SIZE: tl.constexpr, F32: tl.constexpr,
                 DOT_PRECISION: tl.constexpr):
     """paged_decode over INT4 (PLANES 2) / INT2 (PLANES 4) pages; planes 2 and 3 exist only for INT2."""
     kvh = tl.program_id(0)
@@ -258,15 +287,15 @@ def _int_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr
         vb = tl.load(vc_ptr + row[:, None] + offs_j[None, :] * stride_cd, mask=kv_mask, other=0)
         xrow = page * stride_xp + slot * stride_xs + kvh * stride_xh  # [BLOCK_N]: the row's (scale, zero)s
         # ---- scores: sum over the planes of s * (q . codes) + z * sum(q)
-        qk = _plane_scores(q0, q0_sum, kb, ks_ptr, xrow, n_mask, 0, stride_xg, stride_xz, BITS,
-                           PLANES_PER_GROUP, F32, DOT_PRECISION)
-        qk += _plane_scores(q1, q1_sum, kb, ks_ptr, xrow, n_mask, 1, stride_xg, stride_xz, BITS,
-                            PLANES_PER_GROUP, F32, DOT_PRECISION)
+        qk = _plane_scores(q0, q0_sum, kb, ks_ptr, xrow, n_mask, kv_mask, offs_j, 0, stride_xg, stride_xz, BITS,
+                           PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32, DOT_PRECISION)
+        qk += _plane_scores(q1, q1_sum, kb, ks_ptr, xrow, n_mask, kv_mask, offs_j, 1, stride_xg, stride_xz, BITS,
+                            PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32, DOT_PRECISION)
         if PLANES == 4:
-            qk += _plane_scores(q2, q2_sum, kb, ks_ptr, xrow, n_mask, 2, stride_xg, stride_xz, BITS,
-                                PLANES_PER_GROUP, F32, DOT_PRECISION)
-            qk += _plane_scores(q3, q3_sum, kb, ks_ptr, xrow, n_mask, 3, stride_xg, stride_xz, BITS,
-                                PLANES_PER_GROUP, F32, DOT_PRECISION)
+            qk += _plane_scores(q2, q2_sum, kb, ks_ptr, xrow, n_mask, kv_mask, offs_j, 2, stride_xg, stride_xz, BITS,
+                                PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32, DOT_PRECISION)
+            qk += _plane_scores(q3, q3_sum, kb, ks_ptr, xrow, n_mask, kv_mask, offs_j, 3, stride_xg, stride_xz, BITS,
+                                PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32, DOT_PRECISION)
         qk = tl.where(n_mask[None, :], qk * qk_scale, float("-inf"))  # [BLOCK_H, BLOCK_N]
         # ---- online softmax
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
@@ -274,15 +303,15 @@ def _int_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         # ---- P.V per plane: (P * s) . codes + sum(P * z)
-        acc0 = _plane_values(acc0, p, alpha, vb, vs_ptr, xrow, n_mask, 0, stride_xg, stride_xz, BITS,
-                             PLANES_PER_GROUP, F32, DOT_PRECISION)
-        acc1 = _plane_values(acc1, p, alpha, vb, vs_ptr, xrow, n_mask, 1, stride_xg, stride_xz, BITS,
-                             PLANES_PER_GROUP, F32, DOT_PRECISION)
+        acc0 = _plane_values(acc0, p, alpha, vb, vs_ptr, xrow, n_mask, kv_mask, offs_j, 0, stride_xg, stride_xz, BITS,
+                             PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32, DOT_PRECISION)
+        acc1 = _plane_values(acc1, p, alpha, vb, vs_ptr, xrow, n_mask, kv_mask, offs_j, 1, stride_xg, stride_xz, BITS,
+                             PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32, DOT_PRECISION)
         if PLANES == 4:
-            acc2 = _plane_values(acc2, p, alpha, vb, vs_ptr, xrow, n_mask, 2, stride_xg, stride_xz, BITS,
-                                 PLANES_PER_GROUP, F32, DOT_PRECISION)
-            acc3 = _plane_values(acc3, p, alpha, vb, vs_ptr, xrow, n_mask, 3, stride_xg, stride_xz, BITS,
-                                 PLANES_PER_GROUP, F32, DOT_PRECISION)
+            acc2 = _plane_values(acc2, p, alpha, vb, vs_ptr, xrow, n_mask, kv_mask, offs_j, 2, stride_xg, stride_xz, BITS,
+                                 PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32, DOT_PRECISION)
+            acc3 = _plane_values(acc3, p, alpha, vb, vs_ptr, xrow, n_mask, kv_mask, offs_j, 3, stride_xg, stride_xz, BITS,
+                                 PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32, DOT_PRECISION)
         m_i = m_new
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -405,5 +434,7 @@ def _launch_int(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_
         GROUP=group, PAGE_SIZE=k_cache.shape[1], BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=config.block_n, SPLIT=num_splits > 1, BITS=bits,
         PLANES=n_planes, PACKED=width, BLOCK_W=max(16, triton.next_power_of_2(width)),
-        PLANES_PER_GROUP=n_planes // k_scale.shape[3], F32=q.dtype == torch.float32,
+        PLANES_PER_GROUP=planes_per_group(bits, k_scale.shape[3]),
+        GROUPS_PER_PLANE=groups_per_plane(bits, k_scale.shape[3]), GROUP_SIZE=d // k_scale.shape[3],
+        F32=q.dtype == torch.float32,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))

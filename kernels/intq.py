@@ -23,15 +23,18 @@ The format (shared by store_kv, paged_decode, paged_prefill, their twins in refe
 - Packing: bit-planes. Byte j of a row holds values p * W + j for the planes p = 0 .. 8 / bits - 1
   (W = D * bits / 8 bytes a row), value p * W + j in bits [bits * p, bits * p + bits). Unpacking a whole
   packed row is one shift and mask per plane on the loaded bytes and gives W consecutive values, which
-  the kernels dot with the matching W columns of q (no interleaving shuffle); a group is a whole number
-  of planes, so one plane has one (scale, zero).
-- G: any power of two dividing 8 / bits (groups of whole planes): the kernels read it from the scales'
-  shape. radixkv's KVStore uses radixkv.plan.kv_int_groups: int4 groups of 64 values, int2 of 32, where
-  head_dim allows. At D = 128: int4 is 64 packed bytes + 2 groups x 4 = 72 bytes a token-head (bf16: 256,
-  3.6x less), int2 32 + 4 x 4 = 48 bytes (5.3x less). int2 groups of 64 would take 40 bytes, but
-  its error on random rows is ~15% larger (0.45 against 0.39 relative; tests/kernels/test_intq_format.py
-  checks the order), and 2 bits
-  are where accuracy is short.
+  the kernels dot with the matching W columns of q (no interleaving shuffle).
+- G: a power of two dividing D, either a divisor of 8 / bits (a group is a whole number of bit-planes:
+  one (scale, zero) a plane, which paged_decode folds into its scores) or a multiple of it (a plane is
+  G * bits / 8 whole groups of D / G values: the kernels gather each column's (scale, zero) and
+  dequantise the plane in registers before its dot). The kernels read G from the scales' shape.
+  radixkv's KVStore uses radixkv.plan.kv_int_groups: int4 groups of 16 values up to head_dim 64
+  (4 groups at D = 64: 32 packed bytes + 4 x 4 = 48 bytes a token-head's K (or V) row, bf16: 128), 2 groups
+  of 64 at D = 128 (64 + 2 x 4 = 72 bytes, bf16: 256, 3.6x less); int2 groups of 32 (32 + 4 x 4 = 48 bytes
+  at D = 128). Why 16 at D = 64: SmolLM2-135M's keys (head_dim 64) carry a few outlier channels; one group
+  of 64 a key row gave +14-28% perplexity against bf16 KV, groups of 16 bring it near 3%
+  (benchmarks/RESULTS.md). int2 groups of 64 would take 40 bytes at D = 128, but their error on random
+  rows is ~15% larger (0.45 against 0.39 relative; tests/kernels/test_intq_format.py checks the order).
 
 No Triton here: reference.py and the CPU engine import this module.
 """
@@ -67,10 +70,22 @@ def format_error(head_dim: int, bits: int, num_groups: int) -> str | None:
         return f"bits must be 4 or 2, got {bits}"
     if head_dim < 1 or head_dim % planes(bits):
         return f"head_dim {head_dim} is not a multiple of {planes(bits)} (values a byte holds at {bits} bits)"
-    if num_groups < 1 or planes(bits) % num_groups:
-        return (f"{num_groups} groups: an int{bits} row has 1 to {planes(bits)} groups of whole bit-planes "
-                f"(a divisor of {planes(bits)})")
+    n = planes(bits)
+    if num_groups < 1 or num_groups & (num_groups - 1) or head_dim % num_groups or (
+            num_groups > n and (head_dim // n) % (num_groups // n)):
+        return (f"{num_groups} groups: an int{bits} row of {head_dim} values has a power of two of groups "
+                f"dividing {head_dim}: whole bit-planes (1 to {n}) or whole groups a plane (a multiple of {n})")
     return None
+
+
+def groups_per_plane(bits: int, num_groups: int) -> int:
+    """Groups one bit-plane holds: 1 when a group is one or more whole planes, else num_groups / planes."""
+    return max(1, num_groups // planes(bits))
+
+
+def planes_per_group(bits: int, num_groups: int) -> int:
+    """Bit-planes one group spans: 8 / bits / num_groups, or 1 when a plane holds several groups."""
+    return max(1, planes(bits) // num_groups)
 
 
 def bits_of(packed: int, head_dim: int) -> int:

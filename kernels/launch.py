@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from .fp8 import is_fp8
-from .intq import INT_BITS, SCALE_DTYPE, bits_of, packed_dim, planes
+from .intq import INT_BITS, SCALE_DTYPE, bits_of, format_error, packed_dim, planes
 
 LOG2E = 1.4426950408889634
 
@@ -219,8 +219,8 @@ def cache_bits(fn: str, k_cache: Tensor, head_dim: int) -> int:
 def check_scales(fn: str, k_cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None,
                  head_dim: int) -> KVQuant:
     """FP8 caches need k_scale, v_scale float32/float16 [P, S, Hkv] of one dtype and strides; INT4/INT2
-    (uint8) caches float16 [P, S, Hkv, G, 2] (scale, zero) with G groups of whole bit-planes
-    (kernels/intq.py); others none. head_dim: the values a row holds (q's or k's last dim)."""
+    (uint8) caches float16 [P, S, Hkv, G, 2] (scale, zero) with G groups of whole bit-planes or whole
+    groups a plane (kernels/intq.py, format_error); others none. head_dim: the values a row holds (q's or k's last dim)."""
     bits = cache_bits(fn, k_cache, head_dim)
     if bits:
         _check_int_scales(fn, k_cache, k_scale, v_scale, bits)
@@ -242,7 +242,8 @@ def check_scales(fn: str, k_cache: Tensor, k_scale: Tensor | None, v_scale: Tens
 
 def _check_int_scales(fn: str, k_cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None, bits: int) -> None:
     lead = tuple(k_cache.shape[:3])
-    groups = [g for g in (1, 2, 4) if planes(bits) % g == 0]
+    head_dim = k_cache.shape[3] * planes(bits)
+    groups = [g for g in (1, 2, 4, 8, 16, 32) if g <= head_dim and format_error(head_dim, bits, g) is None]
     want = f"float16 {lead + ('G', 2)} (scale, zero) with G in {groups}"
     for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
         got = f"{s.dtype} {tuple(s.shape)}" if isinstance(s, Tensor) else type(s).__name__

@@ -10,7 +10,8 @@ INT4/INT2 pages (kernels/intq.py) run `_int_kernel`: each K/V tile is read as wh
 dequantised in registers one bit-plane at a time (decode.int_codes' masks, then codes * scale + zero in
 float16, or float32 for fp32 q; bf16 q is converted to float16); plane p's values are the head_dim
 columns p * W .. p * W + W - 1, so the scores are the sum over the planes of q_p . K_p^T (one
-accumulating dot a plane) and the output keeps an accumulator a plane. (Folding the scales into the
+accumulating dot a plane) and the output keeps an accumulator a plane. A plane of several groups (int4 groups
+of 16 at head_dim 64) gathers a (scale, zero) a column (decode.plane_dequant). (Folding the scales into the
 scores, as paged_decode does, would cost BLOCK_M x BLOCK_N multiplies a group instead of BLOCK_N x D.
 One [BLOCK_N, D] tile of the planes side by side instead compiled, for sm_90, to 1.6x the instructions
 of this form and spilled at 128-row tiles.)
@@ -30,9 +31,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .decode import int_codes, plane_unit, to_compute  # the INT paths' shared helpers
+from .decode import (  # the INT paths' shared helpers
+    int_codes,
+    plane_dequant,
+    plane_unit,
+    to_compute,
+)
 from .dispatch import hopper_prefill_supported
-from .intq import planes
+from .intq import groups_per_plane, planes, planes_per_group
 from .launch import (
     LOG2E,
     KernelConfig,
@@ -89,10 +95,15 @@ def _plane_q(q_ptr, q_rows, h, m_mask, offs_j, j_mask, plane, stride_qt, stride_
 
 
 @triton.jit
-def _plane_rows(packed, x_ptr, xrow, n_mask, plane, stride_xg, stride_xz,
-                BITS: tl.constexpr, PLANES_PER_GROUP: tl.constexpr, F32: tl.constexpr):
+def _plane_rows(packed, x_ptr, xrow, n_mask, kv_mask, offs_j, plane, stride_xg, stride_xz,
+                BITS: tl.constexpr, PLANES_PER_GROUP: tl.constexpr, GROUPS_PER_PLANE: tl.constexpr,
+                GROUP_SIZE: tl.constexpr, F32: tl.constexpr):
     """One bit-plane of BLOCK_N packed rows [BLOCK_N, BLOCK_W] dequantised: codes * scale + zero (one FMA a
-    value; decode.int_codes' power of two folded into the scale)."""
+    value; decode.int_codes' power of two folded into the scale); a (scale, zero) a column where the plane
+    holds several groups (decode.plane_dequant)."""
+    if GROUPS_PER_PLANE > 1:
+        return plane_dequant(packed, x_ptr, xrow, kv_mask, offs_j, plane, stride_xg, stride_xz, BITS,
+                             GROUPS_PER_PLANE, GROUP_SIZE, F32)
     cdt = tl.float32 if F32 else tl.float16
     xs = x_ptr + xrow + (plane // PLANES_PER_GROUP) * stride_xg
     # the unit in float32, then rounded: Triton 3.6 types plane_unit's quotient float32 (3.9: a constant)
@@ -107,7 +118,8 @@ def _int_tile(q0, q1, q2, q3, acc0, acc1, acc2, acc3, m_i, l_i, kc_ptr, vc_ptr, 
               q_pos, seq_len, qk_scale, kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs,
               stride_xg, stride_xz, offs_j, j_mask,
               PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PLANES: tl.constexpr,
-              BITS: tl.constexpr, PLANES_PER_GROUP: tl.constexpr, F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              BITS: tl.constexpr, PLANES_PER_GROUP: tl.constexpr, GROUPS_PER_PLANE: tl.constexpr,
+              GROUP_SIZE: tl.constexpr, F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """_tile over INT4/INT2 pages: planes 0..PLANES-1 of one BLOCK_N tile of keys (q2, q3, acc2, acc3 only
     for INT2): scores = sum over planes of q_p . K_p^T, acc_p += P . V_p."""
     offs_n = k_lo + tl.arange(0, BLOCK_N)
@@ -119,14 +131,18 @@ def _int_tile(q0, q1, q2, q3, acc0, acc1, acc2, acc3, m_i, l_i, kc_ptr, vc_ptr, 
     kv_mask = n_mask[:, None] & j_mask[None, :]
     # ---- scores: whole packed K rows [BLOCK_N, BLOCK_W] uint8, one accumulating dot a plane
     kb = tl.load(kc_ptr + row[:, None] + offs_j[None, :] * stride_cd, mask=kv_mask, other=0)
-    k = _plane_rows(kb, ks_ptr, xrow, n_mask, 0, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+    k = _plane_rows(kb, ks_ptr, xrow, n_mask, kv_mask, offs_j, 0, stride_xg, stride_xz, BITS,
+                           PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32)
     qk = tl.dot(q0, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-    k = _plane_rows(kb, ks_ptr, xrow, n_mask, 1, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+    k = _plane_rows(kb, ks_ptr, xrow, n_mask, kv_mask, offs_j, 1, stride_xg, stride_xz, BITS,
+                           PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32)
     qk = tl.dot(q1, tl.trans(k), qk, input_precision=DOT_PRECISION)
     if PLANES == 4:
-        k = _plane_rows(kb, ks_ptr, xrow, n_mask, 2, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+        k = _plane_rows(kb, ks_ptr, xrow, n_mask, kv_mask, offs_j, 2, stride_xg, stride_xz, BITS,
+                           PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32)
         qk = tl.dot(q2, tl.trans(k), qk, input_precision=DOT_PRECISION)
-        k = _plane_rows(kb, ks_ptr, xrow, n_mask, 3, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+        k = _plane_rows(kb, ks_ptr, xrow, n_mask, kv_mask, offs_j, 3, stride_xg, stride_xz, BITS,
+                           PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32)
         qk = tl.dot(q3, tl.trans(k), qk, input_precision=DOT_PRECISION)
     if MASKED:
         qk = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], qk, float("-inf"))
@@ -138,14 +154,18 @@ def _int_tile(q0, q1, q2, q3, acc0, acc1, acc2, acc3, m_i, l_i, kc_ptr, vc_ptr, 
     p = p.to(q0.dtype)
     # ---- P.V: an accumulator a plane, [BLOCK_M, BLOCK_W]
     vb = tl.load(vc_ptr + row[:, None] + offs_j[None, :] * stride_cd, mask=kv_mask, other=0)
-    v = _plane_rows(vb, vs_ptr, xrow, n_mask, 0, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+    v = _plane_rows(vb, vs_ptr, xrow, n_mask, kv_mask, offs_j, 0, stride_xg, stride_xz, BITS,
+                           PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32)
     acc0 = tl.dot(p, v, acc0 * alpha[:, None], input_precision=DOT_PRECISION)
-    v = _plane_rows(vb, vs_ptr, xrow, n_mask, 1, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+    v = _plane_rows(vb, vs_ptr, xrow, n_mask, kv_mask, offs_j, 1, stride_xg, stride_xz, BITS,
+                           PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32)
     acc1 = tl.dot(p, v, acc1 * alpha[:, None], input_precision=DOT_PRECISION)
     if PLANES == 4:
-        v = _plane_rows(vb, vs_ptr, xrow, n_mask, 2, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+        v = _plane_rows(vb, vs_ptr, xrow, n_mask, kv_mask, offs_j, 2, stride_xg, stride_xz, BITS,
+                           PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32)
         acc2 = tl.dot(p, v, acc2 * alpha[:, None], input_precision=DOT_PRECISION)
-        v = _plane_rows(vb, vs_ptr, xrow, n_mask, 3, stride_xg, stride_xz, BITS, PLANES_PER_GROUP, F32)
+        v = _plane_rows(vb, vs_ptr, xrow, n_mask, kv_mask, offs_j, 3, stride_xg, stride_xz, BITS,
+                           PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE, F32)
         acc3 = tl.dot(p, v, acc3 * alpha[:, None], input_precision=DOT_PRECISION)
     return acc0, acc1, acc2, acc3, m_new, l_i
 
@@ -168,7 +188,8 @@ def _int_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_
                 stride_ptb, stride_ot, stride_oh, stride_od,
                 GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BITS: tl.constexpr, PLANES: tl.constexpr, PACKED: tl.constexpr, BLOCK_W: tl.constexpr,
-                PLANES_PER_GROUP: tl.constexpr, F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                PLANES_PER_GROUP: tl.constexpr, GROUPS_PER_PLANE: tl.constexpr, GROUP_SIZE: tl.constexpr,
+                F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """paged_prefill over INT4 (PLANES 2) / INT2 (PLANES 4) pages: _kernel's loops, per bit-plane."""
     h = tl.program_id(0)
     b = tl.program_id(1)
@@ -209,14 +230,15 @@ def _int_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_
         acc0, acc1, acc2, acc3, m_i, l_i = _int_tile(
             q0, q1, q2, q3, acc0, acc1, acc2, acc3, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, q_pos,
             seq_len, qk_scale, kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs, stride_xg,
-            stride_xz, offs_j, j_mask, PAGE_SIZE, BLOCK_N, False, PLANES, BITS, PLANES_PER_GROUP, F32, DOT_PRECISION)
+            stride_xz, offs_j, j_mask, PAGE_SIZE, BLOCK_N, False, PLANES, BITS, PLANES_PER_GROUP, GROUPS_PER_PLANE, GROUP_SIZE,
+            F32, DOT_PRECISION)
     diag_end = tl.where(active, tl.minimum(seq_len, prefix + (mblk + 1) * BLOCK_M), 0)
     for k_off in range(0, diag_end - full_end, BLOCK_N):
         acc0, acc1, acc2, acc3, m_i, l_i = _int_tile(
             q0, q1, q2, q3, acc0, acc1, acc2, acc3, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, full_end + k_off,
             q_pos, seq_len, qk_scale, kv_head, scale_head, stride_cp, stride_cs, stride_cd, stride_xp, stride_xs,
-            stride_xg, stride_xz, offs_j, j_mask, PAGE_SIZE, BLOCK_N, True, PLANES, BITS, PLANES_PER_GROUP, F32,
-            DOT_PRECISION)
+            stride_xg, stride_xz, offs_j, j_mask, PAGE_SIZE, BLOCK_N, True, PLANES, BITS, PLANES_PER_GROUP,
+            GROUPS_PER_PLANE, GROUP_SIZE, F32, DOT_PRECISION)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     _plane_store(acc0, l_safe, out_ptr, q_rows, h, m_mask, offs_j, j_mask, 0, stride_ot, stride_oh, stride_od, PACKED)
     _plane_store(acc1, l_safe, out_ptr, q_rows, h, m_mask, offs_j, j_mask, 1, stride_ot, stride_oh, stride_od, PACKED)
@@ -352,5 +374,7 @@ def _launch_int(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_
         *q.stride(), *k_cache.stride(), *k_scale.stride(), page_table.stride(0), *out.stride(),
         GROUP=hq // hkv, PAGE_SIZE=k_cache.shape[1], BLOCK_M=config.block_m, BLOCK_N=config.block_n, BITS=bits,
         PLANES=n_planes, PACKED=width, BLOCK_W=max(16, triton.next_power_of_2(width)),
-        PLANES_PER_GROUP=n_planes // k_scale.shape[3], F32=q.dtype == torch.float32,
+        PLANES_PER_GROUP=planes_per_group(bits, k_scale.shape[3]),
+        GROUPS_PER_PLANE=groups_per_plane(bits, k_scale.shape[3]), GROUP_SIZE=q.shape[2] // k_scale.shape[3],
+        F32=q.dtype == torch.float32,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))

@@ -15,7 +15,15 @@ import triton.language as tl
 from torch import Tensor
 
 from .fp8 import fp8_max, scale_range
-from .intq import FP16_MAX, SCALE_MIN, packed_dim, planes, qmax
+from .intq import (
+    FP16_MAX,
+    SCALE_MIN,
+    groups_per_plane,
+    packed_dim,
+    planes,
+    planes_per_group,
+    qmax,
+)
 from .launch import (
     CACHE_DTYPES,
     Q_DTYPES,
@@ -57,6 +65,22 @@ def _store_one(src_ptr, t, stride_st, stride_sh, stride_sd,
 
 
 @triton.jit
+def _group_grid(lo, hi, QMAX: tl.constexpr, FP16_MAX: tl.constexpr, SCALE_MIN: tl.constexpr):
+    """(scale, zero) float32 of groups with minimum lo and maximum hi, each rounded to float16 (as stored)."""
+    zero = tl.minimum(tl.maximum(lo, -FP16_MAX), FP16_MAX).to(tl.float16).to(tl.float32)
+    scale = tl.math.div_rn(hi - zero, tl.full(hi.shape, QMAX, tl.float32))
+    scale = tl.minimum(tl.maximum(scale, SCALE_MIN), FP16_MAX).to(tl.float16).to(tl.float32)
+    return scale, zero
+
+
+@triton.jit
+def _codes(x, scale, zero, QMAX: tl.constexpr):
+    """int32 codes of x by its groups' (scale, zero), broadcast to x: round half up (truncation of >= 0)."""
+    code = tl.math.div_rn(x - zero, tl.broadcast_to(scale, x.shape))
+    return (tl.minimum(tl.maximum(code, 0.0), QMAX) + 0.5).to(tl.int32)
+
+
+@triton.jit
 def _store_int(src_ptr, t, stride_st, stride_sh, stride_sd,
                cache_ptr, page, off, stride_cp, stride_cs, stride_ch, stride_cd,
                scale_ptr, stride_xp, stride_xs, stride_xh, stride_xg, stride_xz,
@@ -75,11 +99,8 @@ def _store_int(src_ptr, t, stride_st, stride_sh, stride_sd,
                 mask=mask, other=0.0).to(tl.float32)
     lo = tl.min(tl.min(tl.where(mask, x, float("inf")), axis=3), axis=2)  # [BLOCK_H, G]
     hi = tl.max(tl.max(tl.where(mask, x, float("-inf")), axis=3), axis=2)
-    zero = tl.minimum(tl.maximum(lo, -FP16_MAX), FP16_MAX).to(tl.float16).to(tl.float32)
-    scale = tl.math.div_rn(hi - zero, tl.full(hi.shape, QMAX, tl.float32))
-    scale = tl.minimum(tl.maximum(scale, SCALE_MIN), FP16_MAX).to(tl.float16).to(tl.float32)
-    code = tl.math.div_rn(x - zero[:, :, None, None], tl.broadcast_to(scale[:, :, None, None], x.shape))
-    code = (tl.minimum(tl.maximum(code, 0.0), QMAX) + 0.5).to(tl.int32)  # round half up (truncation of >= 0)
+    scale, zero = _group_grid(lo, hi, QMAX, FP16_MAX, SCALE_MIN)
+    code = _codes(x, scale[:, :, None, None], zero[:, :, None, None], QMAX)
     packed = tl.sum(tl.sum(code << (plane * BITS), axis=2), axis=1)  # [BLOCK_H, BLOCK_W]: planes OR-ed
     h2 = tl.arange(0, BLOCK_H)[:, None]
     j2 = tl.arange(0, BLOCK_W)[None, :]
@@ -92,23 +113,69 @@ def _store_int(src_ptr, t, stride_st, stride_sh, stride_sd,
 
 
 @triton.jit
+def _store_int_sub(src_ptr, t, stride_st, stride_sh, stride_sd,
+                   cache_ptr, page, off, stride_cp, stride_cs, stride_ch, stride_cd,
+                   scale_ptr, stride_xp, stride_xs, stride_xh, stride_xg, stride_xz,
+                   NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BITS: tl.constexpr, PLANES: tl.constexpr,
+                   PACKED: tl.constexpr, GROUPS_PER_PLANE: tl.constexpr, GROUP_SIZE: tl.constexpr,
+                   BLOCK_G: tl.constexpr, QMAX: tl.constexpr, FP16_MAX: tl.constexpr, SCALE_MIN: tl.constexpr):
+    """_store_int for groups smaller than a bit-plane: plane p holds groups p * GROUPS_PER_PLANE + gg of
+    GROUP_SIZE values each (byte gg * GROUP_SIZE + i of the row); same arithmetic."""
+    h = tl.arange(0, BLOCK_H)[:, None, None, None]
+    p = tl.arange(0, PLANES)[None, :, None, None]
+    gg = tl.arange(0, GROUPS_PER_PLANE)[None, None, :, None]
+    i = tl.arange(0, BLOCK_G)[None, None, None, :]
+    byte = gg * GROUP_SIZE + i  # [1, 1, GPP, BLOCK_G]
+    mask = (h < NUM_HEADS) & (i < GROUP_SIZE)
+    # x: [BLOCK_H, PLANES, GPP, BLOCK_G], value p * PACKED + byte of each head
+    x = tl.load(src_ptr + t * stride_st + h * stride_sh + (p * PACKED + byte) * stride_sd,
+                mask=mask, other=0.0).to(tl.float32)
+    lo = tl.min(tl.where(mask, x, float("inf")), axis=3)  # [BLOCK_H, PLANES, GPP]
+    hi = tl.max(tl.where(mask, x, float("-inf")), axis=3)
+    scale, zero = _group_grid(lo, hi, QMAX, FP16_MAX, SCALE_MIN)
+    code = _codes(x, scale[:, :, :, None], zero[:, :, :, None], QMAX)
+    packed = tl.sum(code << (p * BITS), axis=1)  # [BLOCK_H, GPP, BLOCK_G]: planes OR-ed
+    h3 = tl.arange(0, BLOCK_H)[:, None, None]
+    gg3 = tl.arange(0, GROUPS_PER_PLANE)[None, :, None]
+    i3 = tl.arange(0, BLOCK_G)[None, None, :]
+    tl.store(cache_ptr + page * stride_cp + off * stride_cs + h3 * stride_ch + (gg3 * GROUP_SIZE + i3) * stride_cd,
+             packed.to(tl.uint8), mask=(h3 < NUM_HEADS) & (i3 < GROUP_SIZE))
+    p3 = tl.arange(0, PLANES)[None, :, None]
+    g3 = p3 * GROUPS_PER_PLANE + tl.arange(0, GROUPS_PER_PLANE)[None, None, :]  # [1, PLANES, GPP]: group index
+    xs = scale_ptr + page * stride_xp + off * stride_xs + h3 * stride_xh + g3 * stride_xg
+    tl.store(xs, scale.to(tl.float16), mask=h3 < NUM_HEADS)  # [BLOCK_H, PLANES, GPP]
+    tl.store(xs + stride_xz, zero.to(tl.float16), mask=h3 < NUM_HEADS)
+
+
+@triton.jit
 def _int_kernel(k_ptr, v_ptr, slots_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
                 stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
                 stride_cp, stride_cs, stride_ch, stride_cd,
                 stride_xp, stride_xs, stride_xh, stride_xg, stride_xz,
                 PAGE_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BITS: tl.constexpr,
                 PACKED: tl.constexpr, BLOCK_W: tl.constexpr, GROUPS: tl.constexpr, PLANES_PER_GROUP: tl.constexpr,
-                QMAX: tl.constexpr, FP16_MAX: tl.constexpr, SCALE_MIN: tl.constexpr):
+                PLANES: tl.constexpr, GROUPS_PER_PLANE: tl.constexpr, GROUP_SIZE: tl.constexpr,
+                BLOCK_G: tl.constexpr, QMAX: tl.constexpr, FP16_MAX: tl.constexpr, SCALE_MIN: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     page = slot // PAGE_SIZE
     off = slot % PAGE_SIZE
-    _store_int(k_ptr, t, stride_kt, stride_kh, stride_kd, kc_ptr, page, off, stride_cp, stride_cs, stride_ch,
-               stride_cd, ks_ptr, stride_xp, stride_xs, stride_xh, stride_xg, stride_xz,
-               NUM_HEADS, BLOCK_H, BITS, PACKED, BLOCK_W, GROUPS, PLANES_PER_GROUP, QMAX, FP16_MAX, SCALE_MIN)
-    _store_int(v_ptr, t, stride_vt, stride_vh, stride_vd, vc_ptr, page, off, stride_cp, stride_cs, stride_ch,
-               stride_cd, vs_ptr, stride_xp, stride_xs, stride_xh, stride_xg, stride_xz,
-               NUM_HEADS, BLOCK_H, BITS, PACKED, BLOCK_W, GROUPS, PLANES_PER_GROUP, QMAX, FP16_MAX, SCALE_MIN)
+    if GROUPS_PER_PLANE == 1:
+        _store_int(k_ptr, t, stride_kt, stride_kh, stride_kd, kc_ptr, page, off, stride_cp, stride_cs, stride_ch,
+                   stride_cd, ks_ptr, stride_xp, stride_xs, stride_xh, stride_xg, stride_xz,
+                   NUM_HEADS, BLOCK_H, BITS, PACKED, BLOCK_W, GROUPS, PLANES_PER_GROUP, QMAX, FP16_MAX, SCALE_MIN)
+        _store_int(v_ptr, t, stride_vt, stride_vh, stride_vd, vc_ptr, page, off, stride_cp, stride_cs, stride_ch,
+                   stride_cd, vs_ptr, stride_xp, stride_xs, stride_xh, stride_xg, stride_xz,
+                   NUM_HEADS, BLOCK_H, BITS, PACKED, BLOCK_W, GROUPS, PLANES_PER_GROUP, QMAX, FP16_MAX, SCALE_MIN)
+    else:
+        _store_int_sub(k_ptr, t, stride_kt, stride_kh, stride_kd, kc_ptr, page, off, stride_cp, stride_cs,
+                       stride_ch, stride_cd, ks_ptr, stride_xp, stride_xs, stride_xh, stride_xg, stride_xz,
+                       NUM_HEADS, BLOCK_H, BITS, PLANES, PACKED, GROUPS_PER_PLANE, GROUP_SIZE, BLOCK_G, QMAX,
+                       FP16_MAX, SCALE_MIN)
+        _store_int_sub(v_ptr, t, stride_vt, stride_vh, stride_vd, vc_ptr, page, off, stride_cp, stride_cs,
+                       stride_ch, stride_cd, vs_ptr, stride_xp, stride_xs, stride_xh, stride_xg, stride_xz,
+                       NUM_HEADS, BLOCK_H, BITS, PLANES, PACKED, GROUPS_PER_PLANE, GROUP_SIZE, BLOCK_G, QMAX,
+                       FP16_MAX, SCALE_MIN)
 
 
 @triton.jit
@@ -194,9 +261,12 @@ def _launch_int(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: T
     T, hkv, _ = k.shape
     groups = k_scale.shape[3]
     width = k_cache.shape[3]
+    gsize = width * planes(bits) // groups  # values a group holds
     for_device(_int_kernel, k.device)[(T,)](
         k, v, slots, k_cache, v_cache, k_scale, v_scale,
         *k.stride(), *v.stride(), *k_cache.stride(), *k_scale.stride(),
         PAGE_SIZE=k_cache.shape[1], NUM_HEADS=hkv, BLOCK_H=triton.next_power_of_2(hkv), BITS=bits,
         PACKED=width, BLOCK_W=triton.next_power_of_2(width), GROUPS=groups,
-        PLANES_PER_GROUP=planes(bits) // groups, QMAX=float(qmax(bits)), FP16_MAX=FP16_MAX, SCALE_MIN=SCALE_MIN)
+        PLANES_PER_GROUP=planes_per_group(bits, groups), PLANES=planes(bits),
+        GROUPS_PER_PLANE=groups_per_plane(bits, groups), GROUP_SIZE=gsize,
+        BLOCK_G=triton.next_power_of_2(gsize), QMAX=float(qmax(bits)), FP16_MAX=FP16_MAX, SCALE_MIN=SCALE_MIN)

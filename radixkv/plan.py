@@ -6,9 +6,10 @@ The one home of the formulas: `radixkv plan` prints them and the engine sizes it
     KV bytes per token = 2 (K and V) x layers x KV heads x (head_dim x element bits / 8 + scale bytes)
 
 FP8 rows carry one float16 scale per (token, KV head) (kv_store.py says why); INT4 / INT2 rows a float16
-(scale, zero) pair per group of head_dim / kv_int_groups(...) values (radixkv/kernels/intq.py: groups of
-64 values for int4, 32 for int2, whole bit-planes); other dtypes none. At head_dim 128 a token-head's K
-(or V) row is 256 bytes in bf16, 130 in fp8, 72 in int4 (64 + 2 groups x 4), 48 in int2 (32 + 4 x 4).
+(scale, zero) pair per group of head_dim / kv_int_groups(...) values (radixkv/kernels/intq.py: int4
+groups of 64 values, of 16 up to head_dim 64; int2 groups of 32); other dtypes none. At head_dim 128 a
+token-head's K (or V) row is 256 bytes in bf16, 130 in fp8, 72 in int4 (64 + 2 groups x 4), 48 in int2
+(32 + 4 x 4); at head_dim 64: 128 in bf16, 66 in fp8, 48 in int4 (32 + 4 x 4), 24 in int2 (16 + 2 x 4).
 Llama 3.1 70B (80 layers, 8 KV heads, head_dim 128) at BF16: 327,680 bytes = 320 KiB a token; the
 same model with 64 full KV heads holds 4096 tokens x 16 requests in 160.00 GiB of FP16.
 
@@ -31,6 +32,10 @@ from radixkv.config import KVDtype
 FP8_SCALE_BYTES = 2  # float16, one per (token, KV head) row
 INT_GROUP_BYTES = 4  # float16 scale + float16 zero, one pair per group of a row
 INT_GROUP_SIZE = {4: 64, 2: 32}  # values a group holds where head_dim allows (bits -> values)
+# up to SMALL_HEAD_DIM: int4 keys of SmolLM2-135M (head_dim 64) need groups of 16 (outlier channels;
+# benchmarks/RESULTS.md); larger heads keep 64, the byte budget of the H200 decode target
+SMALL_HEAD_DIM = 64
+INT_GROUP_SIZE_SMALL_HEAD = {4: 16, 2: 32}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -38,9 +43,12 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 
 # ---- the formulas ------------------------------------------------------------------------------
 def kv_int_groups(head_dim: int, kv_dtype: str | KVDtype) -> int:
-    """Groups of an INT4 / INT2 row of head_dim values (each a float16 scale and zero): head_dim //
-    INT_GROUP_SIZE rounded down to a power of two, within 1 .. 8 // bits (a group is a whole number of
-    bit-planes). int4: 2 at head_dim 128 (groups of 64), 1 at 64; int2: 4 at 128 (32), 2 at 64 (32).
+    """Groups of an INT4 / INT2 row of head_dim values (each a float16 scale and zero): head_dim // the
+    group size rounded down to a power of two dividing head_dim (radixkv/kernels/intq.py's format: whole
+    bit-planes or whole groups a plane). The group size: INT_GROUP_SIZE_SMALL_HEAD up to head_dim
+    SMALL_HEAD_DIM, INT_GROUP_SIZE above, where groups stay whole bit-planes (at most 8 // bits groups, so
+    paged_decode folds the scales into its scores). int4: 4 at head_dim 64 (groups of 16), 2 at 128 (64); int2:
+    2 at 64 (32), 4 at 128 (32).
     ValueError if head_dim is not a multiple of 8 // bits (the values a byte holds)."""
     kd = KVDtype.parse(kv_dtype)
     if not kd.is_int:
@@ -48,8 +56,11 @@ def kv_int_groups(head_dim: int, kv_dtype: str | KVDtype) -> int:
     per_byte = 8 // kd.bits
     if head_dim < 1 or head_dim % per_byte:
         raise ValueError(f"{kd.value} KV needs head_dim a multiple of {per_byte}, got {head_dim}")
+    small = head_dim <= SMALL_HEAD_DIM
+    size = (INT_GROUP_SIZE_SMALL_HEAD if small else INT_GROUP_SIZE)[kd.bits]
+    most = head_dim // size if small else min(per_byte, head_dim // size)  # larger heads: whole planes
     groups = 1
-    while groups * 2 <= min(per_byte, head_dim // INT_GROUP_SIZE[kd.bits]):
+    while groups * 2 <= most and head_dim % (groups * 2) == 0:
         groups *= 2
     return groups
 

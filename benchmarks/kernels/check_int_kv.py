@@ -1,6 +1,7 @@
 """INT4/INT2 KV on the GPU in about a minute: kernel_checks.int_checks, then INT4 / INT2 against bf16 decode at
 64 x 16k and extend at 8 x (4096 + 512), with bench_kernels.py's harness and pools (the full bench_kernels.py
-run times every shape).
+run times every shape); then INT4 at head_dim 64 (KVStore's groups of 16 values, smaller than a bit-plane: the
+kernels' per-column (scale, zero) path, radixkv.plan.kv_int_groups) against bf16 decode at 64 x 16k.
 
     python benchmarks/kernels/check_int_kv.py
 """
@@ -47,6 +48,13 @@ def main() -> None:
     for bits in (4, 2):
         t = decode_us(ops, q, pool, quantize_pool_int(pool, bits, ops))
         print(f"decode 64x16k int{bits} {t:.1f} us  speed-up {t16 / t:.2f}x", flush=True)
+    del pool
+    pool = make_pool(64, 16384, dev, gen, head_dim=64)
+    q = torch.randn(64, HQ, 64, device=dev, dtype=torch.bfloat16, generator=gen)
+    t16 = decode_us(ops, q, pool)
+    t = decode_us(ops, q, pool, quantize_pool_int(pool, 4, ops))
+    print(f"decode 64x16k head_dim 64 bf16 {t16:.1f} us, int4 (groups of 16) {t:.1f} us  speed-up {t16 / t:.2f}x",
+          flush=True)
     del pool
     ext = make_extend(8, 4096, 512, dev, gen)
     te = extend_us(ops, ext)

@@ -12,6 +12,9 @@ import torch
 from kernel_common import FP8, HKV, HQ, PAGE, D, Pool, RaggedKV, dense_ref, ragged_kv, rel_err, store_pool
 
 INT = {"int4": 4, "int2": 2}  # INT KV dtypes -> bits (radixkv.kernels.intq)
+# int_checks' formats: (tag, bits, head_dim); at head_dim 64 KVStore's int4 groups (16 values) are smaller than a
+# bit-plane, the kernels' per-column (scale, zero) path (radixkv.plan.kv_int_groups)
+INT_FORMATS = (("int4", 4, D), ("int2", 2, D), ("int4 d64", 4, 64))
 
 
 # ----------------------------------------------------------------------------- INT pools and oracles
@@ -33,12 +36,12 @@ def quantize_pool_int(pool: Pool, bits: int, ops) -> tuple[torch.Tensor, ...]:
 
 
 def ragged_kv_int(lens: list[int], page_size: int, bits: int, spare_pages: int, dev: torch.device,
-                  gen: torch.Generator) -> RaggedKV:
+                  gen: torch.Generator, head_dim: int = D) -> RaggedKV:
     """kernel_common.ragged_kv's random rows quantised to INT pages with intq.quantize_int (torch), in
     KVStore's layout."""
     from radixkv.kernels.intq import quantize_int
 
-    rk = ragged_kv(lens, page_size, torch.float32, spare_pages, dev, gen)
+    rk = ragged_kv(lens, page_size, torch.float32, spare_pages, dev, gen, head_dim)
     kq, vq, ks, vs = int_pages(rk.k.shape, bits, dev)
     for src, pages, scales in ((rk.k, kq, ks), (rk.v, vq, vs)):
         codes, pairs = quantize_int(src, bits, scales.shape[3])
@@ -70,40 +73,41 @@ def check_rows_int(out: torch.Tensor, q: torch.Tensor, pool: Pool, intq: tuple[t
 def int_checks(ops, ref, dev: torch.device, gen: torch.Generator, smoke: bool) -> list[dict]:
     """INT4 / INT2: store_kv bit-exact against store_kv_ref (codes, scales and zeros; bf16 and fp16
     sources, KVStore's layout); paged_prefill / paged_decode against the twins over the same pages
-    (bf16 and fp16 q, page sizes 1 / 16 / 32, splits 1 / 5 / 32, GQA groups 1 / 4 / 16), NaN-poisoned."""
+    (bf16 and fp16 q, page sizes 1 / 16 / 32, splits 1 / 5 / 32, GQA groups 1 / 4 / 16), NaN-poisoned; at
+    head_dim D and, for int4, 64 (INT_FORMATS)."""
     results = []
     hgen = torch.Generator().manual_seed(2)
     max_len, max_new, n_rows = (40, 12, 2) if smoke else (700, 200, 5)
-    for name, bits in INT.items():
+    for name, bits, d in INT_FORMATS:
         for src_dt in ((torch.float16,) if smoke else (torch.bfloat16, torch.float16)):
             T, P = (20, 4) if smoke else (300, 64)
-            k = (torch.randn(T, HKV, D, device=dev, generator=gen) * 4 + 1).to(src_dt)
-            v = torch.randn(T, HKV, D, device=dev, generator=gen).to(src_dt)
+            k = (torch.randn(T, HKV, d, device=dev, generator=gen) * 4 + 1).to(src_dt)
+            v = torch.randn(T, HKV, d, device=dev, generator=gen).to(src_dt)
             k[0, 0] = 1.5  # a constant row
             slots = torch.randperm(P * PAGE, device=dev, generator=gen)[:T]
-            mine, twin = int_pages((P, PAGE, HKV, D), bits, dev), int_pages((P, PAGE, HKV, D), bits, dev)
+            mine, twin = int_pages((P, PAGE, HKV, d), bits, dev), int_pages((P, PAGE, HKV, d), bits, dev)
             ops.store_kv(k, v, mine[0], mine[1], slots, k_scale=mine[2], v_scale=mine[3])
             ref.store_kv_ref(k, v, twin[0], twin[1], slots, k_scale=twin[2], v_scale=twin[3])
             diff = max(float((a.contiguous().view(torch.uint8) != b.contiguous().view(torch.uint8)).float().mean())
                        for a, b in zip(mine, twin))
             results.append({"check": f"store_kv {name} {str(src_dt)[6:]}", "ok": diff == 0.0, "mismatch_frac": diff})
     for page_size in ((16,) if smoke else (1, 16, 32)):
-        for name, bits in INT.items():
+        for name, bits, d in INT_FORMATS:
             lens = torch.randint(1, max_len, (n_rows,), generator=hgen).tolist()
             q_lens = [min(n, int(x)) for n, x in zip(lens, torch.randint(1, max_new, (n_rows,), generator=hgen))]
-            kq, vq, ks, vs, table, seq = ragged_kv_int(lens, page_size, bits, 7, dev, gen)
+            kq, vq, ks, vs, table, seq = ragged_kv_int(lens, page_size, bits, 7, dev, gen, d)
             ql = torch.tensor(q_lens, dtype=torch.int32, device=dev)
             qs = (torch.cumsum(ql, 0) - ql).to(torch.int32)
             for qdt in ((torch.float16,) if smoke else (torch.bfloat16, torch.float16)):
                 tag = f"page{page_size} {name} {str(qdt)[6:]}"
-                q = torch.randn(sum(q_lens), HQ, D, device=dev, generator=gen).to(qdt)
+                q = torch.randn(sum(q_lens), HQ, d, device=dev, generator=gen).to(qdt)
                 out = torch.full_like(q, float("nan"))
                 ops.paged_prefill(q, kq, vq, table, seq, qs, ql, k_scale=ks, v_scale=vs, out=out)
                 want = ref.paged_prefill_ref(q.float(), kq, vq, table, seq, qs, ql, k_scale=ks, v_scale=vs)
                 e = rel_err(out, want.double())
                 results.append({"check": f"prefill {tag}", "ok": e < 1e-2, "rel_err": e})
                 for hq in ((HQ,) if smoke or page_size != 16 else (HKV, HQ, 16 * HKV)):
-                    qd = torch.randn(n_rows, hq, D, device=dev, generator=gen).to(qdt)
+                    qd = torch.randn(n_rows, hq, d, device=dev, generator=gen).to(qdt)
                     want = ref.paged_decode_ref(qd.float(), kq, vq, table, seq, k_scale=ks, v_scale=vs).double()
                     for splits in ((1, 5) if smoke else (1, 5, 32)):
                         out = torch.full_like(qd, float("nan"))

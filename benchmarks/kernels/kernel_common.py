@@ -113,10 +113,10 @@ class Pool(NamedTuple):
     seq_lens: torch.Tensor  # int32 [B]
 
 
-def make_pool(batch: int, ctx: int, dev: torch.device, gen: torch.Generator) -> Pool:
+def make_pool(batch: int, ctx: int, dev: torch.device, gen: torch.Generator, head_dim: int = D) -> Pool:
     pages = batch * (-(-ctx // PAGE))
-    k = torch.randn(pages, PAGE, HKV, D, device=dev, dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(pages, PAGE, HKV, D, device=dev, dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(pages, PAGE, HKV, head_dim, device=dev, dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(pages, PAGE, HKV, head_dim, device=dev, dtype=torch.bfloat16, generator=gen)
     table = torch.randperm(pages, device=dev, generator=gen).to(torch.int32).view(batch, -1)
     return Pool(k, v, table, torch.full((batch,), ctx, dtype=torch.int32, device=dev))
 
@@ -145,11 +145,12 @@ def store_pool(pool: Pool, caches: tuple[torch.Tensor, ...], ops) -> tuple[torch
     (in-kernel quantisation), in chunks of 2^18 rows. Returns the caches."""
     kq, vq, ks, vs = caches
     rows = pool.k.shape[0] * PAGE
+    d = pool.k.shape[-1]
     step = 1 << 18
     for lo in range(0, rows, step):
         hi = min(rows, lo + step)
         slots = torch.arange(lo, hi, device=pool.k.device, dtype=torch.int64)
-        ops.store_kv(pool.k.view(-1, HKV, D)[lo:hi], pool.v.view(-1, HKV, D)[lo:hi], kq, vq, slots,
+        ops.store_kv(pool.k.view(-1, HKV, d)[lo:hi], pool.v.view(-1, HKV, d)[lo:hi], kq, vq, slots,
                      k_scale=ks, v_scale=vs)
     return caches
 
@@ -217,14 +218,14 @@ class RaggedKV(NamedTuple):
 
 
 def ragged_kv(lens: list[int], page_size: int, cache_dtype: torch.dtype, spare_pages: int,
-              dev: torch.device, gen: torch.Generator) -> RaggedKV:
+              dev: torch.device, gen: torch.Generator, head_dim: int = D) -> RaggedKV:
     """Random K/V for rows of `lens` tokens (plus `spare_pages` unused pages), quantised with
     fp8.py's quantize_fp8 when `cache_dtype` is an FP8 type, laid out as KVStore lays FP8
     out (head-major pages, float16 scales). Draws K, V, then the page order."""
     need = [-(-n // page_size) for n in lens]
     P = sum(need) + spare_pages
-    kt = torch.randn(P, page_size, HKV, D, device=dev, generator=gen)
-    vt = torch.randn(P, page_size, HKV, D, device=dev, generator=gen)
+    kt = torch.randn(P, page_size, HKV, head_dim, device=dev, generator=gen)
+    vt = torch.randn(P, page_size, HKV, head_dim, device=dev, generator=gen)
     if cache_dtype in FP8.values():
         from radixkv.engine.kv_store import SCALE_DTYPE, head_major_pages, head_major_scales
         from radixkv.kernels.fp8 import quantize_fp8

@@ -15,7 +15,7 @@ Cost: 2 bytes per D-element row, 1.6% of an FP8 page at D = 128 (float32 scales 
 FP8 decode slower; figures in benchmarks/RESULTS.md).
 INT4/INT2 (radixkv/kernels/intq.py): pages are uint8 [num_pages, page_size, Hkv, D * bits / 8] of
 packed codes, and k_scale[l], v_scale[l] float16 [num_pages, page_size, Hkv, G, 2] hold each group's
-(scale, zero), G = plan.kv_int_groups (groups of 64 values for int4, 32 for int2, where head_dim allows).
+(scale, zero), G = plan.kv_int_groups (int4: groups of 16 values up to head_dim 64, 64 above; int2: 32).
 Per-token groups, like FP8's per-token scales, are written once with their page and never go stale.
 Both are head-major like FP8's. Memory: plan.kv_row_bytes, scales and zeros included.
 Float stores have no scale tensors (empty lists).

@@ -58,7 +58,10 @@ def _seed(*key):
 
 @pytest.mark.parametrize("bits, groups, d, page_size, group, q_dtype", [
     (4, 2, 32, 16, 4, torch.float16), (4, 1, 32, 1, 1, torch.float32), (4, 2, 64, 3, 2, torch.bfloat16),
-    (2, 4, 32, 16, 1, torch.float16), (2, 2, 32, 1, 4, torch.float32), (2, 1, 24, 16, 2, torch.float16)])
+    (2, 4, 32, 16, 1, torch.float16), (2, 2, 32, 1, 4, torch.float32), (2, 1, 24, 16, 2, torch.float16),
+    # groups smaller than a bit-plane (KVStore's int4 at head_dim 64: groups of 16), of 24 values, int2's of 8
+    (4, 4, 64, 16, 4, torch.float16), (4, 4, 64, 3, 1, torch.float32), (4, 4, 96, 16, 2, torch.bfloat16),
+    (2, 8, 64, 1, 2, torch.float16)])
 def test_decode_matches_reference(bits, groups, d, page_size, group, q_dtype):
     gen = _seed(bits, groups, d, page_size, group)
     kv = IntKV([1, 29, 14], page_size, 2, d, bits, groups, gen)
@@ -73,7 +76,9 @@ def test_decode_matches_reference(bits, groups, d, page_size, group, q_dtype):
 
 @pytest.mark.parametrize("bits, groups, d, page_size, group, q_dtype", [
     (4, 2, 32, 16, 4, torch.float16), (4, 1, 24, 1, 1, torch.float32), (2, 4, 32, 3, 2, torch.float16),
-    (2, 2, 32, 16, 1, torch.float32), (4, 2, 32, 16, 2, torch.bfloat16)])
+    (2, 2, 32, 16, 1, torch.float32), (4, 2, 32, 16, 2, torch.bfloat16),
+    (4, 4, 64, 16, 2, torch.float16), (4, 4, 64, 1, 1, torch.float32), (4, 4, 96, 3, 2, torch.float16),
+    (2, 8, 64, 16, 1, torch.float16)])
 def test_prefill_matches_reference(bits, groups, d, page_size, group, q_dtype):
     gen = _seed(bits, groups, d, page_size, group, "prefill")
     lens, q_lens = [3, 21, 9, 4], [3, 6, 1, 0]  # a whole prompt, a chunk over a prefix, a decode row, none
@@ -88,7 +93,7 @@ def test_prefill_matches_reference(bits, groups, d, page_size, group, q_dtype):
     torch.testing.assert_close(out.float(), ref.float(), atol=TOL[q_dtype], rtol=TOL[q_dtype])
 
 
-@pytest.mark.parametrize("bits, groups", [(4, 2), (2, 4)])
+@pytest.mark.parametrize("bits, groups", [(4, 2), (2, 4), (4, 8)])
 def test_twins_equal_dense_attention_over_the_dequantised_values(bits, groups):
     gen = _seed(bits, groups, "oracle")
     lens, q_lens = [5, 19], [2, 4]

@@ -25,7 +25,11 @@ def _caches(d, bits, groups, head_major, n=4):
 
 @pytest.mark.parametrize("bits, groups, d, src_dtype, head_major", [
     (4, 2, 32, torch.float32, True), (4, 1, 24, torch.float16, False), (2, 4, 32, torch.float16, True),
-    (2, 2, 32, torch.float32, False), (2, 1, 24, torch.float32, True)])
+    (2, 2, 32, torch.float32, False), (2, 1, 24, torch.float32, True),
+    # groups smaller than a bit-plane: int4 groups of 16 at head_dim 64 (KVStore's), of 8, of 24 (not a power of
+    # two), int2 groups of 8
+    (4, 4, 64, torch.float32, True), (4, 8, 64, torch.float16, False), (4, 4, 96, torch.float32, True),
+    (2, 8, 64, torch.float16, True)])
 def test_store_kernel_equals_twin_bit_for_bit(bits, groups, d, src_dtype, head_major):
     gen = torch.Generator().manual_seed(bits * 100 + groups * 10 + d)
     T = 7
@@ -68,7 +72,7 @@ def _store_args(**over):
 @pytest.mark.parametrize("over, match", [
     ({"k_scale": None}, "int4 cache needs k_scale float16 \\(5, 4, 3, 'G', 2\\).*NoneType"),
     ({"v_scale": torch.zeros(P, S, HKV, 2, 2)}, "int4 cache needs v_scale float16.*got torch.float32"),
-    ({"k_scale": torch.zeros(P, S, HKV, 3, 2, dtype=torch.float16)}, "G in \\[1, 2\\].*\\(5, 4, 3, 3, 2\\)"),
+    ({"k_scale": torch.zeros(P, S, HKV, 3, 2, dtype=torch.float16)}, "G in \\[1, 2, 4, 8, 16, 32\\].*\\(5, 4, 3, 3, 2\\)"),
     ({"k_scale": torch.zeros(P, S, HKV, 2, dtype=torch.float16)}, "int4 cache needs k_scale"),
     ({"v_scale": torch.zeros(P, S, HKV, 1, 2, dtype=torch.float16)}, "share shape and strides"),
     ({"k_cache": torch.zeros(P, S, HKV, 12, dtype=torch.uint8), "v_cache": torch.zeros(P, S, HKV, 12, dtype=torch.uint8)},
