@@ -208,6 +208,9 @@ def find_cascade_groups(page_tables: Sequence[Sequence[int]], seq_lens: Sequence
         if rows and not (0 <= rows[0] and rows[-1] < B):
             raise ValueError(f"rows must lie in [0, {B})")
     cap = [min(len(page_tables[b]), max(seq_lens[b] - ql[b], 0) // page_size) for b in range(B)]
+    firsts = [page_tables[b][0] for b in rows if cap[b]]
+    if len(set(firsts)) == len(firsts):  # no two rows share their first page: no group (O(B), the common case)
+        return None
     order = _postorder(_build(page_tables, cap, list(rows)))
     if not order:
         return None
