@@ -61,10 +61,16 @@ def test_cascade_rule_follows_the_kv_dtype() -> None:
         assert LLM(cfg, dtype="float32", kv_dtype=kv_dtype, num_pages=16, cascade=True).scheduler.cascade_rule == rule
 
 
-def test_cascade_steps_do_not_fit_cuda_graphs() -> None:
+def test_cascade_steps_fit_cuda_graphs_only_with_cascade_buffers_and_few_groups() -> None:
+    from radixkv.engine.cascade_inputs import MAX_GROUPS, CascadeInputs
+
     batch = Batch(requests=[object()], input_ids=[5], positions=[0], q_start=[0], q_lens=[1], seq_lens=[1],
                   page_tables=[[0]], slots=[0], sample=[True], page_size=4)
-    graphs = types.SimpleNamespace(max_rows=8, max_pages=8)
+    graphs = types.SimpleNamespace(max_rows=8, max_pages=8, _cascade=None)
     assert DecodeGraphs.fits(graphs, batch)
-    batch.cascade = object()  # type: ignore[assignment]
-    assert not DecodeGraphs.fits(graphs, batch)
+    batch.cascade = types.SimpleNamespace(one_level=[object()] * 2)  # type: ignore[assignment]
+    assert not DecodeGraphs.fits(graphs, batch)  # an engine built without cascade=True
+    graphs._cascade = CascadeInputs(8, 8, 4, 0, torch.device("cpu"))
+    assert DecodeGraphs.fits(graphs, batch)
+    batch.cascade.one_level = [object()] * (MAX_GROUPS + 1)
+    assert not DecodeGraphs.fits(graphs, batch)  # more groups than the static plan holds: eager
