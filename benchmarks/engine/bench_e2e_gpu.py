@@ -198,7 +198,7 @@ ROW_KEYS = ("workload", "config", "batch", "step_ms", "floor_ms", "output_tokens
             "ttft_p50_s", "ttft_p99_s", "hit_rate", "peak_pages", "pool_pages", "cpu_frac_per_step",
             "max_concurrency")
 WORKLOADS = ("few-shot", "multi-turn", "trace", "no-sharing")
-CONFIGS = ("cache-on-bf16", "cache-off-bf16", "cache-on-fp8", "hf-generate")
+CONFIGS = ("cache-on-bf16", "cache-off-bf16", "cache-on-fp8", "cache-on-bf16-cascade", "hf-generate")
 HF_WORKLOADS = ("few-shot", "no-sharing")  # static prompt lists: what a batched generate() serves
 
 
@@ -276,6 +276,7 @@ def run_workload(llm: LLM, name: str, config: str, arrivals: list[Arrival],
     schedule, update = _Timed(sched.schedule), _Timed(sched.update)
     sched.schedule, sched.update = schedule, update
     m0 = (sched.metrics.prompt_tokens, sched.metrics.hit_tokens)
+    c0 = llm.attention.cascade_steps  # decode steps through the cascade kernels (cascade=True)
     pending = deque(sorted(arrivals, key=lambda a: a.due_s))
     sent: dict[int, tuple[float, Any]] = {}  # rid -> (time sent, key)
     no_token: list[Request] = []  # sent, no output token yet
@@ -337,7 +338,7 @@ def run_workload(llm: LLM, name: str, config: str, arrivals: list[Arrival],
         ttft_p50_s=_pct(ttft, 0.5), ttft_p99_s=_pct(ttft, 0.99),
         hit_rate=round((sched.metrics.hit_tokens - m0[1]) / max(1, prompt_tokens), 4), prompt_tokens=prompt_tokens,
         peak_pages=peak, pool_pages=llm.num_pages, cpu_frac_per_step=round((schedule.total + update.total) / wall, 4),
-        max_concurrency=concurrency, **extra))
+        max_concurrency=concurrency, cascade_steps=llm.attention.cascade_steps - c0, **extra))
 
 
 def _fold(tokens: Any, vocab: int) -> list[int]:
@@ -527,8 +528,9 @@ def workloads_part(device: torch.device, a: argparse.Namespace, emit: Any, done:
                 emit(hf_generate_row(cfg, device, w, prompts, sz.new, sz.hf_batch))
                 _free(device)
             continue
-        kw: dict[str, Any] = (dict(enable_prefix_caching=False) if config == "cache-off-bf16"
-                              else dict(kv_dtype="fp8_e4m3") if config == "cache-on-fp8" else {})
+        kw: dict[str, Any] = {"cache-off-bf16": dict(enable_prefix_caching=False),
+                              "cache-on-fp8": dict(kv_dtype="fp8_e4m3"),
+                              "cache-on-bf16-cascade": dict(cascade=True)}.get(config, {})
         num_pages = KVStore.pages_for_budget(budget, 16, L, H, D, kw.get("kv_dtype", "bfloat16"))
         t = time.perf_counter()
         llm = LLM(cfg, dtype="bfloat16", device=device, num_pages=num_pages, **kw)
