@@ -3,9 +3,13 @@
 A cascade step (Batch.cascade, one level: groups of rows sharing a page run, then each row's own pages)
 is replayed from a graph keyed by buckets of its shape, so one graph serves every step of a workload:
 
-    key = (groups G rounded up to a power of two <= MAX_GROUPS, rows of the largest group rounded up to
-           a power of two, the longest prefix in pages rounded up to a power of two, the longest suffix
-           in tokens rounded up to a power of two)
+    key = (groups G rounded up to a power of two <= MAX_GROUPS, the rows' bucket (a group may hold all
+           of them), the longest prefix in pages rounded up to a power of two, the longest suffix in
+           tokens rounded up to a power of two)
+
+and DecodeGraphs pads a cascade step's rows to a power-of-two bucket: a graph is captured on the first
+step of each new key, so the key has few values a workload can reach (a batch shrinking one row a step
+as its requests finish would otherwise capture a graph a step).
 
 The kernels' launch grids and split counts depend only on the key: the prefix kernel's grid on the groups
 and group rows buckets, its splits on the prefix bucket (the width of the prefix table view), the suffix
@@ -100,9 +104,7 @@ class CascadeInputs:
             longest = max(longest, int(slens[b]))
         slens[B:bucket] = 1  # padding rows: one token on the scratch page
         spages[B:bucket, 0] = self.scratch_page
-        biggest = max(len(m) for m, _ in groups)
-        return CascadeKey(key_groups, min(bucket, pow2_at_least(biggest)),
-                          pow2_at_least(max(n for _, n in groups) // ps), pow2_at_least(longest))
+        return CascadeKey(key_groups, bucket, pow2_at_least(max(n for _, n in groups) // ps), pow2_at_least(longest))
 
     def upload(self, turn: int) -> None:
         """Copy pinned buffer `turn` to the device buffer (stream-ordered, one transfer)."""

@@ -82,6 +82,11 @@ class DecodeGraphs:
 
             self._cascade = CascadeInputs(R, W, kv.page_size, scratch_page, kv.device)
 
+    @property
+    def num_graphs(self) -> int:
+        """Graphs captured so far (plain buckets at start-up, the rest on first use)."""
+        return len(self._graphs)
+
     def fits(self, batch: Batch) -> bool:
         """Whether this step can be replayed: decode-only, every row samples, within the buffers; a cascade
         step only with cascade=True and at most MAX_GROUPS groups."""
@@ -95,10 +100,11 @@ class DecodeGraphs:
         """The step's logits [B, V] float32 (a view into the graph's output: use before the next step).
         input_ids: int64 [B] on the device, in place of batch.input_ids (a step scheduled ahead)."""
         B = len(batch.requests)
-        bucket = next(b for b in self.buckets if b >= B)
+        cascade = batch.cascade is not None  # power-of-two buckets only: fewer cascade keys (cascade_inputs.py)
+        bucket = next(b for b in self.buckets if b >= B and (not cascade or b & (b - 1) == 0 or b == self.max_rows))
         self._fill(bucket, batch.input_ids, batch.positions, batch.seq_lens, batch.slots, batch.page_tables)
         key: tuple = (bucket, _pow2_at_least(self.attention.decode_splits(bucket, max(batch.seq_lens))))
-        if batch.cascade is not None:
+        if cascade:
             key = (bucket, self._cascade.fill(self._turn, bucket, batch.cascade.plan_groups(), batch.page_tables,
                                               batch.seq_lens))
             self._cascade.upload(self._turn)
@@ -108,7 +114,7 @@ class DecodeGraphs:
         graph, logits = self._graph(key)
         graph.replay()
         self.replays += 1
-        if batch.cascade is not None:
+        if cascade:
             self.cascade_replays += 1
             self.attention.cascade_steps += 1
         return logits[:B]

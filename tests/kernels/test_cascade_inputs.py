@@ -36,11 +36,11 @@ def test_static_plan_equals_paged_decode_across_refills():
     inputs = CascadeInputs(max_rows=12, max_pages=16, page_size=ps, scratch_page=num_pages - 1,
                            device=torch.device("cpu"))
     key = _step(inputs, 0, 8, [(3, 3), (2, 1), (1, 2)], 1, ps, gen, kc, vc, num_pages)
-    assert key == CascadeKey(groups=4, group_rows=4, prefix_pages=4, suffix_len=key.suffix_len)
+    assert key == CascadeKey(groups=4, group_rows=8, prefix_pages=4, suffix_len=key.suffix_len)
     # the other buffer, then the first again with fewer groups: padding groups hide the stale ones
     _step(inputs, 1, 12, [(4, 2), (5, 5)], 2, ps, gen, kc, vc, num_pages)
     key = _step(inputs, 0, 4, [(2, 2)], 1, ps, gen, kc, vc, num_pages)
-    assert key.groups == 1 and key.group_rows == 2
+    assert key.groups == 1 and key.group_rows == 4
 
 
 def test_more_groups_than_the_buffers_do_not_fit():
