@@ -169,6 +169,12 @@ class LLM:
         cap = self.config.max_model_len
         return self.spec.max_position if cap is None else min(cap, self.spec.max_position)
 
+    @property
+    def dead(self) -> bool:
+        """True once the engine can serve nothing more (its tensor-parallel ranks were shut down after a
+        failure); a server should then stop and report unhealthy."""
+        return self.tp is not None and self.tp.failed
+
     def close(self) -> None:
         """Stop the tensor-parallel worker ranks, if any (idempotent; also run by `with LLM(...)`, when the
         LLM is garbage-collected, and at interpreter exit)."""

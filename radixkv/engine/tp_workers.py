@@ -192,19 +192,22 @@ class TensorParallel:
         self.steps += 1
         remote = dataclasses.replace(batch, requests=[None] * len(batch.requests))  # type: ignore[list-item]
         payload = pickle.dumps(_Step(self.steps, use_graphs, remote), protocol=pickle.HIGHEST_PROTOCOL)
-        for w in self.workers:
-            try:
-                w.conn.send_bytes(payload)
-            except OSError as e:  # its end closed: it exited
-                raise self._failure(e) from e
         try:
+            # from the first byte sent on, the workers may be in the step: anything that stops rank 0 before its
+            # forward is done (a Ctrl-C in the send, an error in its forward) leaves them out of step with it,
+            # and a later step's collectives would pair with theirs silently, so the engine is shut down
+            for w in self.workers:
+                try:
+                    w.conn.send_bytes(payload)
+                except OSError as e:  # its end closed: it exited
+                    raise self._failure(e) from e
             return local(batch, use_graphs)
         except TensorParallelError:
             raise
         except BaseException as e:
             self._fail(TensorParallelError(
-                f"tensor parallel: rank 0's forward raised {type(e).__name__} in step {self.steps}, leaving the "
-                f"workers mid-step; they were shut down, build a new LLM", rank=0))
+                f"tensor parallel: rank 0 stopped in step {self.steps} ({type(e).__name__}), leaving the workers "
+                f"mid-step; they were shut down, build a new LLM", rank=0))
             raise
 
     def _await_hello(self) -> None:
@@ -229,6 +232,11 @@ class TensorParallel:
     def inject_fault(self, rank: int, kind: Fault) -> None:
         """Tests: make worker `rank` act out `kind` at its next step."""
         self.workers[rank - 1].conn.send_bytes(pickle.dumps(_FaultMsg(kind)))
+
+    @property
+    def failed(self) -> bool:
+        """The ranks were shut down after a failure: this engine serves nothing more."""
+        return self._error is not None
 
     def _check(self) -> None:
         """Raise the engine's failure, or find a worker that died or reported while idle."""

@@ -276,6 +276,8 @@ class AsyncLLM:
         try:
             llm.step()
         except Exception as err:  # noqa: BLE001 - the step was undone; fail its suspects
+            if getattr(llm, "dead", False):  # nothing more can run (a tensor-parallel rank failed): end the loop, /health says so
+                raise
             self._step_failed(err)
             return
         self._failures = 0

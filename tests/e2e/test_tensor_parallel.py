@@ -81,8 +81,31 @@ def test_a_failing_worker_is_reported_not_a_hang(fault) -> None:
         llm.tp.inject_fault(1, Fault.HANG)
         _fails_fast(llm, r"rank\(s\) \[1\] did not answer in step 9 within dist_timeout_s=2s", 12)
     assert _gone(pid), "the failed engine's worker is still running"
+    assert llm.dead  # a server ends its loop on this (serve/async_engine.py)
     with pytest.raises(TensorParallelError, match="shut down after a failure"):  # at once, every later call
         llm.generate([[1, 2, 3]], GREEDY)
+    llm.close()
+
+
+def test_an_interrupt_after_the_step_was_sent_shuts_the_ranks_down() -> None:
+    """A Ctrl-C in rank 0 once a worker has the step (here: raised by the send itself) must not leave the
+    worker a step ahead: later collectives would pair silently with the wrong step. The engine is shut down."""
+    llm = _llm(tiny_config("llama"), 2)
+    pid = llm.tp.worker_pids[0]
+    conn = llm.tp.workers[0].conn
+    real = conn.send_bytes
+
+    def send_then_interrupt(data):
+        real(data)
+        raise KeyboardInterrupt
+
+    llm.add_requests([[1, 2, 3]], GREEDY)
+    conn.send_bytes = send_then_interrupt
+    with pytest.raises(KeyboardInterrupt):
+        llm.step()
+    assert llm.dead and _gone(pid)
+    with pytest.raises(TensorParallelError, match="shut down after a failure"):
+        llm.step()
     llm.close()
 
 

@@ -113,6 +113,36 @@ def test_a_step_failing_with_no_suspect_backs_off(engine) -> None:
     assert _idle_and_whole(engine)
 
 
+def test_a_step_failing_on_a_dead_engine_stops_the_loop(engine) -> None:
+    """A failure after which the LLM can serve nothing (a tensor-parallel rank died: LLM.dead) ends the loop,
+    so /health reports it, instead of failing every later request one step at a time."""
+    from radixkv.serve.async_engine import EngineDeadError
+
+    llm = engine.llm
+
+    def failing(now):
+        type(llm).dead = property(lambda self: True)  # the failure killed the engine
+        raise RuntimeError("rank 1 died")
+
+    async def main():
+        llm.scheduler.schedule = failing
+        s = await engine.add_request("abc", SamplingParams(temperature=0.0, max_tokens=2))
+        with pytest.raises(EngineDeadError):
+            async for _ in s:
+                pass
+
+    real_dead = type(llm).dead
+    try:
+        asyncio.run(main())
+        deadline = time.monotonic() + 5
+        while engine.is_running and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not engine.is_running and "rank 1 died" in repr(engine._dead)
+    finally:
+        type(llm).dead = real_dead
+        llm.scheduler.__dict__.pop("schedule", None)
+
+
 def test_n_above_one_is_refused_before_anything_is_queued(engine) -> None:
     async def main():
         with pytest.raises(ValueError, match="n=3"):
