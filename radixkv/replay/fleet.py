@@ -192,7 +192,7 @@ def replay_fleet(requests: Sequence[TraceRequest], cfg: ReplayConfig, num_replic
         raise ValueError("a fleet replay is simulated: cfg.sequential must be False")
     t0 = time.perf_counter()
     reqs, rejected, num_pages = simulated_requests(requests, cfg)
-    fleet = simulate_fleet(reqs, num_replicas, make_router(router, num_replicas), num_pages, cfg.page_size,
+    fleet = simulate_fleet(reqs, num_replicas, make_router(router, num_replicas, cfg.page_size), num_pages, cfg.page_size,
                            cfg.scheduler_config(), cost or CostModel(), burst=cfg.burst,
                            progress=None if progress is None else RunningTotal(progress))
     if progress is not None and rejected:

@@ -93,6 +93,7 @@ class PrefixRouter:
     balance: float = 1.15  # cap on served requests: balance x the mean so far, plus slack
     slack: int = 2
     backlog_weight: float = 1.0  # tokens of backlog worth one token of prefix hit
+    block_size: int | None = None  # the replicas' page size: lets a routed prompt's blocks be expected at once
     kind = RouterKind.PREFIX
 
     def __post_init__(self) -> None:
@@ -100,7 +101,7 @@ class PrefixRouter:
             raise ValueError(f"balance must be >= 1.0 (a cap below the mean), got {self.balance}")
         if self.slack < 0 or self.backlog_weight < 0:
             raise ValueError(f"slack and backlog_weight must be >= 0, got {self.slack}, {self.backlog_weight}")
-        self.index = PrefixIndex(self.num_replicas)
+        self.index = PrefixIndex(self.num_replicas, self.block_size)
 
     def observe(self, replica: int, batch: KVEventBatch) -> None:
         self.index.apply(replica, batch)
@@ -121,15 +122,17 @@ class PrefixRouter:
             open_ = list(range(self.num_replicas))
         n = len(tokens)
         w = self.backlog_weight
-        return min(open_, key=lambda r: (w * loads[r].backlog_tokens + n - hits[r], -hits[r], loads[r].served, r))
+        choice = min(open_, key=lambda r: (w * loads[r].backlog_tokens + n - hits[r], -hits[r], loads[r].served, r))
+        self.index.expect(choice, tokens, namespace)  # followers go here before its events arrive
+        return choice
 
 
-def make_router(kind: RouterKind, num_replicas: int) -> Router:
-    """A fresh router of `kind` for `num_replicas` replicas."""
+def make_router(kind: RouterKind, num_replicas: int, block_size: int | None = None) -> Router:
+    """A fresh router of `kind` for `num_replicas` replicas (of `block_size`-token pages, when known)."""
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
     if kind is RouterKind.PREFIX:
-        return PrefixRouter(num_replicas)
+        return PrefixRouter(num_replicas, block_size=block_size)
     if kind is RouterKind.ROUND_ROBIN:
         return RoundRobinRouter()
     if kind is RouterKind.LEAST_LOADED:

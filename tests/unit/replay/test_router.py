@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from radixkv.cache import PagePool, RadixCache
-from radixkv.cache.events import BlockRemoved, QueuePublisher
+from radixkv.cache.events import BlockRemoved, KVEventBatch, QueuePublisher, chain_hashes, namespace_seed
 from radixkv.config import SchedulerConfig
 from radixkv.replay.cost_model import CostModel
 from radixkv.replay.fleet import replay_fleet, simulate_fleet
@@ -88,6 +88,21 @@ def test_prefix_router_prefers_the_replica_holding_the_prefix():
     # a replica past the cap on requests served is passed over
     capped = [ReplicaLoad(0, 0, 0, 1), ReplicaLoad(0, 0, 0, 1), ReplicaLoad(0, 0, 0, 10)]
     assert router.route(arr([7] * 16), None, capped) == 0
+
+
+def test_a_burst_sharing_a_prefix_follows_the_first_request_before_any_event():
+    """Nothing has run yet (no events): the prefix router expects the first prompt's blocks where it sent it,
+    so followers with the same prefix go there too (within the cap), and other prefixes go elsewhere."""
+    router = PrefixRouter(2, block_size=16, balance=10.0)
+    loads = [IDLE, IDLE]
+    shared = [7] * 32
+    first = router.route(arr(shared + [1]), None, loads)
+    assert [router.route(arr(shared + [i, 9]), None, loads) for i in range(3)] == [first] * 3
+    other = router.route(arr([5] * 32), None, loads)
+    assert router.index.matched_blocks(arr([5] * 32))[other] == 2
+    # an eviction event of the expected blocks ends the expectation
+    router.observe(first, KVEventBatch(0.0, [BlockRemoved(chain_hashes(arr(shared), 16, namespace_seed(None)))]))
+    assert router.index.matched_blocks(arr(shared))[first] == 0
 
 
 def test_make_router_and_bad_settings():
