@@ -64,8 +64,9 @@ from .parallel import CollectiveError, TensorParallelError, TPGroup, check_shard
 from .weights import ModelSpec
 
 _STOP_GRACE_S = 10.0  # a worker asked to stop gets this long to exit before it is terminated
-_REPORT_GRACE_S = 3.0
-_START_TIMEOUT_S = 600.0  # start-up (imports, weights, CUDA graphs) gets at least this long, whatever dist_timeout_s  # after a failed collective, how long rank 0 waits for the workers' reports
+_REPORT_GRACE_S = 3.0  # after a failed collective, how long rank 0 waits for the workers' reports
+_START_TIMEOUT_S = 600.0  # start-up (imports, weights, CUDA graphs) gets at least this long, whatever dist_timeout_s
+_DIRECT_SEND_BYTES = 64 << 10  # a step this small fits a pipe's buffer: sent without a deadline thread
 
 
 class Fault(enum.Enum):
@@ -110,7 +111,7 @@ class _Failed:
 @dataclasses.dataclass
 class _Worker:
     rank: int
-    proc: Any  # multiprocessing Process (spawn context)
+    proc: Any  # multiprocessing Process (forkserver context)
     conn: connection.Connection
     report: _Failed | None = None
 
@@ -197,10 +198,7 @@ class TensorParallel:
             # forward is done (a Ctrl-C in the send, an error in its forward) leaves them out of step with it,
             # and a later step's collectives would pair with theirs silently, so the engine is shut down
             for w in self.workers:
-                try:
-                    w.conn.send_bytes(payload)
-                except OSError as e:  # its end closed: it exited
-                    raise self._failure(e) from e
+                self._send(w, payload)
             return local(batch, use_graphs)
         except TensorParallelError:
             raise
@@ -209,6 +207,35 @@ class TensorParallel:
                 f"tensor parallel: rank 0 stopped in step {self.steps} ({type(e).__name__}), leaving the workers "
                 f"mid-step; they were shut down, build a new LLM", rank=0))
             raise
+
+    def _send(self, w: _Worker, payload: bytes) -> None:
+        """Hand a step to worker w within dist_timeout_s. A payload larger than the pipe's buffer blocks until
+        the worker reads it, so a worker stuck outside a collective (stopped, swapped out) would hang rank 0:
+        such a send runs on a thread that rank 0 waits for with the deadline."""
+        if len(payload) <= _DIRECT_SEND_BYTES:
+            try:
+                w.conn.send_bytes(payload)
+            except OSError as e:  # its end closed: it exited
+                raise self._failure(e) from e
+            return
+        errors: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                w.conn.send_bytes(payload)
+            except BaseException as e:  # noqa: BLE001 - handed to rank 0's caller below
+                errors.append(e)
+
+        sender = threading.Thread(target=send, name=f"radixkv-tp-send-{w.rank}", daemon=True)
+        sender.start()
+        sender.join(self.timeout_s)
+        if sender.is_alive():  # the worker does not read: blamed as a rank that did not answer
+            raise self._failure(TimeoutError(f"rank {w.rank} did not take step {self.steps} within "
+                                             f"{self.timeout_s:g}s"))
+        if errors:
+            if isinstance(errors[0], OSError):
+                raise self._failure(errors[0]) from errors[0]
+            raise errors[0]
 
     def _await_hello(self) -> None:
         """Wait until every worker is up (imports done, about to join the group) or one of them failed."""

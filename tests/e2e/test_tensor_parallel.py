@@ -109,6 +109,21 @@ def test_an_interrupt_after_the_step_was_sent_shuts_the_ranks_down() -> None:
     llm.close()
 
 
+def test_a_worker_that_stops_reading_is_reported_not_a_hang() -> None:
+    """A step too large for the pipe's buffer, to a worker stopped outside any collective (SIGSTOP): the send
+    itself would block forever; it is bounded by dist_timeout_s and blamed on that rank."""
+    llm = LLM(tiny_config("llama"), dtype="float32", device="cpu", page_size=16, num_pages=4200,
+              tensor_parallel_size=2, max_num_batched_tokens=65536, dist_timeout_s=2.0)
+    pid = llm.tp.worker_pids[0]
+    llm.add_requests([[3 + i % 100] * 480 for i in range(128)], GREEDY)  # ~61k prefill tokens in one step
+    os.kill(pid, signal.SIGSTOP)
+    t = time.monotonic()
+    with pytest.raises(TensorParallelError, match=r"rank\(s\) \[1\] did not answer"):
+        llm.step()
+    assert time.monotonic() - t < 10 and llm.dead and _gone(pid)
+    llm.close()
+
+
 def test_heads_that_do_not_split_are_refused_before_any_process_starts() -> None:
     with pytest.raises(ValueError, match=r"tensor_parallel_size 4 must divide the model's num_key_value_heads \(2\)"):
         _llm(tiny_config("llama"), 4)
