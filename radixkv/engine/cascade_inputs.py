@@ -106,9 +106,11 @@ class CascadeInputs:
         spages[B:bucket, 0] = self.scratch_page
         return CascadeKey(key_groups, bucket, pow2_at_least(max(n for _, n in groups) // ps), pow2_at_least(longest))
 
-    def upload(self, turn: int) -> None:
-        """Copy pinned buffer `turn` to the device buffer (stream-ordered, one transfer)."""
-        self._dev.copy_(self._hosts[turn], non_blocking=True)
+    def upload(self, turn: int, bucket: int) -> None:
+        """Copy pinned buffer `turn` to the device buffer (stream-ordered, one transfer), up to the suffix
+        table's first `bucket` rows: the rows past them are never read."""
+        end = self._n - (self.max_rows - bucket) * self.max_pages
+        self._dev[:end].copy_(self._hosts[turn][:end], non_blocking=True)
 
     def plan(self, bucket: int, key: CascadeKey) -> CascadePlan:
         """The CascadePlan of a `bucket`-row step of this key: views of the device buffer (static addresses)."""

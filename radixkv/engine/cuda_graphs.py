@@ -107,7 +107,7 @@ class DecodeGraphs:
         if cascade:
             key = (bucket, self._cascade.fill(self._turn, bucket, batch.cascade.plan_groups(), batch.page_tables,
                                               batch.seq_lens))
-            self._cascade.upload(self._turn)
+            self._cascade.upload(self._turn, bucket)
         self._upload(bucket)
         if input_ids is not None:
             self._dev[:B].copy_(input_ids)

@@ -19,7 +19,7 @@ def _step(inputs, turn, bucket, groups, lone, ps, gen, kc, vc, num_pages):
     tables, lens, spec, _ = _batch(groups, lone, ps, gen)
     assert max(max(t) for t in tables) < num_pages - 1
     key = inputs.fill(turn, bucket, spec, tables, lens)
-    inputs.upload(turn)
+    inputs.upload(turn, bucket)
     plan = inputs.plan(bucket, key)
     B = len(lens)
     q = torch.randn(bucket, 4, 16, generator=gen, dtype=torch.float32)
