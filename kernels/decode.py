@@ -24,7 +24,8 @@ place (code * 2^(bits * plane), the power of two folded into its scale), set as 
 of 1024.0, and 1024.0 subtracted; 16-bit q is used in float16 (bf16 q is converted).
 Where dispatch.fp8_decode_gluon holds (FP8 pages on sm_89+ GPUs, shapes it takes), FP8 launches
 without an explicit config go to paged_decode_fp8's Gluon kernel instead (same outputs, faster than
-bf16 decode; figures in benchmarks/RESULTS.md).
+bf16 decode; figures in benchmarks/RESULTS.md). Likewise INT4 pages of head_dim 128 in two groups
+(KVStore's) go to paged_decode_int4's (decode_int4_gluon.py) where dispatch.int4_decode_gluon holds.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .dispatch import fp8_decode_gluon
+from .dispatch import fp8_decode_gluon, int4_decode_gluon
 from .intq import groups_per_plane, planes, planes_per_group
 from .launch import (
     LOG2E,
@@ -377,6 +378,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
     if B == 0:
         return out
     gluon_fp8 = fp8 and config is None and fp8_decode_gluon(q, k_cache, v_cache, out)
+    gluon_int4 = bits == 4 and config is None and int4_decode_gluon(q, k_cache, v_cache, k_scale, v_scale, out)
     config = config or default_config(KernelKind.DECODE, q, k_cache)
     block_d = max(16, triton.next_power_of_2(d))
     if num_splits > 1:
@@ -384,7 +386,12 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
         mid_lse = torch.empty(B, hq, num_splits, dtype=torch.float32, device=q.device)
     else:
         mid_o = mid_lse = out  # placeholders, never touched with one split
-    if bits:
+    if gluon_int4:
+        from .decode_int4_gluon import launch as launch_int4
+
+        launch_int4(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale * LOG2E, num_splits, out,
+                    mid_o, mid_lse)
+    elif bits:
         _launch_int(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale, num_splits, out,
                     mid_o, mid_lse, config, bits)
     elif gluon_fp8:

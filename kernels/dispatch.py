@@ -177,13 +177,67 @@ def fp8_decode_gluon(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor) -
 
 
 def decode_warps_per_sm(q_dtype: torch.dtype, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
-                        group: int) -> int:
+                        group: int, head_dim: int = 0) -> int:
     """choose_num_splits' warps_per_sm for decode of q_dtype queries (GQA group `group`) over caches of
-    this layout (one layer's; every layer shares it): paged_decode_fp8's programs resident per SM
-    where paged_decode runs that kernel, else 0 (the Triton kernel's split rule)."""
+    this layout (one layer's; every layer shares it): the one-warp programs of paged_decode_fp8 or
+    paged_decode_int4 resident per SM where paged_decode runs one of them, else 0 (the Triton kernel's
+    split rule). head_dim: q's (needed to tell INT4 pages from INT2 ones of the same width)."""
+    if _int4_gluon_caches(q_dtype, head_dim, k_cache, v_cache, k_scale, k_scale, group):
+        regs = int4_max_registers(group, fp8_offsets_64(k_cache, k_scale.flatten(3).view(torch.int64)),
+                                  k_cache.shape[1])
+        return 4 * (16384 // (32 * (-(-regs // 8) * 8)))
     if not _fp8_gluon_caches(q_dtype, k_cache, v_cache, group):
         return 0
     return resident_warps_per_sm(k_cache.shape[3], group, fp8_offsets_64(k_cache, k_scale), k_cache.shape[1])
+
+
+# ----------------------------------------------------------------------------- INT4 decode
+def int4_max_registers(group: int, off64: bool = False, page_size: int = 16) -> int:
+    """Register cap (maxnreg) of a paged_decode_int4 program (decode_int4_gluon.py): FP8's rule
+    (max_registers) at head_dim 128, whose K/V tiles take as many registers as INT4's two planes."""
+    return max_registers(128, group, off64, False, page_size)
+
+
+@functools.cache
+def _gluon_int4_gpu(index: int) -> bool:
+    """GPU `index` has mma.m16n8k16 (sm_80+) and this Triton has the Gluon API decode_int4_gluon uses."""
+    if torch.cuda.get_device_capability(index) < (8, 0) or not _gluon_tested():
+        return False
+    try:
+        from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _int4_gluon_caches(q_dtype: torch.dtype, head_dim: int, k_cache: Tensor, v_cache: Tensor,
+                       k_scale: Tensor | None, v_scale: Tensor | None, group: int) -> bool:
+    # INT4 pages of head_dim 128 in two (scale, zero) groups, read as int32 words; each token-head's
+    # four fp16 (scale, zero) contiguous and 8-byte aligned, read as one int64 (decode_int4_gluon.pair_words).
+    if head_dim != 128 or k_cache.dtype != torch.uint8 or k_cache.device.type != "cuda" or q_dtype == torch.float32:
+        return False
+    if k_cache.shape[3] != 64 or k_scale is None or v_scale is None or not 1 <= group <= 16:
+        return False
+    for pages in (k_cache, v_cache):
+        if pages.stride(3) != 1 or any(st % 4 for st in pages.stride()[:3]) or pages.data_ptr() % 4:
+            return False
+    for pairs in (k_scale, v_scale):
+        if pairs.dim() != 5 or tuple(pairs.shape[3:]) != (2, 2) or pairs.stride(4) != 1 or pairs.stride(3) != 2:
+            return False
+        if any(st % 4 for st in pairs.stride()[:3]) or pairs.data_ptr() % 8:
+            return False
+    return _gluon_int4_gpu(_index(k_cache.device))
+
+
+def int4_decode_gluon(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor,
+                      out: Tensor) -> bool:
+    """Whether paged_decode (given no explicit config) runs paged_decode_int4's Gluon kernel for these
+    checked INT arguments: INT4 pages of head_dim 128 in two groups (KVStore's), fp16/bf16 q, unit
+    head-dim strides of q and out, a GQA group of at most 16, an sm_80+ GPU and a Triton with the
+    Gluon API it was written for."""
+    if q.stride(2) != 1 or out.stride(2) != 1:
+        return False
+    return _int4_gluon_caches(q.dtype, q.shape[2], k_cache, v_cache, k_scale, v_scale, q.shape[1] // k_cache.shape[2])
 
 
 # ----------------------------------------------------------------------------- splits

@@ -45,7 +45,7 @@ INT2_DECODE_SHAPES = ((16, 4096), (64, 4096), (64, 16384), SMOKE_DECODE[0])  # i
 def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspace) -> list[dict]:
     """Every decode kernel timed two ways: L2 flushed before each call (time_fn) and round-robin over
     two pools of the same shape without a flush (time_rotated; the issue's method). Rows carry both."""
-    from radixkv.kernels.dispatch import choose_num_splits, fp8_decode_warps_per_sm
+    from radixkv.kernels.dispatch import choose_num_splits, decode_warps_per_sm, fp8_decode_warps_per_sm
     from radixkv.plan import kv_row_bytes
 
     rows = []
@@ -115,8 +115,10 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
             if name == "int2" and (batch, ctx) not in INT2_DECODE_SHAPES:
                 continue
             intq = [quantize_pool_int(p, bits, ops) for p in pools]
+            int_splits = choose_num_splits(batch, HKV, ctx, sms, warps_per_sm=decode_warps_per_sm(
+                q.dtype, intq[0][0], intq[0][1], intq[0][2], HQ // HKV, D))  # the engine's, by the kernel that runs
 
-            def run_int(i, intq=intq, pools=pools, q=q, splits=splits):
+            def run_int(i, intq=intq, pools=pools, q=q, splits=int_splits):
                 kq, vq, ks, vs = intq[i]
                 p = pools[i]
                 return lambda: ops.paged_decode(q, kq, vq, p.page_table, p.seq_lens, k_scale=ks, v_scale=vs,
@@ -125,7 +127,8 @@ def bench_decode(ops, ref, fi, dev, gen, ceil: Ceilings, smoke, shapes, workspac
             def int_err(out, bits=bits, intq=intq[0], q=q, pool=pool, check=check, batch=batch, sm=sm):
                 return check_rows_int(out, q, pool, intq, bits, check, [1] * batch, sm)
 
-            row("radixkv", name, run_int, 2 * batch * ctx * HKV * kv_row_bytes(D, name), kernel_err=int_err)
+            row("radixkv", name, run_int, 2 * batch * ctx * HKV * kv_row_bytes(D, name), kernel_err=int_err,
+                num_splits=int_splits)
             del intq
         del pools, pool
         if dev.type == "cuda":

@@ -3,7 +3,11 @@
 run times every shape); then INT4 at head_dim 64 (KVStore's groups of 16 values, smaller than a bit-plane: the
 kernels' per-column (scale, zero) path, radixkv.plan.kv_int_groups) against bf16 decode at 64 x 16k.
 
-    python benchmarks/kernels/check_int_kv.py
+Decode runs at the split count the engine would give it (dispatch.choose_num_splits for the kernel that runs:
+paged_decode_int4's one-warp Gluon programs for INT4 at head_dim 128). INT4 at head_dim 128 is also timed on
+the Triton INT kernel and over a few split counts of the Gluon kernel (--sweep).
+
+    python benchmarks/kernels/check_int_kv.py [--sweep] [--json OUT]
 """
 from __future__ import annotations
 
@@ -13,14 +17,25 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_checks import int_checks, quantize_pool_int
+from kernel_checks import check_rows_int, int_checks, quantize_pool_int
 from kernel_common import HQ, D, make_extend, make_pool, time_fn
 
 
-def decode_us(ops, q, pool, caches: tuple[torch.Tensor, ...] | None = None) -> float:
+def engine_splits(q, kc, vc, ks, ctx: int) -> int:
+    """The split count PagedAttention.plan would pass for this decode (by the kernel that will run)."""
+    from radixkv.kernels.dispatch import choose_num_splits, decode_warps_per_sm, sm_count
+
+    hkv = kc.shape[2]
+    warps = decode_warps_per_sm(q.dtype, kc, vc, ks, q.shape[1] // hkv, q.shape[2])
+    return choose_num_splits(q.shape[0], hkv, ctx, sm_count(q.device), warps_per_sm=warps)
+
+
+def decode_us(ops, q, pool, caches: tuple[torch.Tensor, ...] | None = None, splits: int | None = None,
+              config=None) -> float:
     kc, vc, ks, vs = caches if caches else (pool.k, pool.v, None, None)
-    return time_fn(lambda: ops.paged_decode(q, kc, vc, pool.page_table, pool.seq_lens, k_scale=ks, v_scale=vs),
-                   False).us
+    splits = splits or engine_splits(q, kc, vc, ks, int(pool.seq_lens.max()))
+    return time_fn(lambda: ops.paged_decode(q, kc, vc, pool.page_table, pool.seq_lens, k_scale=ks, v_scale=vs,
+                                            num_splits=splits, config=config), False).us
 
 
 def extend_us(ops, ext, caches: tuple[torch.Tensor, ...] | None = None) -> float:
@@ -32,36 +47,75 @@ def extend_us(ops, ext, caches: tuple[torch.Tensor, ...] | None = None) -> float
 
 
 def main() -> None:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweep", action="store_true", help="INT4 decode over split counts, code tricks and kernels")
+    ap.add_argument("--json", default=None, help="write the rows here")
+    a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("check_int_kv: needs a CUDA GPU")
     import radixkv.kernels as ops
     from radixkv.kernels import reference as ref
+    from radixkv.kernels.launch import KernelKind, default_config
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    for row in int_checks(ops, ref, dev, gen, False):
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
         print(row, flush=True)
+
+    for row in int_checks(ops, ref, dev, gen, False):
+        emit(row)
     pool = make_pool(64, 16384, dev, gen)
     q = torch.randn(64, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
     t16 = decode_us(ops, q, pool)
-    print(f"decode 64x16k bf16 {t16:.1f} us", flush=True)
+    emit({"decode": "64x16k", "kv": "bf16", "us": round(t16, 1), "splits": engine_splits(q, pool.k, pool.v, None, 16384)})
     for bits in (4, 2):
-        t = decode_us(ops, q, pool, quantize_pool_int(pool, bits, ops))
-        print(f"decode 64x16k int{bits} {t:.1f} us  speed-up {t16 / t:.2f}x", flush=True)
+        intq = quantize_pool_int(pool, bits, ops)
+        splits = engine_splits(q, intq[0], intq[1], intq[2], 16384)
+        t = decode_us(ops, q, pool, intq)
+        out = ops.paged_decode(q, *intq[:2], pool.page_table, pool.seq_lens, k_scale=intq[2], v_scale=intq[3],
+                               num_splits=splits)
+        err = check_rows_int(out, q, pool, intq, bits, [0, 31, 63], [1] * 64, D ** -0.5)
+        emit({"decode": "64x16k", "kv": f"int{bits}", "us": round(t, 1), "speedup": round(t16 / t, 2),
+              "splits": splits, "kernel_err": err})
+        if bits == 4 and a.sweep:
+            cfg = default_config(KernelKind.DECODE, q, intq[0])
+            for s in (1, splits):
+                emit({"sweep": "triton int4", "splits": s, "us": round(decode_us(ops, q, pool, intq, s, cfg), 1)})
+            for s in (2, 4, 6, 8):
+                emit({"sweep": "gluon int4", "splits": s, "us": round(decode_us(ops, q, pool, intq, s), 1)})
+        del intq
     del pool
     pool = make_pool(64, 16384, dev, gen, head_dim=64)
     q = torch.randn(64, HQ, 64, device=dev, dtype=torch.bfloat16, generator=gen)
     t16 = decode_us(ops, q, pool)
     t = decode_us(ops, q, pool, quantize_pool_int(pool, 4, ops))
-    print(f"decode 64x16k head_dim 64 bf16 {t16:.1f} us, int4 (groups of 16) {t:.1f} us  speed-up {t16 / t:.2f}x",
-          flush=True)
+    emit({"decode": "64x16k head_dim 64", "kv": "int4 (groups of 16)", "us": round(t, 1), "bf16_us": round(t16, 1),
+          "speedup": round(t16 / t, 2)})
     del pool
     ext = make_extend(8, 4096, 512, dev, gen)
     te = extend_us(ops, ext)
-    print(f"extend bf16 {ext.flops / te / 1e6:.1f} TFLOP/s", flush=True)
+    emit({"extend": "8x(4096+512)", "kv": "bf16", "tflops": round(ext.flops / te / 1e6, 1)})
     for bits in (4, 2):
         t = extend_us(ops, ext, quantize_pool_int(ext.pool, bits, ops))
-        print(f"extend int{bits} {ext.flops / t / 1e6:.1f} TFLOP/s  of bf16 {te / t:.2f}", flush=True)
+        emit({"extend": "8x(4096+512)", "kv": f"int{bits}", "tflops": round(ext.flops / t / 1e6, 1),
+              "of_bf16": round(te / t, 2)})
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    print("\n| what | kv | us / TFLOP/s | vs bf16 | splits | kernel err |")
+    for r in rows:
+        if "check" in r:
+            continue
+        print(f"| {r.get('decode') or r.get('extend') or r.get('sweep')} | {r.get('kv', '')} | "
+              f"{r.get('us', r.get('tflops'))} | {r.get('speedup', r.get('of_bf16', ''))} | {r.get('splits', '')} | "
+              f"{r.get('kernel_err', '')} |")
+    bad = [r["check"] for r in rows if "check" in r and not r["ok"]]
+    print(f"checks: {sum('check' in r for r in rows) - len(bad)} passed, failed: {bad}")
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ class PagedAttention:
         self.backend = _resolve(backend, kv.device)
         self._plan: AttentionPlan | None = None
         self._num_sms = dispatch.DEFAULT_NUM_SMS
-        self._decode_warps_per_sm = 0  # > 0: decode runs paged_decode_fp8's one-warp programs, this many per SM
+        self._decode_warps_per_sm = 0  # > 0: decode runs one-warp Gluon programs (FP8, INT4), this many per SM
         if self.backend is Backend.TRITON:
             from radixkv import kernels  # imports Triton only when it is used
 
@@ -96,7 +96,8 @@ class PagedAttention:
             self._num_sms = dispatch.sm_count(kv.device)
             k_scale, _ = kv.scales(0)  # every layer has the same layout
             self._decode_warps_per_sm = dispatch.decode_warps_per_sm(
-                kv.compute_dtype, kv.k_cache[0], kv.v_cache[0], k_scale, num_q_heads // kv.num_kv_heads)
+                kv.compute_dtype, kv.k_cache[0], kv.v_cache[0], k_scale, num_q_heads // kv.num_kv_heads,
+                head_dim)
         else:
             self._ops = None
         self.cascade_steps = 0  # steps planned as cascade decode (for tests and benchmarks)
