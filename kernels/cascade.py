@@ -32,6 +32,13 @@ v_scale [P, S, Hkv], any strides, e.g. KVStore's head-major pages) are dequantis
 decode.py: K scales multiply the score columns, V scales the probabilities. INT4/INT2 pages are not
 supported here yet. bf16 runs on the GPU only (the interpreter mis-computes bf16 dots; tests use fp16/fp32).
 Values of the index tensors are checked on CPU only (launch.py's rule); on CUDA they are the caller's.
+Triton specialisations (what a first launch compiles): every constexpr is fixed by the model and the KV
+dtype (GQA group, head_dim, page_size, tiles, FP8 or not), never by a step's rows, groups or lengths. The
+int arguments that vary with a step are the split counts and the strides and loop bounds derived from
+them (and, on eager plans, the prefix table's width); the prefix and merge kernels take those unspecialised
+(do_not_specialize: they only scale scattered one-float lse stores, a program_id division and loop
+bounds), so each compiles once per engine. The suffix decode is decode.py's kernel with SPLIT=True,
+specialised on its split count as Triton does for any int (== 1, divisible by 16, other): up to three.
 Engine: LLM(cascade=True) runs cascade_decode on decode steps (radixkv/engine/attention.py), replayed from CUDA
 graphs keyed by group-count buckets (radixkv/engine/cuda_graphs.py) or eagerly when a step does not fit them.
 """
@@ -111,7 +118,7 @@ def _prefix_tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo,
     return acc, m_new, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_ptg", "stride_lb", "stride_lh", "num_splits"])
 def _prefix_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, plen_ptr, gstart_ptr, grows_ptr, o_ptr, lse_ptr,
                    qk_scale,
                    stride_qb, stride_qh, stride_qd,
@@ -180,7 +187,7 @@ def _fold_state(m, l, acc, o_ptrs, lse_ptrs, h_mask, d_mask):
     return m_new, l * alpha + w, acc * alpha[:, None] + o * w[:, None]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_a", "num_b", "stride_lab", "stride_lah", "stride_lbb", "stride_lbh"])
 def _merge_kernel(oa_ptr, la_ptr, ob_ptr, lb_ptr, out_ptr, lse_out_ptr, num_heads, num_a, num_b,
                   stride_oab, stride_oah, stride_oas, stride_oad, stride_lab, stride_lah, stride_las,
                   stride_obb, stride_obh, stride_obs, stride_obd, stride_lbb, stride_lbh, stride_lbs,
@@ -232,6 +239,10 @@ class CascadePlan(NamedTuple):
     # host: every row is in a group (prefix states need no -inf init); None: len(group_rows) >= B decides.
     # A CUDA graph's static plan (engine/cuda_graphs.py) has padding rows and says False.
     all_rows_grouped: bool | None = None
+    # host: split counts frozen in the plan (a CUDA graph's, engine/cascade_inputs.py); None: cascade_decode
+    # picks them (default_prefix_splits, suffix_num_splits)
+    prefix_splits: int | None = None
+    suffix_splits: int | None = None
 
 
 def plan_cascade(page_tables: Sequence[Sequence[int]], seq_lens: Sequence[int],
@@ -352,12 +363,22 @@ def suffix_num_splits(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tens
     return choose_num_splits(q.shape[0], hkv, plan.max_suffix_len, sm_count(q.device), warps_per_sm=warps)
 
 
-def _prefix_config(q: Tensor, k_cache: Tensor) -> KernelConfig:
-    if q.device.type == "cpu":
+def _prefix_config(q_dtype: torch.dtype, k_cache: Tensor) -> KernelConfig:
+    if k_cache.device.type == "cpu":
         return CPU_TILES
-    if q.element_size() == 4 or k_cache.element_size() == 4:
+    if q_dtype.itemsize == 4 or k_cache.element_size() == 4:
         return PREFIX_FP32_GPU
     return PREFIX_FP8_GPU if k_cache.element_size() == 1 else PREFIX_GPU
+
+
+def default_prefix_splits(q_dtype: torch.dtype, k_cache: Tensor, num_q_heads: int, groups: int, rows: int,
+                          max_prefix_len: int, config: KernelConfig | None = None) -> int:
+    """cascade_prefix_attention's split count when given none (host arithmetic): `groups` groups over a
+    group_rows buffer of `rows` rows, q of num_q_heads heads, prefix tables max_prefix_len tokens wide."""
+    config = config or _prefix_config(q_dtype, k_cache)
+    hkv = k_cache.shape[2]
+    tiles = max(groups, triton.cdiv(rows * (num_q_heads // hkv), config.block_m))
+    return prefix_num_splits(tiles, hkv, max_prefix_len, sm_count(k_cache.device))
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -386,10 +407,9 @@ def cascade_prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix
     max_group_rows = R if max_group_rows is None else host_int(fn, "max_group_rows", max_group_rows)
     if q.device.type == "cpu" and G and max_group_rows < int((start[1:] - start[:-1]).max()):
         raise IndexValueError(f"{fn}: max_group_rows = {max_group_rows} is below the largest group's rows")
-    config = config or _prefix_config(q, k_cache)
+    config = config or _prefix_config(q.dtype, k_cache)
     if num_splits is None:
-        tiles = max(G, triton.cdiv(R * group, config.block_m))
-        num_splits = prefix_num_splits(tiles, hkv, pages.shape[1] * page_size, sm_count(q.device))
+        num_splits = default_prefix_splits(q.dtype, k_cache, hq, G, R, pages.shape[1] * page_size, config)
     num_splits = host_int(fn, "num_splits", num_splits, lo=1)
     f32 = {"dtype": torch.float32, "device": q.device}
     grouped = R >= B if all_rows_grouped is None else all_rows_grouped  # rows are unique (checked on CPU)
@@ -502,10 +522,13 @@ def cascade_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePla
                    suffix_config: KernelConfig | None = None, out: Tensor | None = None) -> Tensor:
     """paged_decode of q [B, Hq, D] over each row's whole sequence, computed as the plan's shared prefixes
     (once per group) + each row's suffix + the merge. Returns [B, Hq, D] in q's dtype (or `out`).
-    A plan with no groups is plain paged_decode over the suffix tables (the whole sequences)."""
+    A plan with no groups is plain paged_decode over the suffix tables (the whole sequences). Split counts:
+    the arguments, else the plan's (CascadePlan.prefix_splits / suffix_splits), else chosen here."""
     if not isinstance(plan, CascadePlan):
         raise ValueError(f"cascade_decode: plan must be a CascadePlan, got {type(plan).__name__}")  # noqa: TRY004
     g = plan.groups
+    prefix_splits = plan.prefix_splits if prefix_splits is None else prefix_splits
+    suffix_splits = plan.suffix_splits if suffix_splits is None else suffix_splits
     check_paged_args("cascade_decode", q, k_cache, v_cache, plan.suffix_pages, plan.suffix_lens, k_scale, v_scale)
     if suffix_splits is None:
         suffix_splits = suffix_num_splits(q, k_cache, v_cache, k_scale, plan)

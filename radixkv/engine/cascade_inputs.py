@@ -12,16 +12,21 @@ step of each new key, so the key has few values a workload can reach (a batch sh
 as its requests finish would otherwise capture a graph a step).
 
 The kernels' launch grids and split counts depend only on the key: the prefix kernel's grid on the groups
-and group rows buckets, its splits on the prefix bucket (the width of the prefix table view), the suffix
-decode's splits on the suffix bucket. One int32 buffer holds, for R rows, W pages a row and
-MAX_GROUPS groups (kernels/cascade.py names the tensors):
+and group rows buckets, its splits on those and the prefix bucket, the suffix decode's splits on the rows
+and suffix buckets. What a graph freezes is only that: grids, split counts (CascadePlan.prefix_splits /
+suffix_splits) and buffer views (the prefix table always MAX_GROUPS x W, read up to each prefix's length),
+so graphs are keyed by (bucket, CascadeGraphKey(groups, prefix splits, suffix splits)): steps of different
+prefix or suffix buckets with the same splits replay one graph, and the keys an engine can reach are few
+enough to capture at start-up (cascade_keys lists them; DecodeGraphs.warm_cascade). One int32 buffer holds,
+for R rows, W pages a row and MAX_GROUPS groups (kernels/cascade.py names the tensors):
 
     group_start [MAX_GROUPS + 1]  group_rows [R]  prefix_lens [MAX_GROUPS]  suffix_lens [R]
     prefix_pages [MAX_GROUPS, W]  suffix_pages [R, W]
 
 filled on the host in a pinned twin (two of them, alternate steps, as DecodeGraphs' inputs) and copied in
 one transfer. Padding groups have no rows and no prefix; padding rows (past the batch, up to the bucket)
-are in no group and attend one token of the scratch page, as plain decode's padding rows do.
+are in no group and attend one token of the scratch page, as plain decode's padding rows do
+(fill_padding: a step of padding rows only, for start-up captures).
 """
 from __future__ import annotations
 
@@ -46,8 +51,30 @@ class CascadeKey(NamedTuple):
     suffix_len: int
 
 
+class CascadeGraphKey(NamedTuple):
+    """What a cascade graph freezes besides its rows bucket (module docstring)."""
+
+    groups: int  # a power of two <= MAX_GROUPS
+    prefix_splits: int
+    suffix_splits: int
+
+
 def pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+def cascade_keys(buckets: Sequence[int], max_pages: int, page_size: int, min_rows: int,
+                 min_prefix_tokens: int) -> list[tuple[int, CascadeKey]]:
+    """Every (bucket, CascadeKey) a step of a group of >= min_rows rows sharing >= min_prefix_tokens tokens
+    can have, over the rows buckets a cascade step may take (DecodeGraphs: powers of two and the largest):
+    g groups need >= (g // 2 + 1) * min_rows rows; prefixes and suffixes of up to max_pages pages (a few
+    keys too many: a prefix and a suffix are not checked to fit one sequence together)."""
+    p_lo = pow2_at_least(-(-max(1, min_prefix_tokens) // page_size))
+    prefixes = [1 << i for i in range(p_lo.bit_length() - 1, pow2_at_least(max_pages).bit_length())]
+    suffixes = [1 << i for i in range(pow2_at_least(max_pages * page_size).bit_length())]
+    groups = [1 << i for i in range(MAX_GROUPS.bit_length())]
+    return [(b, CascadeKey(g, b, p, s)) for b in buckets for g in groups if b >= (g // 2 + 1) * max(1, min_rows)
+            for p in prefixes for s in suffixes]
 
 
 class CascadeInputs:
@@ -106,16 +133,24 @@ class CascadeInputs:
         spages[B:bucket, 0] = self.scratch_page
         return CascadeKey(key_groups, bucket, pow2_at_least(max(n for _, n in groups) // ps), pow2_at_least(longest))
 
+    def fill_padding(self, turn: int, bucket: int) -> None:
+        """Pinned buffer `turn` as a step of padding rows only: no group has rows or a prefix (the kernels
+        launch in any key's shape and write only the scratch page)."""
+        start, _, plens, slens, _, spages = self._parts(self._hosts_np[turn])
+        start[:], plens[:] = 0, 0
+        slens[:bucket], spages[:bucket, 0] = 1, self.scratch_page
+
     def upload(self, turn: int, bucket: int) -> None:
         """Copy pinned buffer `turn` to the device buffer (stream-ordered, one transfer), up to the suffix
         table's first `bucket` rows: the rows past them are never read."""
         end = self._n - (self.max_rows - bucket) * self.max_pages
         self._dev[:end].copy_(self._hosts[turn][:end], non_blocking=True)
 
-    def plan(self, bucket: int, key: CascadeKey) -> CascadePlan:
-        """The CascadePlan of a `bucket`-row step of this key: views of the device buffer (static addresses)."""
+    def plan(self, bucket: int, key: CascadeGraphKey) -> CascadePlan:
+        """The CascadePlan of a `bucket`-row step of this graph key: views of the device buffer (static
+        addresses) and the key's split counts."""
         start, rows, plens, slens, ppages, spages = self._parts(self._dev)
         G = key.groups
-        groups = CascadeGroups(start[:G + 1], rows[:bucket], ppages[:G, :min(key.prefix_pages, self.max_pages)],
-                               plens[:G], key.group_rows)
-        return CascadePlan(groups, spages[:bucket], slens[:bucket], key.suffix_len, False, all_rows_grouped=False)
+        groups = CascadeGroups(start[:G + 1], rows[:bucket], ppages[:G], plens[:G], bucket)
+        return CascadePlan(groups, spages[:bucket], slens[:bucket], self.max_pages * self.page_size, False,
+                           all_rows_grouped=False, prefix_splits=key.prefix_splits, suffix_splits=key.suffix_splits)

@@ -19,13 +19,18 @@ The decode kernel's split count is a launch parameter, frozen in a graph: graphs
 (bucket, splits) with the split count PagedAttention would choose rounded up to a power of two,
 and captured on first use (an eager run of the same step first, so Triton has compiled and
 the step's K/V are stored; storing them again on replay writes the same values).
-Cascade steps (Batch.cascade, with cascade=True) read a static cascade plan too (cascade_inputs.py)
-and are keyed by (bucket, CascadeKey); a step with more than MAX_GROUPS groups runs eagerly.
+Cascade steps (Batch.cascade, with cascade=True) read a static cascade plan too (cascade_inputs.py),
+padded to a power-of-two bucket, and are keyed by (bucket, CascadeGraphKey(groups bucket, prefix splits,
+suffix splits)); a step with more than MAX_GROUPS groups runs eagerly. warm_cascade, run at start-up
+after capture_all, captures every such key a cascade rule lets a step reach (padding rows only: their
+eager runs compile the cascade kernels' Triton specialisations, kernels/cascade.py), so no cascade step
+of a workload compiles a kernel or captures a graph.
 Graphs share one memory pool and run one at a time. Sampling runs after the graph, eagerly.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -35,6 +40,9 @@ from radixkv.batch import Batch
 
 from .attention import AttentionPlan, PagedAttention, Path
 from .model import LlamaModel
+
+if TYPE_CHECKING:  # the cascade modules import Triton: only an engine built with cascade=True loads them
+    from .cascade_inputs import CascadeGraphKey, CascadeKey
 
 
 def batch_buckets(max_rows: int) -> list[int]:
@@ -81,6 +89,7 @@ class DecodeGraphs:
             from .cascade_inputs import CascadeInputs  # imports the cascade kernels (Triton)
 
             self._cascade = CascadeInputs(R, W, kv.page_size, scratch_page, kv.device)
+        self.cascade_buckets = [b for b in self.buckets if b & (b - 1) == 0 or b == max_rows]
 
     @property
     def num_graphs(self) -> int:
@@ -101,12 +110,13 @@ class DecodeGraphs:
         input_ids: int64 [B] on the device, in place of batch.input_ids (a step scheduled ahead)."""
         B = len(batch.requests)
         cascade = batch.cascade is not None  # power-of-two buckets only: fewer cascade keys (cascade_inputs.py)
-        bucket = next(b for b in self.buckets if b >= B and (not cascade or b & (b - 1) == 0 or b == self.max_rows))
+        bucket = next(b for b in (self.cascade_buckets if cascade else self.buckets) if b >= B)
         self._fill(bucket, batch.input_ids, batch.positions, batch.seq_lens, batch.slots, batch.page_tables)
         key: tuple = (bucket, _pow2_at_least(self.attention.decode_splits(bucket, max(batch.seq_lens))))
         if cascade:
-            key = (bucket, self._cascade.fill(self._turn, bucket, batch.cascade.plan_groups(), batch.page_tables,
-                                              batch.seq_lens))
+            shape = self._cascade.fill(self._turn, bucket, batch.cascade.plan_groups(), batch.page_tables,
+                                       batch.seq_lens)
+            key = (bucket, self.cascade_graph_key(bucket, shape))
             self._cascade.upload(self._turn, bucket)
         self._upload(bucket)
         if input_ids is not None:
@@ -129,6 +139,49 @@ class DecodeGraphs:
             self._graph((bucket, _pow2_at_least(self.attention.decode_splits(bucket, 1))))
         torch.cuda.synchronize()
 
+    def cascade_graph_key(self, bucket: int, key: CascadeKey) -> CascadeGraphKey:
+        """The graph key of a step of this shape: the split counts cascade_decode would choose for it."""
+        from radixkv.kernels.cascade import default_prefix_splits
+
+        from .cascade_inputs import CascadeGraphKey
+
+        kv = self.attention.kv
+        width = min(key.prefix_pages, self.max_pages) * kv.page_size
+        prefix = default_prefix_splits(kv.compute_dtype, kv.k_cache[0], self.attention.num_q_heads, key.groups,
+                                       bucket, width)
+        return CascadeGraphKey(key.groups, prefix, self.attention.decode_splits(bucket, key.suffix_len))
+
+    def cascade_warm_keys(self, min_rows: int, min_prefix_tokens: int) -> list[tuple[int, CascadeGraphKey]]:
+        """Every (bucket, CascadeGraphKey) a cascade step can reach when a group needs >= min_rows rows
+        sharing >= min_prefix_tokens tokens, fewest groups and rows first (cascade_inputs.cascade_keys)."""
+        from .cascade_inputs import cascade_keys
+
+        keys = {(b, self.cascade_graph_key(b, k)) for b, k in
+                cascade_keys(self.cascade_buckets, self.max_pages, self.attention.kv.page_size, min_rows,
+                             min_prefix_tokens)}
+        return sorted(keys, key=lambda bk: (bk[1].groups, bk[0], bk[1]))
+
+    def warm_cascade(self, min_rows: int, min_prefix_tokens: int, limit: int = 64) -> int:
+        """Capture the graphs of cascade_warm_keys (a group needs >= min_rows rows sharing >=
+        min_prefix_tokens tokens: CascadeRule.floor of the scheduler's rule), at most `limit` (the rest on
+        first use), on padding rows; returns how many were captured (0 without cascade=True). The eager
+        run before each capture compiles what the cascade kernels have not compiled for its split counts
+        (kernels/cascade.py's docstring lists what varies), so a workload's cascade steps compile nothing.
+        Llama-3-8B on the H200 (256 rows, bf16, the 16-bit rule): 7 graphs, 3 split pairs, 3 compiles."""
+        if self._cascade is None:
+            return 0
+        n = self.num_graphs
+        for bucket, key in self.cascade_warm_keys(min_rows, min_prefix_tokens)[:limit]:
+            if (bucket, key) in self._graphs:
+                continue
+            self._fill(bucket, [], [], [], [], [])  # padding rows only: they write the scratch page
+            self._cascade.fill_padding(self._turn, bucket)
+            self._cascade.upload(self._turn, bucket)
+            self._upload(bucket)
+            self._graph((bucket, key))
+        torch.cuda.synchronize()
+        return self.num_graphs - n
+
     def _upload(self, bucket: int) -> None:
         """Copy the filled pinned buffer to the device (one transfer) and turn to the other buffer."""
         used = 4 * self.max_rows + bucket * self.max_pages
@@ -136,8 +189,8 @@ class DecodeGraphs:
         self._turn ^= 1
 
     def _graph(self, key: tuple) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        """The graph of key = (bucket, splits) or (bucket, CascadeKey), captured first if needed (on the
-        inputs just uploaded)."""
+        """The graph of key = (bucket, splits) or (bucket, CascadeGraphKey), captured first if needed (on
+        the inputs just uploaded)."""
         if key not in self._graphs:
             self._graphs[key] = self._capture(*key)
         return self._graphs[key]
@@ -161,8 +214,8 @@ class DecodeGraphs:
 
     # ------------------------------------------------------------------ capture
 
-    def _capture(self, bucket: int, splits: int | tuple) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        """splits: the decode split count, or a CascadeKey (the cascade plan's views)."""
+    def _capture(self, bucket: int, splits: int | CascadeGraphKey) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """splits: the decode split count, or a CascadeGraphKey (the cascade plan's views and splits)."""
         ids, pos, seq_lens, slots, table = self._views(bucket)
         cascade = None if isinstance(splits, int) else self._cascade.plan(bucket, splits)
         plan = AttentionPlan(path=Path.DECODE, page_table=table, seq_lens=seq_lens, q_start=self._q_start[:bucket],

@@ -84,7 +84,8 @@ class LLM:
     attention_backend: Backend.AUTO runs Triton on CUDA and the PyTorch reference on CPU;
     Backend.TRITON on CPU needs TRITON_INTERPRET=1 (tests).
     cascade=True: decode steps whose rows share cached prefix pages attend through the cascade kernels
-    (each shared prefix read once per group), replayed from CUDA graphs up to cascade_inputs.MAX_GROUPS groups.
+    (each shared prefix read once per group), replayed from CUDA graphs up to cascade_inputs.MAX_GROUPS groups,
+    captured at start-up for every key the KV dtype's rule can reach (DecodeGraphs.warm_cascade).
     kv_events: a publisher (radixkv.cache.events, e.g. QueuePublisher) told of every block the prefix cache
     stores or drops, in vLLM's KV event shape, so a router can follow what this engine holds.
     Other keyword arguments are EngineConfig fields (num_pages, seed, scheduler, ...).
@@ -134,14 +135,18 @@ class LLM:
                                     -(-self.max_model_len // cfg.page_size), scratch_page=num_pages,
                                     cascade=cfg.scheduler.cascade and not self.kv_dtype.is_int)
                        if use_graphs else None)
+        cascade_rule = rule_for(self.kv_dtype)
         if self.graphs is not None:
             self.graphs.capture_all()
+            floor = cascade_rule.floor if cfg.scheduler.cascade else None
+            if floor is not None:  # cascade graphs too, so a workload's cascade steps neither compile nor capture
+                self.graphs.warm_cascade(*floor)
         self.pool = PagePool(num_pages)
         self.cache = RadixCache(self.pool, page_size=cfg.page_size, events=kv_events)
         # cascade=True: decode steps whose rows share cached pages read them once per group (attention.py);
         # the KV dtype's rule says when a group is worth it (INT4/INT2: never)
         self.scheduler = Scheduler(self.pool, self.cache, cfg.scheduler, cfg.page_size,
-                                   cascade_rule=rule_for(self.kv_dtype))
+                                   cascade_rule=cascade_rule)
         self._rids = itertools.count()
         self._seeds = torch.Generator().manual_seed(cfg.seed)  # per-request seeds when none is given
         self._t0 = time.monotonic()

@@ -52,6 +52,14 @@ class CascadeRule:
     def worth_it(self, rows: int, tokens: int) -> bool:
         return rows >= 2 and tokens > 0 and any(rows >= r and tokens >= t for r, t in self.thresholds)
 
+    @property
+    def floor(self) -> tuple[int, int] | None:
+        """(fewest rows, fewest shared tokens) any group it takes has (over the pairs: a bound, not a
+        pair it takes); None when it takes none."""
+        if not self.thresholds:
+            return None
+        return max(2, min(r for r, _ in self.thresholds)), max(1, min(t for _, t in self.thresholds))
+
 
 RULE_16BIT = CascadeRule(((CASCADE_MIN_ROWS_16BIT, CASCADE_MIN_SHARED_TOKENS_16BIT),))
 RULE_FP8 = CascadeRule(((CASCADE_MIN_ROWS_FP8, CASCADE_MIN_SHARED_TOKENS_FP8),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from radixkv.engine.cascade_inputs import MAX_GROUPS, CascadeInputs, CascadeKey
+from radixkv.engine.cascade_inputs import MAX_GROUPS, CascadeGraphKey, CascadeInputs, CascadeKey
 from radixkv.kernels import paged_decode
 from radixkv.kernels.cascade import cascade_decode
 
@@ -20,10 +20,10 @@ def _step(inputs, turn, bucket, groups, lone, ps, gen, kc, vc, num_pages):
     assert max(max(t) for t in tables) < num_pages - 1
     key = inputs.fill(turn, bucket, spec, tables, lens)
     inputs.upload(turn, bucket)
-    plan = inputs.plan(bucket, key)
+    plan = inputs.plan(bucket, CascadeGraphKey(key.groups, 2, 1))  # the splits a graph freezes
     B = len(lens)
     q = torch.randn(bucket, 4, 16, generator=gen, dtype=torch.float32)
-    out = cascade_decode(q, kc, vc, plan, prefix_splits=2)
+    out = cascade_decode(q, kc, vc, plan)
     ref = paged_decode(q[:B], kc, vc, _dense_table(tables), torch.tensor(lens, dtype=I32))
     _close(out[:B], ref, 1e-5)
     return key
@@ -47,3 +47,82 @@ def test_more_groups_than_the_buffers_do_not_fit():
     inputs = CascadeInputs(max_rows=4, max_pages=4, page_size=4, scratch_page=0, device=torch.device("cpu"))
     assert inputs.fits([([0, 1], 4)] * MAX_GROUPS) and not inputs.fits([([0, 1], 4)] * (MAX_GROUPS + 1))
     assert not inputs.fits([])
+
+
+# ----------------------------------------------------------------------------- start-up warm-up
+class _Recorder:
+    """Stands in for launch.for_device in kernels/cascade.py: runs each kernel and records what Triton
+    compiles a launch for (its own specialisation rule: an int == 1 becomes a constant, ints and pointers
+    divisible by 16 get a hint, unless do_not_specialize), with the constexprs."""
+
+    def __init__(self):
+        self.seen: set[tuple] = set()
+
+    def __call__(self, kernel, device):
+        from triton.backends.compiler import BaseBackend
+        from triton.runtime.jit import native_specialize_impl
+
+        def launch(grid):
+            def run(*args, **constexprs):
+                dns = set(kernel.kwargs["do_not_specialize"] or ())
+                spec = tuple(native_specialize_impl(BaseBackend, a, False, name not in dns, True)
+                             for name, a in zip(kernel.arg_names, args))
+                self.seen.add((kernel.fn.__name__, spec, tuple(sorted(constexprs.items()))))
+                return kernel[grid](*args, **constexprs)
+            return run
+
+        return type("Launcher", (), {"__getitem__": lambda _, grid: launch(grid)})()
+
+
+def test_startup_warm_keys_cover_every_step_and_compile_every_specialisation(monkeypatch):
+    """DecodeGraphs.warm_cascade's keys and its eager runs on padding rows (here without the model): every
+    step a rule lets through maps to a warmed graph key (no capture on first use), and the kernels it
+    launches need no specialisation the warm-up did not compile. The prefix and merge kernels compile once
+    for all split counts; only the suffix decode has one per split class."""
+    import types
+
+    from radixkv.engine.attention import Backend, PagedAttention
+    from radixkv.engine.cuda_graphs import DecodeGraphs
+    from radixkv.engine.kv_store import KVStore
+    from radixkv.kernels import cascade
+
+    ps, num_pages, W = 16, 40, 32  # up to 512 tokens a row: 1 or 2 splits, prefix and suffix
+    kv = KVStore(1, num_pages, ps, 2, 16, "fp32", "cpu")
+    graphs = types.SimpleNamespace(attention=PagedAttention(kv, 4, 16, 0.25, Backend.TRITON), max_pages=W,
+                                   cascade_buckets=[1, 2, 4, 8])
+    graphs.cascade_graph_key = lambda b, k: DecodeGraphs.cascade_graph_key(graphs, b, k)
+    warm = DecodeGraphs.cascade_warm_keys(graphs, min_rows=2, min_prefix_tokens=2 * ps)
+    assert {(k.prefix_splits, k.suffix_splits) for _, k in warm} == {(1, 1), (2, 1), (1, 2), (2, 2)}
+    assert len(warm) == len(set(warm)) <= 40
+
+    gen = _gen("warm")
+    kc, vc = kv.k_cache[0], kv.v_cache[0]
+    kc.copy_(torch.randn(kc.shape, generator=gen))
+    vc.copy_(torch.randn(vc.shape, generator=gen))
+    inputs = CascadeInputs(8, W, ps, num_pages - 1, torch.device("cpu"))
+    rec = _Recorder()
+    monkeypatch.setattr(cascade, "for_device", rec)
+    firsts = {}  # warm_cascade's loop body, the model's attention only, once per split pair (the cheapest key)
+    for bucket, key in warm:
+        firsts.setdefault((key.prefix_splits, key.suffix_splits), (bucket, key))
+    for bucket, key in firsts.values():
+        inputs.fill_padding(0, bucket)
+        inputs.upload(0, bucket)
+        out = cascade_decode(torch.randn(bucket, 4, 16, generator=gen), kc, vc, inputs.plan(bucket, key))
+        assert torch.isfinite(out).all()
+    warmed = set(rec.seen)
+    per_kernel = {name: sum(s[0] == name for s in warmed) for name, _, _ in warmed}
+    assert per_kernel == {"_prefix_kernel": 1, "_merge_kernel": 1, "_kernel": 2}  # suffix splits 1 and 2
+
+    keys = {k for _, k in warm}
+    for groups, lone, bucket in (([(2, 2)], 0, 2), ([(3, 17), (2, 5)], 1, 8), ([(2, 9), (2, 3), (2, 2)], 0, 8)):
+        tables, lens, spec, _ = _batch(groups, lone, ps, gen)
+        shape = inputs.fill(1, bucket, spec, tables, lens)
+        key = graphs.cascade_graph_key(bucket, shape)
+        assert (bucket, key) in warm and key in keys  # a graph warm_cascade captured
+        inputs.upload(1, bucket)
+        q = torch.randn(bucket, 4, 16, generator=gen)
+        out = cascade_decode(q, kc, vc, inputs.plan(bucket, key))
+        _close(out[:len(lens)], paged_decode(q[:len(lens)], kc, vc, _dense_table(tables),
+                                             torch.tensor(lens, dtype=I32)), 1e-5)
+    assert rec.seen == warmed  # nothing new to compile

@@ -285,3 +285,11 @@ def test_property_groups_are_common_prefixes(batch, max_levels, rule) -> None:
         assert rule.worth_it(len(g.rows), g.tokens(PS))
         for b in decode - set(g.rows):
             assert tuple(tables[b][: len(g.pages)]) != g.pages or (seq[b] - 1) // PS < len(g.pages)
+
+
+def test_rule_floor_bounds_every_group_it_takes() -> None:
+    """CascadeRule.floor: what DecodeGraphs.warm_cascade warms for (the fewest rows and shared tokens)."""
+    from radixkv.scheduler.cascade_groups import RULE_ALWAYS, RULE_FP8, RULE_NEVER
+
+    assert RULE_16BIT.floor == (64, 1024) and RULE_FP8.floor == (64, 1024) and RULE_ALWAYS.floor == (2, 1)
+    assert RULE_NEVER.floor is None
