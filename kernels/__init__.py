@@ -15,7 +15,7 @@ index tensors (slots, page_table, seq_lens, q_start, q_lens) only on CPU tensors
 is written. On CUDA tensors those values are the caller's duty (no host syncs in a launcher);
 launch.py's docstring lists the ranges.
 
-One kernel a file: store.py, decode.py, decode_fp8_gluon.py, prefill.py, prefill_hopper_gluon.py,
+One kernel a file: store.py, decode.py, decode_fp8_gluon.py, decode_int4_gluon.py, prefill.py, prefill_hopper_gluon.py,
 norm.py, activation.py, rope.py, sample.py (the sampler's hash + Gumbel-max draw), nucleus.py
 (top-p / min-p draws by rejection).
 Beside them: dispatch.py (which kernel runs, with how many splits; environment switches read once),

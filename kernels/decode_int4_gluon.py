@@ -42,10 +42,24 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .decode_fp8_gluon import (BLOCK_N, _block_layout, _clamped, _k_bits, _k_word_layout, _log2, _per_token,
-                               _relabel, _relabel_perm, _rows_order, _tile_pages, _v_bits, _v_log_vec,
-                               _v_word_layout, _words)
+from .decode_fp8_gluon import (
+    BLOCK_N,
+    _block_layout,
+    _k_bits,
+    _k_word_layout,
+    _log2,
+    _per_token,
+    _relabel,
+    _relabel_perm,
+    _rows_order,
+    _tile_pages,
+    _v_bits,
+    _v_log_vec,
+    _v_word_layout,
+    _words,
+)
 from .dispatch import fp8_offsets_64, int4_max_registers
+
 
 @gluon.jit
 def _codes(w, HIGH: gl.constexpr, CENTRED: gl.constexpr):

@@ -5,6 +5,9 @@
   fp8_decode_gluon holds, else decode.py's Triton kernel. That kernel's register cap
   (max_registers) and the programs an SM holds (resident_warps_per_sm) are plain arithmetic kept
   here, so this module never imports a Gluon file: decode_fp8_gluon imports from here, never the reverse.
+- INT4 decode at head_dim 128 (KVStore's two groups a row) runs paged_decode_int4's one-warp Gluon kernel
+  (decode_int4_gluon.py) where int4_decode_gluon holds, else decode.py's Triton INT kernel; its register
+  cap and residency follow FP8's (int4_max_registers).
 - Extends run paged_prefill_hopper's Gluon kernel (prefill_hopper_gluon.py) where
   hopper_prefill_supported holds, else prefill.py's Triton kernel.
 - choose_num_splits: the flash-decoding split count PagedAttention.plan passes to paged_decode,

@@ -23,7 +23,11 @@ from kernel_common import HQ, D, make_extend, make_pool, time_fn
 
 def engine_splits(q, kc, vc, ks, ctx: int) -> int:
     """The split count PagedAttention.plan would pass for this decode (by the kernel that will run)."""
-    from radixkv.kernels.dispatch import choose_num_splits, decode_warps_per_sm, sm_count
+    from radixkv.kernels.dispatch import (
+        choose_num_splits,
+        decode_warps_per_sm,
+        sm_count,
+    )
 
     hkv = kc.shape[2]
     warps = decode_warps_per_sm(q.dtype, kc, vc, ks, q.shape[1] // hkv, q.shape[2])
