@@ -45,6 +45,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from .decode_fp8_gluon import (
     BLOCK_N,
     _block_layout,
+    _high_mask,
     _k_bits,
     _k_word_layout,
     _log2,
@@ -58,7 +59,7 @@ from .decode_fp8_gluon import (
     _v_word_layout,
     _words,
 )
-from .dispatch import fp8_offsets_64, int4_max_registers
+from .dispatch import fp8_offsets_64, fp8_wide_launch, int4_max_registers, sm_count
 
 
 @gluon.jit
@@ -235,7 +236,7 @@ def _int4_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr,
     # Row n of each O^T holds its plane's value _v_bits-relabelled: back to memory order.
     on = gl.arange(0, HALF, layout=ROWS_L)
     VEC: gl.constexpr = 1 << LOG_VEC
-    od = ((on >> 3) & (VEC - 1)) | ((on & 7) << LOG_VEC)
+    od = ((on >> 3) & (VEC - 1)) | ((on & 7) << LOG_VEC) | (on & _high_mask(LOG_VEC, DBITS))
     oh = gl.arange(0, HEADS, layout=COLS_L)
     h_mask = oh < GROUP
     l_safe = gl.where(l_i > 0, l_i, 1.0)
@@ -273,10 +274,11 @@ def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale
     kw, vw = k_cache.view(torch.int32), v_cache.view(torch.int32)  # [P, S, Hkv, D / 8] words
     kx, vx = pair_words(k_scale), pair_words(v_scale)
     off64 = fp8_offsets_64(k_cache, kx)
+    wide = num_splits == 1 and fp8_wide_launch(B * hkv, sm_count(q.device))
     _int4_decode_kernel[(hkv, B, num_splits)](
         q, kw, vw, kx, vx, page_table, seq_lens, out, mid_o, mid_lse, qk_scale,
         q.stride(0), q.stride(1), kw.stride(0), kw.stride(1), kw.stride(2),
         kx.stride(0), kx.stride(1), kx.stride(2), page_table.stride(0), out.stride(0), out.stride(1),
         num_splits, GROUP=group, HEADS=8 if group <= 8 else 16, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
         BLOCK_N=BLOCK_N, SPLIT=num_splits > 1, OFF_64=off64,
-        num_warps=1, maxnreg=int4_max_registers(group, off64, k_cache.shape[1]))
+        num_warps=1, maxnreg=int4_max_registers(group, off64, k_cache.shape[1], wide))

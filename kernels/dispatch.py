@@ -9,7 +9,7 @@
   (decode_int4_gluon.py) where int4_decode_gluon holds, else decode.py's Triton INT kernel; its register
   cap and residency follow FP8's (int4_max_registers).
 - Extends run paged_prefill_hopper's Gluon kernel (prefill_hopper_gluon.py) where
-  hopper_prefill_supported holds, else prefill.py's Triton kernel.
+  hopper_prefill_supported holds (16-bit, FP8 and INT4 pages at head_dim 128), else prefill.py's Triton kernel.
 - choose_num_splits: the flash-decoding split count PagedAttention.plan passes to paged_decode,
   by the kernel that will run (decode_warps_per_sm).
 
@@ -186,19 +186,19 @@ def decode_warps_per_sm(q_dtype: torch.dtype, k_cache: Tensor, v_cache: Tensor, 
     paged_decode_int4 resident per SM where paged_decode runs one of them, else 0 (the Triton kernel's
     split rule). head_dim: q's (needed to tell INT4 pages from INT2 ones of the same width)."""
     if _int4_gluon_caches(q_dtype, head_dim, k_cache, v_cache, k_scale, k_scale, group):
-        regs = int4_max_registers(group, fp8_offsets_64(k_cache, k_scale.flatten(3).view(torch.int64)),
-                                  k_cache.shape[1])
-        return 4 * (16384 // (32 * (-(-regs // 8) * 8)))
+        return resident_warps_per_sm(128, group, fp8_offsets_64(k_cache, k_scale.flatten(3).view(torch.int64)),
+                                     k_cache.shape[1])
     if not _fp8_gluon_caches(q_dtype, k_cache, v_cache, group):
         return 0
     return resident_warps_per_sm(k_cache.shape[3], group, fp8_offsets_64(k_cache, k_scale), k_cache.shape[1])
 
 
 # ----------------------------------------------------------------------------- INT4 decode
-def int4_max_registers(group: int, off64: bool = False, page_size: int = 16) -> int:
+def int4_max_registers(group: int, off64: bool = False, page_size: int = 16, wide: bool = False) -> int:
     """Register cap (maxnreg) of a paged_decode_int4 program (decode_int4_gluon.py): FP8's rule
-    (max_registers) at head_dim 128, whose K/V tiles take as many registers as INT4's two planes."""
-    return max_registers(128, group, off64, False, page_size)
+    (max_registers) at head_dim 128, whose K/V tiles take as many registers as INT4's two planes; wide:
+    an unsplit launch that fills the GPU by itself (fp8_wide_launch, which choose_num_splits leaves unsplit)."""
+    return max_registers(128, group, off64, wide, page_size)
 
 
 @functools.cache
@@ -280,15 +280,20 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
 HOPPER_PREFILL_MIN_NEW = 64
 
 
-def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor, max_q_len: int) -> bool:
+def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor, max_q_len: int,
+                             k_scale: Tensor | None = None) -> bool:
     """Whether paged_prefill (given no explicit config) runs paged_prefill_hopper's kernel: an sm_90 GPU,
-    16-bit q, pages of q's dtype or FP8 (with scales), head_dim 128, unit head-dim strides, pages whose rows cp.async
-    can copy in 16-byte pieces (strides of 16 elements, aligned base), more than HOPPER_PREFILL_MIN_NEW
-    new tokens, a Triton with the Gluon API it was written for, and RADIXKV_HOPPER_PREFILL not set to
-    turn it off."""
+    16-bit q, pages of q's dtype, FP8 (with scales) or INT4 (uint8 rows of head_dim / 2 bytes, with
+    KVStore's two (scale, zero) groups a row: k_scale [P, S, Hkv, 2, 2]), head_dim 128, unit head-dim
+    strides, pages whose rows cp.async can copy in 16-byte pieces (strides of 16 elements, aligned base),
+    more than HOPPER_PREFILL_MIN_NEW new tokens, a Triton with the Gluon API it was written for, and
+    RADIXKV_HOPPER_PREFILL not set to turn it off."""
     if q.device.type != "cuda" or max_q_len <= HOPPER_PREFILL_MIN_NEW or q.shape[2] != 128:
         return False
-    if q.dtype not in (torch.float16, torch.bfloat16) or not (k_cache.dtype == q.dtype or is_fp8(k_cache.dtype)):
+    int4 = (k_cache.dtype == torch.uint8 and k_cache.shape[3] == 64 and k_scale is not None and k_scale.dim() == 5
+            and tuple(k_scale.shape[3:]) == (2, 2) and k_scale.stride(4) == 1 and k_scale.stride(3) == 2)
+    if q.dtype not in (torch.float16, torch.bfloat16) or not (k_cache.dtype == q.dtype or is_fp8(k_cache.dtype)
+                                                              or int4):
         return False
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or out.stride(2) != 1:
         return False

@@ -15,10 +15,9 @@ of 16 at head_dim 64) gathers a (scale, zero) a column (decode.plane_dequant). (
 scores, as paged_decode does, would cost BLOCK_M x BLOCK_N multiplies a group instead of BLOCK_N x D.
 One [BLOCK_N, D] tile of the planes side by side instead compiled, for sm_90, to 1.6x the instructions
 of this form and spilled at 128-row tiles.)
-Integer pages never take the Gluon kernel below: launches over them get their tile config before
-the Hopper check (which needs an explicit config of None).
-Extends of more than 64 new tokens over 16-bit pages (head_dim 128, q in the pages' dtype) on sm_90
-without an explicit config go to paged_prefill_hopper's Gluon kernel instead
+INT2 pages never take the Gluon kernel below, nor INT4 ones the Hopper check turns down.
+Extends of more than 64 new tokens over 16-bit, FP8 or INT4 pages (head_dim 128) on sm_90 without an
+explicit config go to paged_prefill_hopper's Gluon kernel instead
 (dispatch.hopper_prefill_supported; faster, same output, figures in benchmarks/RESULTS.md;
 RADIXKV_HOPPER_PREFILL=0 keeps them here).
 """
@@ -337,16 +336,17 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
         return out
     if max_q_len is None:
         max_q_len = int(q_lens.max().item())
-    if bits:  # INT4/INT2 pages: the Triton kernel below, whatever the Hopper check says
+    hopper = config is None and hopper_prefill_supported(q, k_cache, v_cache, out, max_q_len, k_scale)
+    if bits and not (bits == 4 and hopper):  # INT2, and INT4 off the Hopper kernel: the Triton INT kernel
         config = config or default_config(KernelKind.PREFILL, q, k_cache, max_q_len)
         _launch_int(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, q_start, q_lens, sm_scale,
                     max_q_len, out, config, bits)
         return out
-    if config is None and hopper_prefill_supported(q, k_cache, v_cache, out, max_q_len):
+    if hopper:
         from .prefill_hopper_gluon import launch
 
         launch(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale * LOG2E, max_q_len, out,
-               k_scale if fp8 else None, v_scale if fp8 else None)
+               k_scale if fp8 or bits else None, v_scale if fp8 or bits else None)
         return out
     config = config or default_config(KernelKind.PREFILL, q, k_cache, max_q_len)
     xs = k_scale.stride() if fp8 else (0, 0, 0)

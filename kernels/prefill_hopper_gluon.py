@@ -1,4 +1,4 @@
-"""paged_prefill on Hopper (sm_90): the extend kernel in Gluon, for 16-bit q over 16-bit or FP8 pages.
+"""paged_prefill on Hopper (sm_90): the extend kernel in Gluon, for 16-bit q over 16-bit, FP8 or INT4 pages.
 
 Triton's code for paged_prefill's 256 x 64 tile (two warpgroups of one program, 255 registers, one
 program an SM) meets at a barrier every key tile, so softmax never runs under the other warpgroup's
@@ -22,6 +22,10 @@ registers:
   K and V. Measured on the H200 (benchmarks/RESULTS.md): 0.71-0.77 of the bf16 kernel's TFLOP/s,
   2-2.7x the Triton kernel's over FP8 pages; 64-key tiles beat 32 (which spill no registers; 64
   spills ~80 bytes), scales held from the previous tile in registers, and V widened under q.K^T.
+- INT4 pages (KVStore's at head_dim 128: 64 bytes a row, byte j holding values j and 64 + j, one
+  (scale, zero) pair a plane a token): 64-key tiles of packed bytes are copied the same way, then
+  dequantised (code * s + z, fp32, rounded once to q's dtype) into the 16-bit buffers: the same
+  products again, so the result differs from the Triton INT kernel's by that rounding.
 
 Same contract and results as paged_prefill's Triton kernel (fp32 accumulation, qk_scale in the
 exponent): on the H200 the two gave bit-identical outputs on 40 random ragged cases (page sizes 1-64,
@@ -32,6 +36,7 @@ RADIXKV_HOPPER_PREFILL=0.
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -48,15 +53,16 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 
 @gluon.jit
 def _issue(k_smem, v_smem, buf, kc_ptr, vc_ptr, pt_row, k_lo, seq_len, kv_off, stride_cp, stride_cs,
-           LOAD_L: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr):
-    """Gather the K and V rows [BLOCK_N, D] of keys k_lo.. into buffer buf (cp.async, one commit
-    group); keys at or past seq_len (the caller's end of visible keys) are zero-filled."""
+           LOAD_L: gl.constexpr, BLOCK_N: gl.constexpr, ROW: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """Gather the K and V rows [BLOCK_N, ROW] (ROW elements: D, or D / 2 packed INT4 bytes) of keys k_lo..
+    into buffer buf (cp.async, one commit group); keys at or past seq_len (the caller's end of visible
+    keys) are zero-filled."""
     offs_n = k_lo + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD_L))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LOAD_L))
+    offs_d = gl.arange(0, ROW, layout=gl.SliceLayout(0, LOAD_L))
     n_ok = offs_n < seq_len
     page = gl.load(pt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(gl.int64)
     row = page * stride_cp + (offs_n % PAGE_SIZE) * stride_cs + kv_off
-    mask = n_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    mask = n_ok[:, None] & (offs_d < ROW)[None, :]
     _async_load(k_smem.index(buf), kc_ptr + row[:, None] + offs_d[None, :], mask=mask)
     _async_load(v_smem.index(buf), vc_ptr + row[:, None] + offs_d[None, :], mask=mask)
     async_copy.commit_group()
@@ -97,22 +103,49 @@ def _widen(op_smem, smem, lo, scale, LOAD_L: gl.constexpr, PIECE: gl.constexpr, 
 
 
 @gluon.jit
+def _int4_pairs(x_ptr, pt_row, k_lo, seq_len, scale_off, stride_xp, stride_xs, LOAD_L: gl.constexpr,
+                BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """INT4 (scale, zero) of both planes, (s0, z0, s1, z1) fp32 [BLOCK_N] each, of keys k_lo.. (x_ptr: the
+    pairs as fp16 [P, S, Hkv, 4]); 0 at or past seq_len."""
+    offs_n = k_lo + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD_L))
+    ok = offs_n < seq_len
+    page = gl.load(pt_row + offs_n // PAGE_SIZE, mask=ok, other=0).to(gl.int64)
+    at = x_ptr + page * stride_xp + (offs_n % PAGE_SIZE) * stride_xs + scale_off
+    return (gl.load(at, mask=ok, other=0.0).to(gl.float32), gl.load(at + 1, mask=ok, other=0.0).to(gl.float32),
+            gl.load(at + 2, mask=ok, other=0.0).to(gl.float32), gl.load(at + 3, mask=ok, other=0.0).to(gl.float32))
+
+
+@gluon.jit
+def _widen_int4(op_smem, smem, s0, z0, s1, z1, LOAD_L: gl.constexpr, DTYPE: gl.constexpr):
+    """op_smem [BLOCK_N, D] = the INT4 tile smem [BLOCK_N, D / 2] dequantised (code * s + z, fp32, rounded
+    once to DTYPE): byte j of a row holds value j (low nibble, plane 0) and D / 2 + j (high, plane 1)."""
+    x = smem.load(LOAD_L).to(gl.int32)
+    lo = (x & 15).to(gl.float32) * s0[:, None] + z0[:, None]
+    hi = (x >> 4).to(gl.float32) * s1[:, None] + z1[:, None]
+    n: gl.constexpr = x.shape[0]
+    w: gl.constexpr = x.shape[1]
+    op_smem.store(gl.reshape(gl.permute(gl.join(lo, hi), [0, 2, 1]), [n, 2 * w]).to(DTYPE))
+
+
+@gluon.jit
 def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr, qk_scale,
                    stride_qt, stride_qh, stride_cp, stride_cs, stride_ch, stride_xp, stride_xs, stride_xh,
                    stride_ptb, stride_ot, stride_oh,
                    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, IS_FP8: gl.constexpr,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+                   IS_INT4: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
     P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     Q_L: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # 16-byte vectors of q
     DTYPE: gl.constexpr = q_ptr.dtype.element_ty
-    KV_DT: gl.constexpr = kc_ptr.dtype.element_ty  # DTYPE, or an FP8 type
+    KV_DT: gl.constexpr = kc_ptr.dtype.element_ty  # DTYPE, an FP8 type, or uint8 (INT4: two values a byte)
     KV_VEC: gl.constexpr = 16 // KV_DT.primitive_bitwidth * 8  # elements in 16 bytes
-    LOAD_L: gl.constexpr = gl.BlockedLayout([1, KV_VEC], [32 * KV_VEC // HEAD_DIM, HEAD_DIM // KV_VEC], [WARPS, 1], [1, 0])
+    ROW: gl.constexpr = HEAD_DIM // 2 if IS_INT4 else HEAD_DIM  # elements of a stored row
+    WIDEN: gl.constexpr = IS_FP8 or IS_INT4  # tiles are widened into 16-bit buffers for the products
+    LOAD_L: gl.constexpr = gl.BlockedLayout([1, KV_VEC], [32 * KV_VEC // ROW, ROW // KV_VEC], [WARPS, 1], [1, 0])
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], DTYPE)
     KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], DTYPE)
-    STAGE_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], KV_DT)
+    STAGE_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROW], KV_DT)
 
     h = gl.program_id(0)
     b = gl.program_id(1)
@@ -132,10 +165,10 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
         q = gl.load(q_ptr + (q_s + qm).to(gl.int64)[:, None] * stride_qt + h.to(gl.int64) * stride_qh + qd[None, :],
                     mask=(qm < q_len)[:, None], other=0.0)
         q_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_M, HEAD_DIM], Q_SMEM, q)  # q: [BLOCK_M, D]
-        # K/V tiles as stored [STAGES, BLOCK_N, D]; FP8 ones are widened into k_op/v_op for the products
-        k_smem = gl.allocate_shared_memory(KV_DT, [STAGES, BLOCK_N, HEAD_DIM], STAGE_SMEM)
-        v_smem = gl.allocate_shared_memory(KV_DT, [STAGES, BLOCK_N, HEAD_DIM], STAGE_SMEM)
-        if IS_FP8:
+        # K/V tiles as stored [STAGES, BLOCK_N, ROW]; FP8 and INT4 ones are widened into k_op/v_op
+        k_smem = gl.allocate_shared_memory(KV_DT, [STAGES, BLOCK_N, ROW], STAGE_SMEM)
+        v_smem = gl.allocate_shared_memory(KV_DT, [STAGES, BLOCK_N, ROW], STAGE_SMEM)
+        if WIDEN:
             k_op = gl.allocate_shared_memory(DTYPE, [BLOCK_N, HEAD_DIM], KV_SMEM)
             v_op = gl.allocate_shared_memory(DTYPE, [BLOCK_N, HEAD_DIM], KV_SMEM)
 
@@ -150,20 +183,23 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
         acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, O_L)  # O, unnormalised
         for s in gl.static_range(STAGES - 1):
             _issue(k_smem, v_smem, s, kc_ptr, vc_ptr, pt_row, s * BLOCK_N, end, kv_off, stride_cp, stride_cs,
-                   LOAD_L, BLOCK_N, HEAD_DIM, PAGE_SIZE)
+                   LOAD_L, BLOCK_N, ROW, PAGE_SIZE)
         if IS_FP8:
             gl.static_assert(STAGES == 2)
             PIECE: gl.constexpr = 32 * KV_VEC * WARPS // HEAD_DIM  # the rows LOAD_L covers once
             gl.static_assert(BLOCK_N == PIECE or BLOCK_N == 2 * PIECE)
             TWO: gl.constexpr = BLOCK_N == 2 * PIECE
+        if IS_INT4:
+            gl.static_assert(STAGES == 2)
+            gl.static_assert(BLOCK_N == 32 * KV_VEC * WARPS // ROW)  # LOAD_L covers a whole tile once
         for j in range(n_tiles):
             async_copy.wait_group(STAGES - 2)
-            if not IS_FP8:
+            if not WIDEN:
                 fence_async_shared()  # this thread's copies of tile j (and q) visible to wgmma's async proxy
             _barrier()  # ... everyone's; and everyone is done with the buffer the next issue reuses
             nj = j + STAGES - 1
             _issue(k_smem, v_smem, nj % STAGES, kc_ptr, vc_ptr, pt_row, nj * BLOCK_N, end, kv_off, stride_cp,
-                   stride_cs, LOAD_L, BLOCK_N, HEAD_DIM, PAGE_SIZE)
+                   stride_cs, LOAD_L, BLOCK_N, ROW, PAGE_SIZE)
             buf = j % STAGES
             if IS_FP8:  # tile j times its scales, in DTYPE, for the products
                 ks0, vs0, ks1, vs1 = _tile_scales(ks_ptr, vs_ptr, pt_row, j * BLOCK_N, end, scale_off, stride_xp,
@@ -174,6 +210,17 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
                 _widen(v_op, v_smem.index(buf), 0, vs0, LOAD_L, PIECE, DTYPE)
                 if TWO:
                     _widen(v_op, v_smem.index(buf), PIECE, vs1, LOAD_L, PIECE, DTYPE)
+                fence_async_shared()
+                _barrier()
+                k_t = k_op
+                v_t = v_op
+            elif IS_INT4:  # tile j dequantised, in DTYPE, for the products
+                s0, z0, s1, z1 = _int4_pairs(ks_ptr, pt_row, j * BLOCK_N, end, scale_off, stride_xp, stride_xs,
+                                             LOAD_L, BLOCK_N, PAGE_SIZE)
+                _widen_int4(k_op, k_smem.index(buf), s0, z0, s1, z1, LOAD_L, DTYPE)
+                s0, z0, s1, z1 = _int4_pairs(vs_ptr, pt_row, j * BLOCK_N, end, scale_off, stride_xp, stride_xs,
+                                             LOAD_L, BLOCK_N, PAGE_SIZE)
+                _widen_int4(v_op, v_smem.index(buf), s0, z0, s1, z1, LOAD_L, DTYPE)
                 fence_async_shared()
                 _barrier()
                 k_t = k_op
@@ -214,20 +261,25 @@ FP8_BLOCK_N = 64  # keys a tile over FP8 pages
 def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor, q_start: Tensor,
            q_lens: Tensor, qk_scale: float, max_q_len: int, out: Tensor, k_scale: Tensor | None = None,
            v_scale: Tensor | None = None) -> None:
-    """Arguments as checked by paged_prefill; qk_scale includes log2(e); k_scale, v_scale: FP8 pages' scales."""
+    """Arguments as checked by paged_prefill; qk_scale includes log2(e); k_scale, v_scale: FP8 pages' scales,
+    or INT4 pages' (scale, zero) pairs [P, S, Hkv, 2, 2] (uint8 pages of head_dim / 2 bytes a row)."""
     if v_cache.stride() != k_cache.stride():  # the kernel reads both with k_cache's strides
         raise ValueError("paged_prefill_hopper: k_cache and v_cache must share strides")
-    fp8 = k_scale is not None
-    if fp8 and (v_scale is None or v_scale.stride() != k_scale.stride()):
+    quant = k_scale is not None
+    if quant and (v_scale is None or v_scale.stride() != k_scale.stride()):
         raise ValueError("paged_prefill_hopper: k_scale and v_scale must both be given and share strides")
+    int4 = k_cache.dtype == torch.uint8
+    if int4:  # a token-head's (s0, z0, s1, z1) as four fp16
+        k_scale, v_scale = k_scale.flatten(3), v_scale.flatten(3)
     hq = q.shape[1]
     grid = (hq, page_table.shape[0], -(-max_q_len // BLOCK_M))
-    xs = k_scale.stride() if fp8 else (0, 0, 0)
-    _extend_kernel[grid](q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table,
-                         seq_lens, q_start, q_lens, out, qk_scale,
+    xs = k_scale.stride()[:3] if quant else (0, 0, 0)
+    _extend_kernel[grid](q, k_cache, v_cache, k_scale if quant else k_cache, v_scale if quant else v_cache,
+                         page_table, seq_lens, q_start, q_lens, out, qk_scale,
                          q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *xs,
                          page_table.stride(0), out.stride(0), out.stride(1),
-                         GROUP=hq // k_cache.shape[2], HEAD_DIM=q.shape[2], PAGE_SIZE=k_cache.shape[1], IS_FP8=fp8,
-                         BLOCK_M=BLOCK_M, BLOCK_N=FP8_BLOCK_N if fp8 else BLOCK_N, STAGES=STAGES,
+                         GROUP=hq // k_cache.shape[2], HEAD_DIM=q.shape[2], PAGE_SIZE=k_cache.shape[1],
+                         IS_FP8=quant and not int4, IS_INT4=int4,
+                         BLOCK_M=BLOCK_M, BLOCK_N=FP8_BLOCK_N if quant else BLOCK_N, STAGES=STAGES,
                          WARPS=WARPS, num_warps=WARPS,
                          maxnreg=MAX_REGISTERS)

@@ -42,35 +42,44 @@ def decode_us(ops, q, pool, caches: tuple[torch.Tensor, ...] | None = None, spli
                                             num_splits=splits, config=config), False).us
 
 
-def extend_us(ops, ext, caches: tuple[torch.Tensor, ...] | None = None) -> float:
+def extend_us(ops, ext, caches: tuple[torch.Tensor, ...] | None = None, config=None) -> float:
     pool = ext.pool
     kc, vc, ks, vs = caches if caches else (pool.k, pool.v, None, None)
     new = int(ext.q_lens[0])
     return time_fn(lambda: ops.paged_prefill(ext.q, kc, vc, pool.page_table, pool.seq_lens, ext.q_start, ext.q_lens,
-                                             k_scale=ks, v_scale=vs, max_q_len=new), False).us
+                                             k_scale=ks, v_scale=vs, max_q_len=new, config=config), False).us
 
 
-def main() -> None:
-    import argparse
-    import json
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sweep", action="store_true", help="INT4 decode over split counts, code tricks and kernels")
-    ap.add_argument("--json", default=None, help="write the rows here")
-    a = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("check_int_kv: needs a CUDA GPU")
-    import radixkv.kernels as ops
-    from radixkv.kernels import reference as ref
+def int4_extend_checks(ops, ref, dev: torch.device, gen: torch.Generator) -> list[dict]:
+    """INT4 extends long enough for paged_prefill_hopper (more than 64 new tokens a row, head_dim 128) against
+    the twin, NaN-poisoned, over page sizes 1 / 3 / 16 / 32 and bf16 / fp16 q; and against the Triton INT
+    kernel (an explicit config) on the same pages."""
+    from kernel_checks import ragged_kv_int
+    from kernel_common import rel_err
     from radixkv.kernels.launch import KernelKind, default_config
 
-    dev = torch.device("cuda")
-    gen = torch.Generator(device=dev).manual_seed(0)
-    rows: list[dict] = []
+    rows = []
+    lens, q_lens = [700, 300, 129, 65, 1000], [200, 129, 65, 65, 300]
+    for page_size in (1, 3, 16, 32):
+        kq, vq, ks, vs, table, seq = ragged_kv_int(lens, page_size, 4, 7, dev, gen, D)
+        ql = torch.tensor(q_lens, dtype=torch.int32, device=dev)
+        qs = (torch.cumsum(ql, 0) - ql).to(torch.int32)
+        for qdt in (torch.bfloat16, torch.float16):
+            q = torch.randn(sum(q_lens), HQ, D, device=dev, generator=gen).to(qdt)
+            out = torch.full_like(q, float("nan"))
+            ops.paged_prefill(q, kq, vq, table, seq, qs, ql, k_scale=ks, v_scale=vs, out=out)
+            want = ref.paged_prefill_ref(q.float(), kq, vq, table, seq, qs, ql, k_scale=ks, v_scale=vs).double()
+            tri = ops.paged_prefill(q, kq, vq, table, seq, qs, ql, k_scale=ks, v_scale=vs,
+                                    config=default_config(KernelKind.PREFILL, q, kq, max(q_lens)))
+            e, et = rel_err(out, want), rel_err(tri, want)
+            rows.append({"check": f"int4 extend page{page_size} {str(qdt)[6:]}", "ok": e < 1e-2, "rel_err": e,
+                         "triton_rel_err": et})
+    return rows
 
-    def emit(row: dict) -> None:
-        rows.append(row)
-        print(row, flush=True)
+
+def decode_rows(a, ops, ref, dev: torch.device, gen: torch.Generator, emit) -> None:
+    """kernel_checks.int_checks, then the decode timings (and --sweep's)."""
+    from radixkv.kernels.launch import KernelKind, default_config
 
     for row in int_checks(ops, ref, dev, gen, False):
         emit(row)
@@ -102,13 +111,50 @@ def main() -> None:
     emit({"decode": "64x16k head_dim 64", "kv": "int4 (groups of 16)", "us": round(t, 1), "bf16_us": round(t16, 1),
           "speedup": round(t16 / t, 2)})
     del pool
+
+
+def main() -> None:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweep", action="store_true", help="INT4 decode over split counts, code tricks and kernels")
+    ap.add_argument("--extend-only", action="store_true",
+                    help="INT4 extend checks (long extends: the Hopper kernel's path) and the extend timings only")
+    ap.add_argument("--json", default=None, help="write the rows here")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("check_int_kv: needs a CUDA GPU")
+    import radixkv.kernels as ops
+    from radixkv.kernels import reference as ref
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        print(row, flush=True)
+
+    if a.extend_only:
+        for row in int4_extend_checks(ops, ref, dev, gen):
+            emit(row)
+    else:
+        decode_rows(a, ops, ref, dev, gen, emit)
     ext = make_extend(8, 4096, 512, dev, gen)
     te = extend_us(ops, ext)
     emit({"extend": "8x(4096+512)", "kv": "bf16", "tflops": round(ext.flops / te / 1e6, 1)})
     for bits in (4, 2):
-        t = extend_us(ops, ext, quantize_pool_int(ext.pool, bits, ops))
+        intq = quantize_pool_int(ext.pool, bits, ops)
+        t = extend_us(ops, ext, intq)
         emit({"extend": "8x(4096+512)", "kv": f"int{bits}", "tflops": round(ext.flops / t / 1e6, 1),
               "of_bf16": round(te / t, 2)})
+        if bits == 4:  # the Triton INT kernel on the same pages (an explicit config keeps it)
+            from radixkv.kernels.launch import KernelKind, default_config
+
+            t = extend_us(ops, ext, intq, default_config(KernelKind.PREFILL, ext.q, intq[0], int(ext.q_lens[0])))
+            emit({"extend": "8x(4096+512)", "kv": "int4, Triton kernel", "tflops": round(ext.flops / t / 1e6, 1),
+                  "of_bf16": round(te / t, 2)})
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     print("\n| what | kv | us / TFLOP/s | vs bf16 | splits | kernel err |")

@@ -109,26 +109,30 @@ def test_twins_equal_dense_attention_over_the_dequantised_values(bits, groups):
         torch.testing.assert_close(dec[b].double(), want[-1], atol=1e-5, rtol=1e-5)
 
 
-def test_integer_pages_never_take_a_gluon_kernel(monkeypatch):
-    """Even where the dispatch rules said yes (patched here: on CPU they never do), INT pages run the
-    Triton INT kernels: hopper_prefill_supported needs q's dtype in the pages, the FP8 decode kernel FP8."""
+def test_int2_pages_never_take_a_gluon_kernel(monkeypatch):
+    """Even where the dispatch rules said yes (patched here: on CPU they never do), INT2 pages run the
+    Triton INT kernels (the Gluon ones read 16-bit, FP8 or INT4 pages only); INT4 pages take a Gluon kernel
+    only where its rule holds, which on CPU it never does (unpatched below)."""
     import radixkv.kernels.decode as decode_mod
     import radixkv.kernels.prefill as prefill_mod
+    from radixkv.kernels import dispatch
 
+    gen = _seed("gluon")
+    int4 = IntKV([9, 4], 4, 2, 32, 4, 2, gen)
+    q = torch.randn(2, 4, 32, generator=gen).to(torch.float16)
+    assert not dispatch.hopper_prefill_supported(q, int4.k, int4.v, q, 100, int4.ks)
+    assert not dispatch.int4_decode_gluon(q, int4.k, int4.v, int4.ks, int4.vs, q)
     monkeypatch.setattr(prefill_mod, "hopper_prefill_supported", lambda *a: True)
     monkeypatch.setattr(decode_mod, "fp8_decode_gluon", lambda *a: True)
-    gen = _seed("gluon")
-    kv = IntKV([9, 4], 4, 2, 32, 4, 2, gen)
-    q = torch.randn(2, 4, 32, generator=gen).to(torch.float16)
+    monkeypatch.setattr(decode_mod, "int4_decode_gluon", lambda *a: True)
+    kv = IntKV([9, 4], 4, 2, 32, 2, 2, gen)
     ql, qs = torch.ones(2, dtype=torch.int32), torch.arange(2, dtype=torch.int32)
     want = paged_decode_ref(q, **kv.caches(), k_scale=kv.ks, v_scale=kv.vs).float()
     got = paged_prefill(q, **kv.caches(), q_start=qs, q_lens=ql, k_scale=kv.ks, v_scale=kv.vs)
     torch.testing.assert_close(got.float(), want, atol=3e-3, rtol=3e-3)
     got = paged_decode(q, **kv.caches(), k_scale=kv.ks, v_scale=kv.vs)
     torch.testing.assert_close(got.float(), want, atol=3e-3, rtol=3e-3)
-    from radixkv.kernels.dispatch import decode_warps_per_sm
-
-    assert decode_warps_per_sm(torch.float16, kv.k, kv.v, kv.ks, 2) == 0  # splits by the Triton rule
+    assert dispatch.decode_warps_per_sm(torch.float16, kv.k, kv.v, kv.ks, 2, 32) == 0  # splits by the Triton rule
 
 
 @pytest.mark.parametrize("kv_dtype", ["int4", "int2"])
