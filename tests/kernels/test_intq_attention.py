@@ -110,25 +110,29 @@ def test_twins_equal_dense_attention_over_the_dequantised_values(bits, groups):
 
 
 def test_integer_pages_never_take_a_gluon_kernel(monkeypatch):
-    """Even where the dispatch rules said yes (patched here: on CPU they never do), INT pages run the
-    Triton INT kernels: hopper_prefill_supported needs q's dtype in the pages, the FP8 decode kernel FP8."""
+    """INT pages on CPU run the Triton INT kernels (the interpreter), never a Gluon one, even where the
+    rules' GPU checks said yes (patched here): hopper_prefill_supported and the FP8 decode rule (patched
+    to say yes outright) need q's dtype or FP8 in the pages, and the INT4 decode rule, given the shape its
+    kernel takes (INT4 pages of head_dim 128 in two groups, KVStore's layout) and a capable GPU, needs
+    the pages on a CUDA device. decode_warps_per_sm, told the head_dim, then plans the Triton split rule."""
     import radixkv.kernels.decode as decode_mod
     import radixkv.kernels.prefill as prefill_mod
+    from radixkv.kernels import dispatch
 
     monkeypatch.setattr(prefill_mod, "hopper_prefill_supported", lambda *a: True)
     monkeypatch.setattr(decode_mod, "fp8_decode_gluon", lambda *a: True)
+    monkeypatch.setattr(dispatch, "_gluon_int4_gpu", lambda index: True)
     gen = _seed("gluon")
-    kv = IntKV([9, 4], 4, 2, 32, 4, 2, gen)
-    q = torch.randn(2, 4, 32, generator=gen).to(torch.float16)
+    kv = IntKV([9, 4], 4, 2, 128, 4, 2, gen)
+    q = torch.randn(2, 4, 128, generator=gen).to(torch.float16)
+    assert not dispatch.int4_decode_gluon(q, kv.k, kv.v, kv.ks, kv.vs, q)  # on CPU: the Triton INT kernel
     ql, qs = torch.ones(2, dtype=torch.int32), torch.arange(2, dtype=torch.int32)
     want = paged_decode_ref(q, **kv.caches(), k_scale=kv.ks, v_scale=kv.vs).float()
     got = paged_prefill(q, **kv.caches(), q_start=qs, q_lens=ql, k_scale=kv.ks, v_scale=kv.vs)
     torch.testing.assert_close(got.float(), want, atol=3e-3, rtol=3e-3)
     got = paged_decode(q, **kv.caches(), k_scale=kv.ks, v_scale=kv.vs)
     torch.testing.assert_close(got.float(), want, atol=3e-3, rtol=3e-3)
-    from radixkv.kernels.dispatch import decode_warps_per_sm
-
-    assert decode_warps_per_sm(torch.float16, kv.k, kv.v, kv.ks, 2) == 0  # splits by the Triton rule
+    assert dispatch.decode_warps_per_sm(torch.float16, kv.k, kv.v, kv.ks, 2, 128) == 0  # splits by the Triton rule
 
 
 @pytest.mark.parametrize("kv_dtype", ["int4", "int2"])
