@@ -79,6 +79,134 @@ def test_fp8_decode_gluon_rule_with_a_capable_gpu(monkeypatch):
     assert not dispatch.fp8_decode_gluon(strided_q, pages, pages, q)
 
 
+class _OnGpu:
+    """A tensor (CPU or meta) that reports a CUDA device: the INT4 layout rule reads only its device,
+    dtype, shape, strides and data_ptr (and views of it), so no GPU is needed to exercise the rule."""
+
+    device = torch.device("cuda", 0)
+
+    def __init__(self, t: torch.Tensor):
+        self._t = t
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+
+def _int_pages(head_dim: int, kv_dtype: str, pages: int = 4, page_size: int = 16, hkv: int = 2,
+               groups: int | None = None, device: str = "cpu"):
+    """KVStore's head-major INT pages and (scale, zero) pairs, as CUDA stand-ins: (k, v, k_scale, v_scale)."""
+    from radixkv.engine.kv_store import head_major_int_scales, head_major_pages
+    from radixkv.kernels.intq import packed_dim
+    from radixkv.plan import kv_int_groups
+
+    bits = 4 if kv_dtype == "int4" else 2
+    shape = (pages, page_size, hkv, packed_dim(head_dim, bits))
+    groups = groups or kv_int_groups(head_dim, kv_dtype)
+    k, v = (_OnGpu(head_major_pages(shape, torch.uint8, device)) for _ in range(2))
+    ks, vs = (_OnGpu(head_major_int_scales(shape, groups, device)) for _ in range(2))
+    return k, v, ks, vs
+
+
+def test_int4_register_caps():
+    assert dispatch.int4_max_registers(4) == 168  # FP8's rule at head_dim 128: 12 programs per SM
+    assert dispatch.int4_max_registers(8) == 168
+    assert dispatch.int4_max_registers(4, off64=True) == 200
+    assert dispatch.int4_max_registers(4, page_size=3) == 200  # a page id per token
+    assert dispatch.int4_max_registers(16) == 255
+
+
+def test_int4_decode_gluon_needs_a_cuda_gpu(monkeypatch):
+    """On CPU the INT4 Gluon kernel is never taken, even with a capable GPU check: the device decides."""
+    from radixkv.engine.kv_store import head_major_int_scales, head_major_pages
+
+    monkeypatch.setattr(dispatch, "_gluon_int4_gpu", lambda index: True)
+    shape = (4, 16, 2, 64)
+    k, ks = head_major_pages(shape, torch.uint8, "cpu"), head_major_int_scales(shape, 2, "cpu")
+    q = torch.empty(3, 8, 128, dtype=torch.bfloat16)
+    assert not dispatch.int4_decode_gluon(q, k, k, ks, ks, q)
+    assert dispatch.decode_warps_per_sm(torch.bfloat16, k, k, ks, 4, 128) == 0
+
+
+def test_int4_decode_gluon_rule_with_a_capable_gpu(monkeypatch):
+    """With the GPU check forced true (CPU tensors that report a CUDA device stand in for the layout),
+    the INT4 Gluon kernel is taken for KVStore's INT4 pages at head_dim 128 (two groups, one a bit-plane)
+    and 16-bit q, and only then."""
+    monkeypatch.setattr(dispatch, "_gluon_int4_gpu", lambda index: True)
+    k, v, ks, vs = _int_pages(128, "int4")
+    assert tuple(ks.shape[3:]) == (2, 2)  # radixkv.plan.kv_int_groups: 2 groups of 64 values
+    q = torch.empty(3, 8, 128, dtype=torch.bfloat16)
+    assert dispatch.int4_decode_gluon(q, k, v, ks, vs, q)
+    assert dispatch.int4_decode_gluon(q.half(), k, v, ks, vs, q.half())
+    assert ks.flatten(3).view(torch.int64).shape == (*ks.shape[:3], 1)  # pair_words' view exists
+    assert not dispatch.int4_decode_gluon(q.float(), k, v, ks, vs, q.float())  # fp32 q: the Triton kernel
+    strided = torch.empty(3, 8, 256, dtype=torch.bfloat16)[..., ::2]
+    assert not dispatch.int4_decode_gluon(strided, k, v, ks, vs, q)  # q's head dim strided
+    assert not dispatch.int4_decode_gluon(q, k, v, ks, vs, strided)  # out's
+    wide = torch.empty(3, 34, 128, dtype=torch.bfloat16)  # a GQA group of 17
+    assert not dispatch.int4_decode_gluon(wide, k, v, ks, vs, wide)
+    # other INT layouts: int2 pages (32 bytes a row at head_dim 128), head_dim 64 (4 groups of 16)
+    k2, v2, ks2, vs2 = _int_pages(128, "int2")
+    assert not dispatch.int4_decode_gluon(q, k2, v2, ks2, vs2, q)
+    k64, v64, ks64, vs64 = _int_pages(64, "int4")
+    assert tuple(ks64.shape[3:]) == (4, 2)
+    q64 = torch.empty(3, 8, 64, dtype=torch.bfloat16)
+    assert not dispatch.int4_decode_gluon(q64, k64, v64, ks64, vs64, q64)
+    # INT4 at head_dim 128 in 1 or 4 groups (valid formats, not one group a plane): the Triton kernel
+    for groups in (1, 4):
+        kg, vg, ksg, vsg = _int_pages(128, "int4", groups=groups)
+        assert not dispatch.int4_decode_gluon(q, kg, vg, ksg, vsg, q)
+
+
+def test_int4_decode_gluon_needs_word_pages_and_pair_scales(monkeypatch):
+    """The kernel reads pages as int32 words and each token-head's (s0, z0, s1, z1) as one aligned int64:
+    pages with unaligned rows and pairs not contiguous in their last two dims (or not 8-byte aligned)
+    take the Triton kernel."""
+    monkeypatch.setattr(dispatch, "_gluon_int4_gpu", lambda index: True)
+    k, v, ks, vs = _int_pages(128, "int4")
+    q = torch.empty(3, 8, 128, dtype=torch.bfloat16)
+    P, S, H = ks.shape[:3]
+    odd = _OnGpu(torch.zeros(P, H, S, 66, dtype=torch.uint8)[..., 1:65].transpose(1, 2))  # rows off words
+    assert not dispatch.int4_decode_gluon(q, odd, odd, ks, vs, q)
+    swapped = _OnGpu(torch.zeros(P, H, S, 2, 2, dtype=torch.float16).transpose(3, 4).transpose(1, 2))
+    assert tuple(swapped.shape) == tuple(ks.shape) and swapped.stride(3) == 1  # (g, s/z) stored zero-major
+    assert not dispatch.int4_decode_gluon(q, k, v, swapped, swapped, q)
+    padded = _OnGpu(torch.zeros(P, H, S, 4, 2, dtype=torch.float16)[..., :2, :].transpose(1, 2))
+    assert padded.stride()[3:] == (2, 1)  # contiguous pairs, 16 bytes a token: still one aligned int64
+    assert dispatch.int4_decode_gluon(q, k, v, padded, padded, q)
+    sparse = _OnGpu(torch.zeros(P, H, S, 2, 4, dtype=torch.float16)[..., :2].transpose(1, 2))
+    assert sparse.stride()[3:] == (4, 1)  # (s, z) contiguous, the groups 8 bytes apart: not one word
+    assert not dispatch.int4_decode_gluon(q, k, v, sparse, sparse, q)
+    odd_tokens = _OnGpu(torch.zeros(P, H, S, 3, 2, dtype=torch.float16)[..., :2, :].transpose(1, 2))
+    assert odd_tokens.stride(1) == 6  # tokens 12 bytes apart: words off 8-byte alignment
+    assert not dispatch.int4_decode_gluon(q, k, v, odd_tokens, odd_tokens, q)
+    shifted = _OnGpu(torch.zeros(P * H * S * 4 + 2, dtype=torch.float16)[2:].view(P, H, S, 2, 2).transpose(1, 2))
+    assert shifted.data_ptr() % 8 == 4
+    assert not dispatch.int4_decode_gluon(q, k, v, shifted, shifted, q)
+
+
+def test_int4_decode_warps_per_sm_needs_head_dim(monkeypatch):
+    """decode_warps_per_sm gives the INT4 kernel's residency only when told q's head_dim: INT2 pages of
+    head_dim 256 in 2 groups have INT4's layout at 128 byte for byte (64-byte rows, (2, 2) pairs)."""
+    monkeypatch.setattr(dispatch, "_gluon_int4_gpu", lambda index: True)
+    k, v, ks, _ = _int_pages(128, "int4")
+    assert dispatch.decode_warps_per_sm(torch.bfloat16, k, v, ks, 4, 128) == 12  # 168 registers
+    assert dispatch.decode_warps_per_sm(torch.float16, k, v, ks, 4, head_dim=128) == 12
+    assert dispatch.decode_warps_per_sm(torch.bfloat16, k, v, ks, 4) == 0  # no head_dim: not INT4 for sure
+    assert dispatch.decode_warps_per_sm(torch.float32, k, v, ks, 4, 128) == 0
+    assert dispatch.decode_warps_per_sm(torch.bfloat16, k, v, ks, 16, 128) == 8  # 255 registers
+    assert dispatch.decode_warps_per_sm(torch.bfloat16, k, v, ks, 17, 128) == 0
+    k3, v3, ks3, _ = _int_pages(128, "int4", page_size=3)
+    assert dispatch.decode_warps_per_sm(torch.bfloat16, k3, v3, ks3, 4, 128) == 8  # a page id per token: 200
+    big, bigv, bigs, _ = _int_pages(128, "int4", pages=(1 << 20) + 1, hkv=8, device="meta")  # 2^11 words a page
+    assert dispatch.decode_warps_per_sm(torch.bfloat16, big, bigv, bigs, 4, 128) == 8  # 64-bit offsets: 200
+    k2, v2, ks2, vs2 = _int_pages(256, "int2", groups=2)
+    assert k2.shape == k.shape and ks2.shape == ks.shape and ks2.stride() == ks.stride()
+    assert dispatch.decode_warps_per_sm(torch.bfloat16, k2, v2, ks2, 4, 256) == 0
+    assert dispatch.decode_warps_per_sm(torch.bfloat16, k2, v2, ks2, 4, 128) == 12  # the layout alone can't tell
+    q2 = torch.empty(3, 8, 256, dtype=torch.bfloat16)
+    assert not dispatch.int4_decode_gluon(q2, k2, v2, ks2, vs2, q2)
+
+
 def test_fp8_offsets_64_by_reach_of_kvstore_layout():
     from radixkv.engine.kv_store import head_major_pages, head_major_scales
 

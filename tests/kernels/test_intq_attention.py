@@ -109,30 +109,35 @@ def test_twins_equal_dense_attention_over_the_dequantised_values(bits, groups):
         torch.testing.assert_close(dec[b].double(), want[-1], atol=1e-5, rtol=1e-5)
 
 
-def test_int2_pages_never_take_a_gluon_kernel(monkeypatch):
-    """Even where the dispatch rules said yes (patched here: on CPU they never do), INT2 pages run the
-    Triton INT kernels (the Gluon ones read 16-bit, FP8 or INT4 pages only); INT4 pages take a Gluon kernel
-    only where its rule holds, which on CPU it never does (unpatched below)."""
+def test_integer_pages_on_cpu_never_take_a_gluon_kernel(monkeypatch):
+    """INT4 pages of the shape the Gluon kernels take (head_dim 128 in two groups, KVStore's layout) with the
+    rules' GPU checks patched to say yes still run the Triton INT kernels on CPU: both rules need the pages
+    on a CUDA device, and decode_warps_per_sm, told the head_dim, plans the Triton split rule. INT2 pages
+    never take a Gluon kernel, even where the launchers' rules are patched to say yes outright."""
     import radixkv.kernels.decode as decode_mod
     import radixkv.kernels.prefill as prefill_mod
     from radixkv.kernels import dispatch
 
+    monkeypatch.setattr(dispatch, "_gluon_int4_gpu", lambda index: True)
+    monkeypatch.setattr(dispatch, "_gluon_hopper_gpu", lambda index: True)
     gen = _seed("gluon")
-    int4 = IntKV([9, 4], 4, 2, 32, 4, 2, gen)
-    q = torch.randn(2, 4, 32, generator=gen).to(torch.float16)
-    assert not dispatch.hopper_prefill_supported(q, int4.k, int4.v, q, 100, int4.ks)
-    assert not dispatch.int4_decode_gluon(q, int4.k, int4.v, int4.ks, int4.vs, q)
-    monkeypatch.setattr(prefill_mod, "hopper_prefill_supported", lambda *a: True)
-    monkeypatch.setattr(decode_mod, "fp8_decode_gluon", lambda *a: True)
-    monkeypatch.setattr(decode_mod, "int4_decode_gluon", lambda *a: True)
-    kv = IntKV([9, 4], 4, 2, 32, 2, 2, gen)
     ql, qs = torch.ones(2, dtype=torch.int32), torch.arange(2, dtype=torch.int32)
-    want = paged_decode_ref(q, **kv.caches(), k_scale=kv.ks, v_scale=kv.vs).float()
-    got = paged_prefill(q, **kv.caches(), q_start=qs, q_lens=ql, k_scale=kv.ks, v_scale=kv.vs)
-    torch.testing.assert_close(got.float(), want, atol=3e-3, rtol=3e-3)
-    got = paged_decode(q, **kv.caches(), k_scale=kv.ks, v_scale=kv.vs)
-    torch.testing.assert_close(got.float(), want, atol=3e-3, rtol=3e-3)
-    assert dispatch.decode_warps_per_sm(torch.float16, kv.k, kv.v, kv.ks, 2, 32) == 0  # splits by the Triton rule
+    for bits, d in ((4, 128), (2, 32)):
+        kv = IntKV([9, 4], 4, 2, d, bits, 2, gen)
+        q = torch.randn(2, 4, d, generator=gen).to(torch.float16)
+        if bits == 4:
+            assert not dispatch.int4_decode_gluon(q, kv.k, kv.v, kv.ks, kv.vs, q)
+            assert not dispatch.hopper_prefill_supported(q, kv.k, kv.v, q, 100, kv.ks)
+            assert dispatch.decode_warps_per_sm(torch.float16, kv.k, kv.v, kv.ks, 2, d) == 0
+        else:
+            monkeypatch.setattr(prefill_mod, "hopper_prefill_supported", lambda *a: True)
+            monkeypatch.setattr(decode_mod, "fp8_decode_gluon", lambda *a: True)
+            monkeypatch.setattr(decode_mod, "int4_decode_gluon", lambda *a: True)
+        want = paged_decode_ref(q, **kv.caches(), k_scale=kv.ks, v_scale=kv.vs).float()
+        got = paged_prefill(q, **kv.caches(), q_start=qs, q_lens=ql, k_scale=kv.ks, v_scale=kv.vs)
+        torch.testing.assert_close(got.float(), want, atol=3e-3, rtol=3e-3)
+        got = paged_decode(q, **kv.caches(), k_scale=kv.ks, v_scale=kv.vs)
+        torch.testing.assert_close(got.float(), want, atol=3e-3, rtol=3e-3)
 
 
 @pytest.mark.parametrize("kv_dtype", ["int4", "int2"])
