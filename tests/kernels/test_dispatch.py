@@ -261,6 +261,15 @@ def test_hopper_prefill_rule_on_cpu_tensors(fresh_switches):
     fp8 = torch.empty(2, 2, 16, 128, dtype=torch.float8_e4m3fn).transpose(1, 2)  # KVStore's head-major pages
     assert hopper_prefill_supported(gpu, fp8, fp8, q, 512)  # FP8 pages are widened in the kernel
     assert not hopper_prefill_supported(gpu, cache.view(torch.int16), cache.view(torch.int16), q, 512)
+    from radixkv.engine.kv_store import head_major_int_scales, head_major_pages
+
+    int4 = head_major_pages((2, 16, 2, 64), torch.uint8, "cpu")  # head_dim 128 in packed bytes
+    pairs = head_major_int_scales(int4.shape, 2, "cpu")
+    assert hopper_prefill_supported(gpu, int4, int4, q, 512, pairs)  # INT4 pages are dequantised in the kernel
+    assert not hopper_prefill_supported(gpu, int4, int4, q, 512)  # ... given their (scale, zero) pairs
+    assert not hopper_prefill_supported(gpu, int4, int4, q, 512, head_major_int_scales(int4.shape, 4, "cpu"))
+    int2 = head_major_pages((2, 16, 2, 32), torch.uint8, "cpu")
+    assert not hopper_prefill_supported(gpu, int2, int2, q, 512, head_major_int_scales(int2.shape, 4, "cpu"))
     monkeypatch.setenv(HOPPER_PREFILL_ENV, "0")
     hopper_prefill_enabled.cache_clear()  # the switch is read once per process
     assert not hopper_prefill_supported(gpu, cache, cache, q, HOPPER_PREFILL_MIN_NEW + 1)  # the way out
