@@ -21,6 +21,11 @@ Three launches (cascade_decode composes them):
 2. paged_decode_partial: decode.py's kernel over the suffix tables in its split mode (FP8 pages on the
    GPU: paged_decode_fp8's Gluon kernel, as paged_decode dispatches), so it returns states, not outputs.
 3. merge_attention_states: every state of a (row, head) folded by the max-subtracted log-sum-exp rule.
+Two levels (CascadePlan.outer; a system prompt shared by all rows over few-shot blocks shared by some):
+the outer groups are a second CascadeGroups whose runs start at token 0, the inner groups' prefix tables
+then start where their rows' outer run ends (plan_cascade), and launch 1 runs once per level, each writing
+its slice of one state buffer, so launch 3 merges outer + inner + suffix states at once. A row in no group
+of a level has -inf states there.
 
 Partial attention states (decode.py's split partials, so one merge takes any mix):
     o    float32 [B, Hq, S, D]   S states per (row, q head), each normalised over its own keys
@@ -229,7 +234,8 @@ class CascadeGroups(NamedTuple):
 
 
 class CascadePlan(NamedTuple):
-    """A decode batch as one cascade level plus each row's own pages after it (plan_cascade builds it)."""
+    """A decode batch as one cascade level (or two: `outer`) plus each row's own pages after it
+    (plan_cascade builds it)."""
 
     groups: CascadeGroups
     suffix_pages: Tensor  # int32 [B, max_suffix_pages]
@@ -243,54 +249,78 @@ class CascadePlan(NamedTuple):
     # picks them (default_prefix_splits, suffix_num_splits)
     prefix_splits: int | None = None
     suffix_splits: int | None = None
+    # a second level above `groups` (two-level cascade, eager plans only): its runs start at token 0, each
+    # group's run where its rows' outer run ends, and suffix tables after both
+    outer: CascadeGroups | None = None
 
 
 def plan_cascade(page_tables: Sequence[Sequence[int]], seq_lens: Sequence[int],
-                 groups: Sequence[tuple[Sequence[int], int]], page_size: int, device: torch.device | str) -> CascadePlan:
+                 groups: Sequence[tuple[Sequence[int], int]], page_size: int, device: torch.device | str,
+                 outer: Sequence[tuple[Sequence[int], int]] = ()) -> CascadePlan:
     """Host lists -> a CascadePlan on `device`. page_tables[b] / seq_lens[b]: row b's whole sequence;
     groups: (rows, shared_tokens) pairs, shared_tokens a multiple of page_size that every row of the group
     has, on the same pages. Rows in no group attend their whole sequence as the suffix. ValueError names
-    the group or row that does not fit."""
+    the group or row that does not fit.
+    outer: a second level above `groups`, the same (rows, shared_tokens from token 0) pairs: its runs are
+    read once per outer group, and a group's run then starts where its rows' outer run ends (all its rows
+    in one outer group, or all in none); an outer row in no group attends from there as its own pages."""
     fn = "plan_cascade"
     page_size = host_int(fn, "page_size", page_size, lo=1)
     B = len(page_tables)
     if len(seq_lens) != B:
         raise ValueError(f"{fn}: {B} page tables but {len(seq_lens)} seq_lens")
-    shared = [0] * B
-    in_group = [False] * B
+    i32 = {"dtype": torch.int32, "device": device}
+    outer_groups, outer_end = None, [0] * B
+    if outer:
+        outer_groups, outer_end = _plan_level(fn, "outer", page_tables, seq_lens, outer, page_size, outer_end, i32)
+    inner, shared = _plan_level(fn, "groups", page_tables, seq_lens, groups, page_size, outer_end, i32)
+    suffix = [list(page_tables[b][shared[b] // page_size: -(-seq_lens[b] // page_size)]) for b in range(B)]
+    suffix_lens = [seq_lens[b] - shared[b] for b in range(B)]
+    return CascadePlan(inner, _table(suffix).to(device), torch.tensor(suffix_lens, **i32), max(suffix_lens + [0]),
+                       min(suffix_lens + [1]) == 0, outer=outer_groups)
+
+
+def _table(rows: list[list[int]]) -> Tensor:
+    """Ragged host lists -> int32 [len(rows), longest] (zero-padded; at least one column)."""
+    width = max([len(r) for r in rows] + [1])
+    return torch.tensor([r + [0] * (width - len(r)) for r in rows] or [[0]], dtype=torch.int32)[: len(rows)]
+
+
+def _plan_level(fn: str, name: str, page_tables: Sequence[Sequence[int]], seq_lens: Sequence[int],
+                groups: Sequence[tuple[Sequence[int], int]], page_size: int, start: list[int],
+                i32: dict) -> tuple[CascadeGroups, list[int]]:
+    """One level of plan_cascade: groups' runs from their rows' start[r] (tokens, the level above's end) to
+    their shared_tokens. Returns its CascadeGroups and each row's end (start[b] for a row in no group)."""
+    B = len(page_tables)
+    end, in_group = list(start), [False] * B
     starts, flat, runs, lens = [0], [], [], []
     for gi, (rows, n) in enumerate(groups):
         rows, n = [int(r) for r in rows], int(n)
         if not rows:
-            raise ValueError(f"{fn}: groups[{gi}] has no rows")
+            raise ValueError(f"{fn}: {name}[{gi}] has no rows")
         if n < 0 or n % page_size:
-            raise ValueError(f"{fn}: groups[{gi}] shares {n} tokens, not a whole number of {page_size}-token pages")
-        run = list(page_tables[rows[0]][: n // page_size]) if 0 <= rows[0] < B else []
+            raise ValueError(f"{fn}: {name}[{gi}] shares {n} tokens, not a whole number of {page_size}-token pages")
+        lead = list(page_tables[rows[0]][: n // page_size]) if 0 <= rows[0] < B else []
+        lo = start[rows[0]] if 0 <= rows[0] < B else 0
         for r in rows:
             if not 0 <= r < B:
-                raise ValueError(f"{fn}: groups[{gi}] names row {r} outside the batch of {B}")
+                raise ValueError(f"{fn}: {name}[{gi}] names row {r} outside the batch of {B}")
             if in_group[r]:
-                raise ValueError(f"{fn}: row {r} is in two groups (groups[{gi}] and an earlier one)")
-            if n > seq_lens[r] or list(page_tables[r][: n // page_size]) != run:
-                raise ValueError(f"{fn}: row {r} of groups[{gi}] does not hold the group's {n} shared tokens "
+                raise ValueError(f"{fn}: row {r} is in two groups ({name}[{gi}] and an earlier one)")
+            if n > seq_lens[r] or list(page_tables[r][: n // page_size]) != lead:
+                raise ValueError(f"{fn}: row {r} of {name}[{gi}] does not hold the group's {n} shared tokens "
                                  "on the same pages")
-            in_group[r], shared[r] = True, n
+            if start[r] != lo or n < lo:
+                raise ValueError(f"{fn}: row {r} of {name}[{gi}] starts at token {start[r]} of the outer level, "
+                                 f"not {lo} as row {rows[0]}, or the group's {n} tokens end before it")
+            in_group[r], end[r] = True, n
         flat += rows
         starts.append(len(flat))
-        runs.append(run)
-        lens.append(n)
-    suffix = [list(page_tables[b][shared[b] // page_size: -(-seq_lens[b] // page_size)]) for b in range(B)]
-    suffix_lens = [seq_lens[b] - shared[b] for b in range(B)]
-
-    def table(rows: list[list[int]]) -> Tensor:
-        width = max([len(r) for r in rows] + [1])
-        return torch.tensor([r + [0] * (width - len(r)) for r in rows] or [[0]], dtype=torch.int32)[: len(rows)]
-
-    i32 = {"dtype": torch.int32, "device": device}
-    cg = CascadeGroups(torch.tensor(starts, **i32), torch.tensor(flat, **i32), table(runs).to(device),
-                       torch.tensor(lens, **i32), max([starts[g + 1] - starts[g] for g in range(len(lens))] + [0]))
-    return CascadePlan(cg, table(suffix).to(device), torch.tensor(suffix_lens, **i32), max(suffix_lens + [0]),
-                       min(suffix_lens + [1]) == 0)
+        runs.append(lead[lo // page_size:])
+        lens.append(n - lo)
+    sizes = [starts[g + 1] - starts[g] for g in range(len(lens))]
+    return CascadeGroups(torch.tensor(starts, **i32), torch.tensor(flat, **i32), _table(runs).to(i32["device"]),
+                         torch.tensor(lens, **i32), max(sizes + [0])), end
 
 
 def _check_groups(fn: str, q: Tensor, k_cache: Tensor, prefix_pages: Tensor, prefix_lens: Tensor,
@@ -386,8 +416,8 @@ def cascade_prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix
                              group_start: Tensor, group_rows: Tensor, sm_scale: float | None = None,
                              k_scale: Tensor | None = None, v_scale: Tensor | None = None, *,
                              max_group_rows: int | None = None, num_splits: int | None = None,
-                             config: KernelConfig | None = None,
-                             all_rows_grouped: bool | None = None) -> tuple[Tensor, Tensor]:
+                             config: KernelConfig | None = None, all_rows_grouped: bool | None = None,
+                             out: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """Each group's rows (all their q heads) against the group's shared prefix, no causal mask.
 
     q: [B, Hq, D]; caches [P, S, Hkv, D]; group tensors as the module docstring. Returns partial states
@@ -396,6 +426,9 @@ def cascade_prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix
     num_splits cuts each prefix into that many key ranges (default: prefix_num_splits). all_rows_grouped:
     whether every row of q is in a group, so no state needs the -inf init (default: len(group_rows) >= B,
     rows being unique; False for a static plan whose group_rows buffer is longer than its groups' rows).
+    out: (o, lse), float32 [B, Hq, S, D] / [B, Hq, S] views (any strides: e.g. a slice along S of a buffer
+    holding several levels' states, merged at once) to write into instead, S = num_splits (its default);
+    rows in no group then get lse -inf and their o is left as it was (a merge never reads it).
     """
     fn = "cascade_prefix_attention"
     fp8 = _check_attention_args(fn, q, k_cache, v_cache, k_scale, v_scale)
@@ -408,12 +441,20 @@ def cascade_prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix
     if q.device.type == "cpu" and G and max_group_rows < int((start[1:] - start[:-1]).max()):
         raise IndexValueError(f"{fn}: max_group_rows = {max_group_rows} is below the largest group's rows")
     config = config or _prefix_config(q.dtype, k_cache)
-    if num_splits is None:
+    if out is not None:
+        o, lse = _check_out_states(fn, out, (B, hq, d), q.device)
+        num_splits = o.shape[2] if num_splits is None else num_splits
+    elif num_splits is None:
         num_splits = default_prefix_splits(q.dtype, k_cache, hq, G, R, pages.shape[1] * page_size, config)
     num_splits = host_int(fn, "num_splits", num_splits, lo=1)
     f32 = {"dtype": torch.float32, "device": q.device}
     grouped = R >= B if all_rows_grouped is None else all_rows_grouped  # rows are unique (checked on CPU)
-    if grouped:
+    if out is not None:
+        if o.shape[2] != num_splits:
+            raise ValueError(f"{fn}: out holds {o.shape[2]} states a (row, head), num_splits is {num_splits}")
+        if not grouped:
+            lse.fill_(float("-inf"))
+    elif grouped:
         o, lse = torch.empty(B, hq, num_splits, d, **f32), torch.empty(B, hq, num_splits, **f32)
     else:
         o, lse = torch.zeros(B, hq, num_splits, d, **f32), torch.full((B, hq, num_splits), float("-inf"), **f32)
@@ -427,6 +468,22 @@ def cascade_prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix
         num_splits, GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size, BLOCK_M=config.block_m,
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=config.block_n, IS_FP8=fp8,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
+    return o, lse
+
+
+def _check_out_states(fn: str, out: object, shape: tuple[int, int, int],
+                      device: torch.device) -> tuple[Tensor, Tensor]:
+    """out = (o float32 [B, Hq, S, D], lse float32 [B, Hq, S]) on `device` for shape (B, Hq, D), any S >= 1,
+    else ValueError naming it."""
+    if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, Tensor) for t in out)
+            and out[0].dim() == 4):
+        raise ValueError(f"{fn}: out must be a pair of tensors (o [B, Hq, S, D], lse [B, Hq, S])")
+    o, lse = out
+    B, hq, d = shape
+    for name, t, want in (("o", o, (B, hq, o.shape[2], d)), ("lse", lse, (B, hq, o.shape[2]))):
+        if tuple(t.shape) != want or t.dtype != torch.float32 or t.device != device:
+            raise ValueError(f"{fn}: out's {name} must be float32 {list(want)} on {device}, got {t.dtype} "
+                             f"{list(t.shape)} on {t.device}")
     return o, lse
 
 
@@ -519,11 +576,15 @@ def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tenso
 def cascade_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePlan, sm_scale: float | None = None,
                    k_scale: Tensor | None = None, v_scale: Tensor | None = None, *, prefix_splits: int | None = None,
                    suffix_splits: int | None = None, prefix_config: KernelConfig | None = None,
-                   suffix_config: KernelConfig | None = None, out: Tensor | None = None) -> Tensor:
+                   suffix_config: KernelConfig | None = None, out: Tensor | None = None,
+                   outer_splits: int | None = None) -> Tensor:
     """paged_decode of q [B, Hq, D] over each row's whole sequence, computed as the plan's shared prefixes
     (once per group) + each row's suffix + the merge. Returns [B, Hq, D] in q's dtype (or `out`).
     A plan with no groups is plain paged_decode over the suffix tables (the whole sequences). Split counts:
-    the arguments, else the plan's (CascadePlan.prefix_splits / suffix_splits), else chosen here."""
+    the arguments, else the plan's (CascadePlan.prefix_splits / suffix_splits), else chosen here.
+    Two levels (plan.outer): the outer groups' prefixes once each too (outer_splits, default chosen as
+    for prefix_splits), both levels' states written side by side into one buffer [B, Hq, So + Sp, D] and
+    merged with the suffix's in the one merge: a launch more than one level, no merge more."""
     if not isinstance(plan, CascadePlan):
         raise ValueError(f"cascade_decode: plan must be a CascadePlan, got {type(plan).__name__}")  # noqa: TRY004
     g = plan.groups
@@ -532,15 +593,31 @@ def cascade_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePla
     check_paged_args("cascade_decode", q, k_cache, v_cache, plan.suffix_pages, plan.suffix_lens, k_scale, v_scale)
     if suffix_splits is None:
         suffix_splits = suffix_num_splits(q, k_cache, v_cache, k_scale, plan)
-    if g.prefix_pages.shape[0] == 0 and not plan.empty_suffix:
+    if g.prefix_pages.shape[0] == 0 and plan.outer is None and not plan.empty_suffix:
         from .decode import paged_decode
 
         return paged_decode(q, k_cache, v_cache, plan.suffix_pages, plan.suffix_lens, sm_scale, k_scale, v_scale,
                             num_splits=suffix_splits, config=suffix_config, out=out)
-    o_p, lse_p = cascade_prefix_attention(q, k_cache, v_cache, g.prefix_pages, g.prefix_lens, g.group_start,
-                                          g.group_rows, sm_scale, k_scale, v_scale, max_group_rows=g.max_group_rows,
-                                          num_splits=prefix_splits, config=prefix_config,
-                                          all_rows_grouped=plan.all_rows_grouped)
+    prefix_args = (q, k_cache, v_cache)
+    scales = {"sm_scale": sm_scale, "k_scale": k_scale, "v_scale": v_scale, "config": prefix_config}
+    if plan.outer is None:
+        o_p, lse_p = cascade_prefix_attention(*prefix_args, g.prefix_pages, g.prefix_lens, g.group_start,
+                                              g.group_rows, **scales, max_group_rows=g.max_group_rows,
+                                              num_splits=prefix_splits, all_rows_grouped=plan.all_rows_grouped)
+    else:
+        B, hq, d = q.shape
+        levels = ((plan.outer, outer_splits, None), (g, prefix_splits, plan.all_rows_grouped))
+        splits = [n if n is not None else default_prefix_splits(
+            q.dtype, k_cache, hq, lv.prefix_pages.shape[0], lv.group_rows.shape[0],
+            lv.prefix_pages.shape[1] * k_cache.shape[1], prefix_config) for lv, n, _ in levels]
+        o_p = torch.empty(B, hq, sum(splits), d, dtype=torch.float32, device=q.device)  # [B, Hq, So + Sp, D]
+        lse_p = torch.empty(B, hq, sum(splits), dtype=torch.float32, device=q.device)  # [B, Hq, So + Sp]
+        at = 0
+        for (lv, _, grouped), n in zip(levels, splits):
+            cascade_prefix_attention(*prefix_args, lv.prefix_pages, lv.prefix_lens, lv.group_start, lv.group_rows,
+                                     **scales, max_group_rows=lv.max_group_rows, num_splits=n,
+                                     all_rows_grouped=grouped, out=(o_p[:, :, at:at + n], lse_p[:, :, at:at + n]))
+            at += n
     # An empty suffix keeps the Triton kernel (explicit config): the Gluon one needs a token a row.
     if plan.empty_suffix and suffix_config is None:
         suffix_config = default_config(KernelKind.DECODE, q, k_cache)

@@ -374,10 +374,13 @@ def merge_attention_states_ref(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: T
 
 def cascade_decode_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan, sm_scale: float | None = None,
                        k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> Tensor:
-    """cascade_decode's twin over a cascade.CascadePlan: the prefix, suffix and merge twins composed."""
-    g = plan.groups
-    o_p, lse_p = cascade_prefix_attention_ref(q, k_cache, v_cache, g.prefix_pages, g.prefix_lens, g.group_start,
-                                              g.group_rows, sm_scale, k_scale, v_scale)
+    """cascade_decode's twin over a cascade.CascadePlan: the prefix (per level: plan.outer, if any, then
+    plan.groups), suffix and merge twins composed."""
+    levels = [plan.groups] if plan.outer is None else [plan.outer, plan.groups]
+    states = [cascade_prefix_attention_ref(q, k_cache, v_cache, g.prefix_pages, g.prefix_lens, g.group_start,
+                                           g.group_rows, sm_scale, k_scale, v_scale) for g in levels]
+    o_p = torch.cat([o for o, _ in states], dim=2)  # [B, Hq, levels, D]
+    lse_p = torch.cat([lse for _, lse in states], dim=2)  # [B, Hq, levels]
     o_s, lse_s = paged_decode_partial_ref(q, k_cache, v_cache, plan.suffix_pages, plan.suffix_lens, sm_scale,
                                           k_scale, v_scale)
     return merge_attention_states_ref(o_p, lse_p, o_s, lse_s, out_dtype=q.dtype)

@@ -9,9 +9,12 @@ only tensors built by `plan`, so it does no host sync (CUDA-graph friendly on th
 Cascade steps (LLM(cascade=True)): a decode-only Batch whose `cascade` the scheduler filled is planned
 as a kernels.cascade.CascadePlan (one level: Batch.cascade.plan_groups()), and run attends through
 cascade_decode (reference.cascade_decode_ref on the reference backend): each group's shared prefix once,
-each row's own pages, merged. On CUDA such steps usually replay a graph instead (cuda_graphs.py, its static
-plan from cascade_inputs.py); this eager plan serves the rest. Planning one imports kernels.cascade
-(plan_cascade), hence Triton, even on the reference backend; plain steps never do.
+each row's own pages, merged. Two levels (an outer group over inner ones: a system prompt over few-shot
+blocks) when Batch.cascade has them and cascade_groups.outer_level_pays(levels, self.cascade_outer_rule).
+On CUDA such steps usually replay a graph instead (cuda_graphs.py, its static plan from cascade_inputs.py,
+always one level: a two-level step that fits a graph replays its one level); this eager plan serves the
+rest. Planning one imports kernels.cascade (plan_cascade), hence Triton, even on the reference backend;
+plain steps never do.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from torch import Tensor
 
 from radixkv.batch import Batch
 from radixkv.kernels import dispatch, reference
+from radixkv.scheduler.cascade_groups import OUTER_RULE, CascadeRule, outer_level_pays
 
 from .kv_store import KVStore
 
@@ -101,6 +105,8 @@ class PagedAttention:
         else:
             self._ops = None
         self.cascade_steps = 0  # steps planned as cascade decode (for tests and benchmarks)
+        self.two_level_steps = 0  # of which eager steps on two levels
+        self.cascade_outer_rule: CascadeRule = OUTER_RULE  # when a step's outer level runs (outer_level_pays)
 
     @property
     def current_plan(self) -> AttentionPlan:
@@ -143,15 +149,19 @@ class PagedAttention:
     def _cascade_plan(self, batch: Batch) -> CascadePlan | None:
         """Batch.cascade's one level as device tensors: groups (rows, shared tokens) -> group_start [G + 1],
         group_rows [R], prefix_pages [G, max_prefix_pages], prefix_lens [G]; suffix_pages [B, max_suffix_pages],
-        suffix_lens [B]. None (plain decode) for integer pages, which the cascade kernels do not read."""
+        suffix_lens [B]; and its outer level (CascadePlan.outer, the same layout) when it pays. None (plain
+        decode) for integer pages, which the cascade kernels do not read."""
         groups = batch.cascade.plan_groups()
         if not groups or self.kv.kv_dtype.is_int:
             return None
         # imports Triton: only cascade steps pay for it
         from radixkv.kernels.cascade import plan_cascade
 
+        outer = batch.cascade.plan_outer() if outer_level_pays(batch.cascade, self.cascade_outer_rule) else []
         self.cascade_steps += 1
-        return plan_cascade(batch.page_tables, batch.seq_lens, groups, self.kv.page_size, self.kv.device)
+        self.two_level_steps += bool(outer)
+        return plan_cascade(batch.page_tables, batch.seq_lens, groups, self.kv.page_size, self.kv.device,
+                            outer=outer)
 
     def decode_splits(self, batch_size: int, max_seq_len: int) -> int:
         """Split-KV programs per (row, KV head) of a decode step, as radixkv.kernels.dispatch chooses."""

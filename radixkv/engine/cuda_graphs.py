@@ -21,7 +21,9 @@ and captured on first use (an eager run of the same step first, so Triton has co
 the step's K/V are stored; storing them again on replay writes the same values).
 Cascade steps (Batch.cascade, with cascade=True) read a static cascade plan too (cascade_inputs.py),
 padded to a power-of-two bucket, and are keyed by (bucket, CascadeGraphKey(groups bucket, prefix splits,
-suffix splits)); a step with more than MAX_GROUPS groups runs eagerly. warm_cascade, run at start-up
+suffix splits)); a step with more than MAX_GROUPS groups runs eagerly. Graphs are one level: a step whose
+Batch.cascade has two levels replays its one level (CascadeLevels.plan_groups: exact, one launch fewer);
+only eager steps run two (attention.py, when the outer level pays). warm_cascade, run at start-up
 after capture_all, captures every such key a cascade rule lets a step reach (padding rows only: their
 eager runs compile the cascade kernels' Triton specialisations, kernels/cascade.py), so no cascade step
 of a workload compiles a kernel or captures a graph.
@@ -98,7 +100,8 @@ class DecodeGraphs:
 
     def fits(self, batch: Batch) -> bool:
         """Whether this step can be replayed: decode-only, every row samples, within the buffers; a cascade
-        step only with cascade=True and at most MAX_GROUPS groups."""
+        step only with cascade=True and at most MAX_GROUPS groups (of its one level: a two-level step fits
+        too, and replays as one level)."""
         if batch.cascade is not None and (self._cascade is None
                                           or not self._cascade.fits(batch.cascade.one_level)):
             return False

@@ -85,7 +85,8 @@ class LLM:
     Backend.TRITON on CPU needs TRITON_INTERPRET=1 (tests).
     cascade=True: decode steps whose rows share cached prefix pages attend through the cascade kernels
     (each shared prefix read once per group), replayed from CUDA graphs up to cascade_inputs.MAX_GROUPS groups,
-    captured at start-up for every key the KV dtype's rule can reach (DecodeGraphs.warm_cascade).
+    captured at start-up for every key the KV dtype's rule can reach (DecodeGraphs.warm_cascade), one level;
+    an eager step runs two (a system prompt once over few-shot blocks) when cascade_groups.outer_level_pays.
     kv_events: a publisher (radixkv.cache.events, e.g. QueuePublisher) told of every block the prefix cache
     stores or drops, in vLLM's KV event shape, so a router can follow what this engine holds.
     Other keyword arguments are EngineConfig fields (num_pages, seed, scheduler, ...).

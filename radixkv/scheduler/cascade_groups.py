@@ -14,7 +14,8 @@ O(total pages of the rows) list comparisons, and picks
 - an outer level (max_levels=2), when it pays: a shallower node above several chosen groups (a
   system prompt shared by all rows over a few-shot block shared by some). Its group reads the run
   [0, depth) once; the groups under it then start at its end (`CascadeGroup.page_start`), and its
-  rows in no inner group attend from there as their own pages.
+  rows in no inner group attend from there as their own pages. The engine runs it only when
+  `outer_level_pays` (OUTER_RULE: one more launch a layer against the reads it saves); else one level.
 
 Layout: `CascadeLevels.levels` lists levels outermost first. A row is in at most one group a level;
 the runs of a row's groups follow each other (a group's page_start is where the row's group of the
@@ -42,10 +43,20 @@ CASCADE_MIN_ROWS_FP8_SHORT = 256  # ... or this many rows over a shorter run:
 CASCADE_MIN_SHARED_TOKENS_FP8_SHORT = 1024
 
 
+# When an outer level (max_levels=2) is worth it. It costs one more shared-prefix launch a layer (the kernels
+# merge every level's states in the one merge) and saves (units - 1) x its pages of reads, units = the
+# inner groups and the rows in none under it (on one level each reads the outer run once). Not measured
+# yet (benchmarks/kernels/bench_cascade_levels.py, one H200 call, times plain / one level / two levels):
+# until then two levels are off unless the outer run is long and the units many.
+CASCADE_OUTER_MIN_UNITS = 16
+CASCADE_OUTER_MIN_SHARED_TOKENS = 4096
+
+
 @dataclass(frozen=True)
 class CascadeRule:
     """A group of `rows` rows sharing `tokens` tokens is worth a cascade launch when it meets any one of
-    the (min_rows, min_shared_tokens) pairs; no pair: never (groups are always at least 2 rows)."""
+    the (min_rows, min_shared_tokens) pairs; no pair: never (groups are always at least 2 rows).
+    OUTER_RULE reads the pairs as (min_units, min_shared_tokens) of an outer group (outer_level_pays)."""
 
     thresholds: tuple[tuple[int, int], ...]
 
@@ -66,6 +77,7 @@ RULE_FP8 = CascadeRule(((CASCADE_MIN_ROWS_FP8, CASCADE_MIN_SHARED_TOKENS_FP8),
                         (CASCADE_MIN_ROWS_FP8_SHORT, CASCADE_MIN_SHARED_TOKENS_FP8_SHORT)))
 RULE_NEVER = CascadeRule(())
 RULE_ALWAYS = CascadeRule(((2, 1),))  # any shared page of any 2 rows (tests, experiments)
+OUTER_RULE = CascadeRule(((CASCADE_OUTER_MIN_UNITS, CASCADE_OUTER_MIN_SHARED_TOKENS),))
 
 
 def rule_for(kv_dtype: object) -> CascadeRule:
@@ -115,10 +127,34 @@ class CascadeLevels:
         """one_level as kernels.cascade.plan_cascade's `groups`: (rows, shared_tokens) pairs."""
         return [(list(g.rows), g.tokens(self.page_size)) for g in self.one_level]
 
+    def plan_outer(self) -> list[tuple[list[int], int]]:
+        """The outer level as plan_cascade's `outer` ((rows, shared tokens) pairs; plan_groups() is then
+        the inner level, its tokens also counted from token 0); [] with one level."""
+        if self.num_levels < 2:
+            return []
+        return [(list(g.rows), g.tokens(self.page_size)) for g in self.levels[0]]
+
+    def outer_units(self) -> tuple[int, ...]:
+        """Per outer group: the inner groups under it plus its rows in none (each would read the outer run
+        once on one level); () with one level."""
+        if self.num_levels < 2:
+            return ()
+        inner_of = {r: i for i, g in enumerate(self.levels[1]) for r in g.rows}
+        return tuple(len({inner_of.get(r, ("row", r)) for r in g.rows}) for g in self.levels[0])
+
     @property
     def pages_saved(self) -> int:
         """Page reads a step saves over plain decode with all levels: sum of (rows - 1) x pages."""
         return sum((len(g.rows) - 1) * len(g.pages) for level in self.levels for g in level)
+
+
+def outer_level_pays(levels: CascadeLevels | None, rule: CascadeRule = OUTER_RULE) -> bool:
+    """Whether a step runs its two levels rather than one: it has an outer level and some outer group of
+    `units` units (CascadeLevels.outer_units) sharing `tokens` tokens passes rule.worth_it(units, tokens).
+    One group passing pays for the level's launch; the other outer groups then only save reads."""
+    if levels is None or levels.num_levels < 2:
+        return False
+    return any(rule.worth_it(n, g.tokens(levels.page_size)) for n, g in zip(levels.outer_units(), levels.levels[0]))
 
 
 class _Node:

@@ -2,6 +2,7 @@
 through the cascade twins (reference.cascade_decode_ref) and give plain decode's greedy tokens."""
 from __future__ import annotations
 
+import functools
 import types
 
 import pytest
@@ -15,6 +16,7 @@ from radixkv.scheduler.cascade_groups import (
     RULE_ALWAYS,
     RULE_FP8,
     RULE_NEVER,
+    CascadeRule,
 )
 
 from .tiny_models import tiny_config
@@ -36,23 +38,40 @@ def _few_shot(seed: int = 7) -> tuple[list[list[int]], list[list[int]]]:
     return blocks, questions
 
 
-def _run(kv_dtype: str, cascade: bool) -> tuple[LLM, list[list[int]]]:
+def _run(kv_dtype: str, cascade: bool, outer_rule: CascadeRule | None = None) -> tuple[LLM, list[list[int]]]:
     llm = LLM(tiny_config("llama"), dtype="float32", kv_dtype=kv_dtype, page_size=4, num_pages=512,
               cascade=cascade)
     if cascade:
         llm.scheduler.cascade_rule = RULE_ALWAYS  # any shared page of any 2 rows: the tiny batch groups
+    if outer_rule is not None:
+        llm.attention.cascade_outer_rule = outer_rule
     blocks, questions = _few_shot()
     llm.generate(blocks, SamplingParams(temperature=0.0, max_tokens=1))  # the blocks enter the radix tree
     return llm, [o.token_ids for o in llm.generate(questions, GREEDY)]
 
 
+@functools.cache
+def _plain(kv_dtype: str) -> tuple[LLM, list[list[int]]]:
+    return _run(kv_dtype, cascade=False)
+
+
 @pytest.mark.parametrize("kv_dtype", ["fp32", "fp8_e4m3"])
 def test_cascade_greedy_equals_plain_decode(kv_dtype: str) -> None:
-    plain, want = _run(kv_dtype, cascade=False)
+    plain, want = _plain(kv_dtype)
     llm, got = _run(kv_dtype, cascade=True)
     assert got == want
     assert plain.attention.cascade_steps == 0
     assert llm.attention.cascade_steps >= GREEDY.max_tokens - 1  # every decode step of the batch grouped
+    assert llm.attention.two_level_steps == 0  # two units over a 24-token system prompt: OUTER_RULE says no
+
+
+def test_two_level_cascade_greedy_equals_plain_decode() -> None:
+    """The system prompt as an outer group over the two few-shot blocks' groups (its rows read it once),
+    the blocks after it, each row's own pages: plain decode's greedy tokens."""
+    _, want = _plain("fp32")
+    llm, got = _run("fp32", cascade=True, outer_rule=RULE_ALWAYS)
+    assert got == want
+    assert llm.attention.two_level_steps >= GREEDY.max_tokens - 1
 
 
 def test_cascade_rule_follows_the_kv_dtype() -> None:
@@ -71,6 +90,8 @@ def test_cascade_steps_fit_cuda_graphs_only_with_cascade_buffers_and_few_groups(
     batch.cascade = types.SimpleNamespace(one_level=[object()] * 2)  # type: ignore[assignment]
     assert not DecodeGraphs.fits(graphs, batch)  # an engine built without cascade=True
     graphs._cascade = CascadeInputs(8, 8, 4, 0, torch.device("cpu"))
+    assert DecodeGraphs.fits(graphs, batch)
+    batch.cascade.levels = ((object(),), (object(),) * 2)  # two levels: replayed as its one level
     assert DecodeGraphs.fits(graphs, batch)
     batch.cascade.one_level = [object()] * (MAX_GROUPS + 1)
     assert not DecodeGraphs.fits(graphs, batch)  # more groups than the static plan holds: eager

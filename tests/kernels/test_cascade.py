@@ -240,6 +240,93 @@ def test_cascade_decode_rows_with_no_private_tokens():
     _close(cascade_decode(q, kc, vc, plan), ref, 1e-5)
 
 
+# ----------------------------------------------------------------------------- two levels
+# Rows as (outer run, inner run, own tokens): outer 0 (2 pages) over inner 0 (+2 pages, 3 rows), inner 1 (+1
+# page, one row) and two rows in the outer group only (one of them with no own token: its suffix is empty);
+# inner 2 (3 pages from page 0) in no outer group; a row in no group at all.
+NESTED_OUTER = {0: 2}  # outer run -> pages
+NESTED_INNER = {0: (0, 2), 1: (0, 1), 2: (None, 3)}  # inner run -> (its outer run, pages after it)
+NESTED_ROWS = [(0, 0, 5), (None, None, 6), (0, 0, 17), (0, None, 7), (None, 2, 4), (0, 0, 1), (0, 1, 3),
+               (0, None, 0), (None, 2, 9)]
+
+
+def _nested_batch(page_size, gen):
+    """NESTED_ROWS' page tables (runs and own pages on shuffled pages) -> (tables, lens, groups, outer,
+    pages): plan_cascade's inputs for two levels (groups' tokens count from token 0)."""
+    own = [-(-n // page_size) for *_, n in NESTED_ROWS]
+    need = sum(NESTED_OUTER.values()) + sum(p for _, p in NESTED_INNER.values()) + sum(own)
+    perm = torch.randperm(need + 1, generator=gen).tolist()
+    outer_run = {o: [perm.pop() for _ in range(n)] for o, n in NESTED_OUTER.items()}
+    inner_run = {i: (outer_run[o] if o is not None else []) + [perm.pop() for _ in range(n)]
+                 for i, (o, n) in NESTED_INNER.items()}
+    tables, lens = [], []
+    for (o, i, n), k in zip(NESTED_ROWS, own):
+        run = inner_run[i] if i is not None else outer_run.get(o, [])
+        tables.append(run + [perm.pop() for _ in range(k)])
+        lens.append(len(run) * page_size + n)
+    outer = [([b for b, r in enumerate(NESTED_ROWS) if r[0] == o], n * page_size) for o, n in NESTED_OUTER.items()]
+    groups = [([b for b, r in enumerate(NESTED_ROWS) if r[1] == i], len(inner_run[i]) * page_size)
+              for i in NESTED_INNER]
+    return tables, lens, groups, outer, need + 1
+
+
+@pytest.mark.parametrize("page_size, kv_dtype, splits", [(16, "fp32", (2, 1, 2)), (1, "fp16", (1, 3, 1))])
+def test_two_level_cascade_equals_paged_decode(page_size, kv_dtype, splits):
+    """Outer + inner prefix states + suffix states, merged == paged_decode over the whole tables (and the
+    twin). splits: (outer, inner prefix, suffix)."""
+    gen = _gen("two-level", page_size, kv_dtype)
+    _, q_dt, tol = DTYPES[kv_dtype]
+    tables, lens, groups, outer, num_pages = _nested_batch(page_size, gen)
+    kc, vc, _, _ = _caches(num_pages, page_size, 1, 16, kv_dtype, gen)
+    q = torch.randn(len(lens), 4, 16, generator=gen).to(q_dt)
+    ref = paged_decode(q, kc, vc, _dense_table(tables), torch.tensor(lens, dtype=I32))
+    plan = plan_cascade(tables, lens, groups, page_size, "cpu", outer=outer)
+    assert plan.empty_suffix and plan.suffix_lens.tolist()[7] == 0
+    out = torch.full_like(q, float("nan"))
+    assert cascade_decode(q, kc, vc, plan, outer_splits=splits[0], prefix_splits=splits[1],
+                          suffix_splits=splits[2], out=out) is out
+    _close(out, ref, tol)
+    _close(cascade_decode_ref(q, kc, vc, plan), ref, tol)
+
+
+def test_two_level_plan_layout_and_empty_states():
+    """Inner runs start after their rows' outer run; outer-only rows' suffixes start there too; a row in
+    no group of a level gets lse -inf at that level (written into a slice of a wider state buffer)."""
+    tables = [[4, 5, 9, 1], [4, 5, 9, 2], [4, 5, 7], [6, 3]]
+    lens = [14, 15, 10, 6]
+    plan = plan_cascade(tables, lens, [([0, 1], 12), ([3], 4)], 4, "cpu", outer=[([0, 1, 2], 8)])
+    o, g = plan.outer, plan.groups
+    assert o.group_rows.tolist() == [0, 1, 2] and o.prefix_pages.tolist() == [[4, 5]] and o.prefix_lens.tolist() == [8]
+    assert g.prefix_pages.tolist() == [[9], [6]] and g.prefix_lens.tolist() == [4, 4]
+    assert plan.suffix_pages.tolist() == [[1], [2], [7], [3]] and plan.suffix_lens.tolist() == [2, 3, 2, 2]
+    gen = _gen("two-level-empty")
+    kc, vc, _, _ = _caches(10, 4, 1, 16, "fp32", gen)
+    q = torch.randn(4, 2, 16, generator=gen)
+    buf_o, buf_lse = torch.full((4, 2, 3, 16), float("nan")), torch.zeros(4, 2, 3)
+    cascade_prefix_attention(q, kc, vc, o.prefix_pages, o.prefix_lens, o.group_start, o.group_rows,
+                             out=(buf_o[:, :, 1:], buf_lse[:, :, 1:]))
+    assert torch.isinf(buf_lse[3, :, 1:]).all() and torch.isfinite(buf_lse[:3, :, 1]).all()
+    assert (buf_lse[:, :, 0] == 0).all(), "out of the slice: untouched"
+    ro, rl = cascade_prefix_attention_ref(q, kc, vc, o.prefix_pages, o.prefix_lens, o.group_start, o.group_rows)
+    mo, ml = merge_attention_states(buf_o[:, :, 1:], buf_lse[:, :, 1:], buf_o[:, :, :0], buf_lse[:, :, :0],
+                                    return_lse=True)
+    _states_close(mo, ml, ro[:, :, 0], rl[:, :, 0], 1e-5)
+    with pytest.raises(ValueError, match="out's lse must be float32 \\[4, 2, 2\\]"):
+        cascade_prefix_attention(q, kc, vc, o.prefix_pages, o.prefix_lens, o.group_start, o.group_rows,
+                                 out=(buf_o[:, :, 1:], buf_lse[:, :, :1]))
+
+
+@pytest.mark.parametrize("groups, outer, match", [
+    ([([0, 2], 4)], [([0, 1], 4)], "row 2 of groups\\[0\\] starts at token 0 of the outer level, not 4"),
+    ([([0, 1], 4)], [([0, 1], 8)], "the group's 4 tokens end before it"),
+    ([([0], 4)], [([0], 4), ([0, 1], 4)], "row 0 is in two groups \\(outer\\[1\\]"),
+    ([([0], 4)], [([1, 2], 8)], "row 2 of outer\\[0\\] does not hold"),
+])
+def test_plan_cascade_rejects_bad_outer_levels(groups, outer, match):
+    with pytest.raises(ValueError, match=match):
+        plan_cascade([[4, 5, 9], [4, 5, 8], [4, 1]], [10, 11, 5], groups, 4, "cpu", outer=outer)
+
+
 # ----------------------------------------------------------------------------- layout, rules, checks
 def test_plan_cascade_layout():
     tables = [[4, 5, 9], [4, 5, 8, 2], [6]]

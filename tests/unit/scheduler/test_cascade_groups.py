@@ -11,6 +11,9 @@ from radixkv.request import Request
 from radixkv.scheduler.cascade_groups import (
     CASCADE_MIN_ROWS_16BIT,
     CASCADE_MIN_SHARED_TOKENS_16BIT,
+    CASCADE_OUTER_MIN_SHARED_TOKENS,
+    CASCADE_OUTER_MIN_UNITS,
+    OUTER_RULE,
     RULE_16BIT,
     RULE_ALWAYS,
     RULE_FP8,
@@ -19,6 +22,7 @@ from radixkv.scheduler.cascade_groups import (
     CascadeRule,
     cascade_levels,
     find_cascade_groups,
+    outer_level_pays,
     rule_for,
 )
 from radixkv.scheduler.scheduler import Scheduler
@@ -124,6 +128,25 @@ def test_two_levels_system_prompt_over_few_shot_blocks() -> None:
     one = find(tables, max_levels=1)
     assert one.num_levels == 1 and one.levels[0] == one.one_level == c.one_level
     assert one.suffix_start == (6, 6, 6, 6, 0)
+
+
+def test_outer_level_units_plan_and_rule() -> None:
+    """outer_units counts inner groups and lone rows under an outer group; plan_outer / plan_groups are
+    plan_cascade's two levels; outer_level_pays asks the rule about (units, outer tokens)."""
+    sys_p, a, b = [1, 2], [10, 11, 12, 13], [20, 21, 22, 23]
+    tables = [sys_p + a + [100], sys_p + a + [101], sys_p + b + [102], sys_p + b + [103], sys_p + [104, 105]]
+    c = find(tables)
+    assert c.outer_units() == (3,)  # groups a, b and row 4
+    assert c.plan_outer() == [([0, 1, 2, 3, 4], 2 * PS)]
+    assert c.plan_groups() == [([0, 1], 6 * PS), ([2, 3], 6 * PS)]
+    assert outer_level_pays(c, RULE_ALWAYS) and outer_level_pays(c, CascadeRule(((3, 8),)))
+    assert not outer_level_pays(c, CascadeRule(((4, 8),))) and not outer_level_pays(c, CascadeRule(((3, 12),)))
+    assert not outer_level_pays(c)  # OUTER_RULE: 3 units over 8 tokens is far below it
+    one = find(tables, max_levels=1)
+    assert one.outer_units() == () and one.plan_outer() == [] and not outer_level_pays(one, RULE_ALWAYS)
+    assert not outer_level_pays(None)
+    assert OUTER_RULE.worth_it(CASCADE_OUTER_MIN_UNITS, CASCADE_OUTER_MIN_SHARED_TOKENS)
+    assert not OUTER_RULE.worth_it(CASCADE_OUTER_MIN_UNITS - 1, 1 << 20)
 
 
 def test_shallow_group_wins_when_the_deep_ones_save_less() -> None:
