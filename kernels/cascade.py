@@ -389,7 +389,8 @@ def suffix_num_splits(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tens
     """Splits of the suffix decode, by paged_decode's rule (dispatch.choose_num_splits for the kernel that
     runs: the Gluon FP8 one unless a suffix is empty) over the plan's longest suffix."""
     hkv = k_cache.shape[2]
-    warps = 0 if plan.empty_suffix else decode_warps_per_sm(q.dtype, k_cache, v_cache, k_scale, q.shape[1] // hkv)
+    warps = 0 if plan.empty_suffix else decode_warps_per_sm(q.dtype, k_cache, v_cache, k_scale, q.shape[1] // hkv,
+                                                            q.shape[2])
     return choose_num_splits(q.shape[0], hkv, plan.max_suffix_len, sm_count(q.device), warps_per_sm=warps)
 
 

@@ -87,7 +87,7 @@ def plain_fn(s: Shape):
         sm_count,
     )
 
-    warps = decode_warps_per_sm(s.q.dtype, s.k, s.v, s.k_scale, HQ // HKV)
+    warps = decode_warps_per_sm(s.q.dtype, s.k, s.v, s.k_scale, HQ // HKV, D)
     splits = choose_num_splits(s.batch, HKV, s.shared + s.private, sm_count(s.q.device), warps_per_sm=warps)
     return lambda: paged_decode(s.q, s.k, s.v, s.page_table, s.seq_lens, **s.scales(), num_splits=splits)
 
