@@ -80,15 +80,26 @@ def _gluon_tested() -> bool:
 
 
 @functools.cache
-def _gluon_fp8_gpu(index: int) -> bool:
-    """GPU `index` has FP8 converts (sm_89+) and this Triton has the Gluon API decode_fp8_gluon uses."""
-    if torch.cuda.get_device_capability(index) < (8, 9) or not _gluon_tested():
+def _gluon_mma_v2_gpu(index: int, min_capability: tuple[int, int]) -> bool:
+    """GPU `index` is at least `min_capability` and this Triton has the Gluon API (mma_v2) the one-warp
+    decode kernels use."""
+    if torch.cuda.get_device_capability(index) < min_capability or not _gluon_tested():
         return False
     try:
         from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+def _gluon_fp8_gpu(index: int) -> bool:
+    """GPU `index` has FP8 converts (sm_89+) and this Triton has the Gluon API decode_fp8_gluon uses."""
+    return _gluon_mma_v2_gpu(index, (8, 9))
+
+
+def _gluon_int4_gpu(index: int) -> bool:
+    """GPU `index` has mma.m16n8k16 (sm_80+) and this Triton has the Gluon API decode_int4_gluon uses."""
+    return _gluon_mma_v2_gpu(index, (8, 0))
 
 
 @functools.cache
@@ -199,18 +210,6 @@ def int4_max_registers(group: int, off64: bool = False, page_size: int = 16, wid
     (max_registers) at head_dim 128, whose K/V tiles take as many registers as INT4's two planes; wide:
     an unsplit launch that fills the GPU by itself (fp8_wide_launch, which choose_num_splits leaves unsplit)."""
     return max_registers(128, group, off64, wide, page_size)
-
-
-@functools.cache
-def _gluon_int4_gpu(index: int) -> bool:
-    """GPU `index` has mma.m16n8k16 (sm_80+) and this Triton has the Gluon API decode_int4_gluon uses."""
-    if torch.cuda.get_device_capability(index) < (8, 0) or not _gluon_tested():
-        return False
-    try:
-        from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _int4_gluon_caches(q_dtype: torch.dtype, head_dim: int, k_cache: Tensor, v_cache: Tensor,
