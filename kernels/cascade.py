@@ -60,7 +60,14 @@ import triton.language as tl
 from torch import Tensor
 
 from .decode import _kernel as _decode_kernel
-from .dispatch import choose_num_splits, decode_warps_per_sm, fp8_decode_gluon, sm_count
+from .decode import _launch_int as _launch_int_decode
+from .dispatch import (
+    choose_num_splits,
+    decode_warps_per_sm,
+    fp8_decode_gluon,
+    int4_decode_gluon,
+    sm_count,
+)
 from .launch import (
     CPU_TILES,
     LOG2E,
@@ -492,33 +499,40 @@ def paged_decode_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table
                          sm_scale: float | None = None, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
                          num_splits: int = 1, config: KernelConfig | None = None) -> tuple[Tensor, Tensor]:
     """paged_decode's attention as partial states: (o float32 [B, Hq, num_splits, D], lse float32
-    [B, Hq, num_splits]), the split partials of decode.py's kernel, unmerged. seq_lens may be 0 (lse -inf),
+    [B, Hq, num_splits]), the split partials of decode.py's kernels, unmerged. seq_lens may be 0 (lse -inf),
     except on the GPU's FP8 Gluon path (taken where paged_decode takes it, with num_splits raised to >= 2
-    since that kernel writes states only when split), where every row needs a token."""
+    since that kernel writes states only when split), where every row needs a token. INT4/INT2 pages run
+    paged_decode's INT kernels (the INT4 Gluon one where paged_decode takes it), num_splits raised to >= 2
+    for the same reason."""
     fn = "paged_decode_partial"
     args = check_paged_args(fn, q, k_cache, v_cache, page_table, seq_lens, k_scale, v_scale, min_seq_len=0)
-    _check_float_cache(fn, k_cache)
     B, hq, d = q.shape
     if B != args.page_table.shape[0]:
         raise ValueError(f"{fn}: q has {B} rows, page_table {args.page_table.shape[0]}")
     num_splits = host_int(fn, "num_splits", num_splits, lo=1)
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else host_float(fn, "sm_scale", sm_scale)
     gluon_fp8 = args.fp8 and config is None and fp8_decode_gluon(q, k_cache, v_cache, q)
-    if gluon_fp8:
+    gluon_int4 = args.bits == 4 and config is None and int4_decode_gluon(q, k_cache, v_cache, k_scale, v_scale, q)
+    if gluon_fp8 or args.bits:
         num_splits = max(2, num_splits)
-    block_d = d if gluon_fp8 else max(16, triton.next_power_of_2(d))
+    block_d = d if gluon_fp8 or gluon_int4 else max(16, triton.next_power_of_2(d))
     mid_o = torch.empty(B, hq, num_splits, block_d, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(B, hq, num_splits, dtype=torch.float32, device=q.device)
     if B == 0:
         return mid_o[..., :d], mid_lse
     fp8, hkv = args.fp8, k_cache.shape[2]
-    if gluon_fp8:
-        from .decode_fp8_gluon import launch
+    if gluon_fp8 or gluon_int4:
+        from .decode_fp8_gluon import launch as launch_fp8
+        from .decode_int4_gluon import launch as launch_int4
 
-        launch(q, k_cache, v_cache, k_scale, v_scale, args.page_table, args.seq_lens, sm_scale * LOG2E, num_splits,
-               q, mid_o, mid_lse)
+        (launch_int4 if gluon_int4 else launch_fp8)(q, k_cache, v_cache, k_scale, v_scale, args.page_table,
+                                                    args.seq_lens, sm_scale * LOG2E, num_splits, q, mid_o, mid_lse)
         return mid_o, mid_lse
     config = config or default_config(KernelKind.DECODE, q, k_cache)
+    if args.bits:
+        _launch_int_decode(q, k_cache, v_cache, k_scale, v_scale, args.page_table, args.seq_lens, sm_scale,
+                           num_splits, q, mid_o, mid_lse, config, args.bits)
+        return mid_o[..., :d], mid_lse
     xs = k_scale.stride() if fp8 else (0, 0, 0)
     for_device(_decode_kernel, q.device)[(hkv, B, num_splits)](
         q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, args.page_table,

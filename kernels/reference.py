@@ -88,6 +88,12 @@ def _gather_row(cache: Tensor, scale: Tensor | None, pages: Tensor, n: int, ctyp
     return rows
 
 
+def gather_pages(cache: Tensor, scale: Tensor | None, pages: Tensor, n: int, ctype: torch.dtype,
+                 head_dim: int) -> Tensor:
+    """The first n slots of `pages` (int [P']) of any page dtype, dequantised: [n, Hkv, head_dim] in ctype."""
+    return _gather_row(cache, scale, pages, n, ctype, cache_bits("gather_pages", cache, head_dim))
+
+
 def _attend(q: Tensor, k: Tensor, v: Tensor, sm_scale: float, first_pos: int) -> Tensor:
     """q: [M, Hq, D] at positions first_pos.. ; k, v: [N, Hkv, D] -> [M, Hq, D] (causal)."""
     m, hq, _ = q.shape
@@ -336,16 +342,18 @@ def cascade_prefix_attention_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, pr
 def paged_decode_partial_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor,
                              sm_scale: float | None = None, k_scale: Tensor | None = None,
                              v_scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Row b's q against its seq_lens[b] tokens (0 allowed) -> (o [B, Hq, 1, D], lse [B, Hq, 1])."""
+    """Row b's q against its seq_lens[b] tokens (0 allowed; any page dtype) -> (o [B, Hq, 1, D], lse [B, Hq, 1])."""
     check_page_values("paged_decode_partial_ref", page_table, seq_lens, k_cache, 0)
     B, hq, d = q.shape
+    bits = cache_bits("paged_decode_partial_ref", k_cache, d)
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     ct = _cascade_ctype(q)
-    o = torch.zeros(B, hq, d, dtype=ct)
-    lse = torch.full((B, hq), float("-inf"), dtype=ct)
+    o = torch.zeros(B, hq, d, dtype=ct, device=q.device)
+    lse = torch.full((B, hq), float("-inf"), dtype=ct, device=q.device)
     for b, n in enumerate(seq_lens.tolist()):
-        k = _cascade_rows(k_cache, k_scale, page_table[b], n, ct)
-        v = _cascade_rows(v_cache, v_scale, page_table[b], n, ct)
+        pages = page_table[b, : -(-n // k_cache.shape[1])]
+        k = _gather_row(k_cache, k_scale, pages, n, ct, bits)
+        v = _gather_row(v_cache, v_scale, pages, n, ct, bits)
         ob, lb = _cascade_state(q[b:b + 1].to(ct), k, v, sm_scale)
         o[b], lse[b] = ob[0], lb[0]
     return o.float().unsqueeze(2), lse.float().unsqueeze(2)
@@ -384,3 +392,41 @@ def cascade_decode_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan, sm_sca
     o_s, lse_s = paged_decode_partial_ref(q, k_cache, v_cache, plan.suffix_pages, plan.suffix_lens, sm_scale,
                                           k_scale, v_scale)
     return merge_attention_states_ref(o_p, lse_p, o_s, lse_s, out_dtype=q.dtype)
+
+# ----------------------------------------------------------------------------- recent-token window (window.py's twin)
+
+
+def window_attention_ref(q: Tensor, k: Tensor, v: Tensor, shadow_k: Tensor, shadow_v: Tensor, shadow_of: Tensor,
+                         page_table: Tensor, seq_lens: Tensor, q_start: Tensor, q_lens: Tensor, token_rows: Tensor,
+                         window: int, sm_scale: float | None = None) -> tuple[Tensor, Tensor]:
+    """window_attention's twin: each token against its `window` most recent keys (this step's own k/v for
+    the row's new tokens, the shadow pages for earlier ones) -> (o float32 [T, Hq, D], lse float32 [T, Hq],
+    log2 units); writes k, v into their pages' shadows first. Math in float32 (float64 for float64 q)."""
+    T, hq, d = q.shape
+    hkv = k.shape[1]
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    ps = shadow_k.shape[1]
+    rows = token_rows.long()  # [T]
+    start = (seq_lens.long() - q_lens.long())[rows]  # [T] the row's first new position
+    t = start + torch.arange(T, device=q.device) - q_start.long()[rows]  # [T] positions
+    table = page_table.long()
+    own = shadow_of.long()[table[rows, t // ps]] * ps + t % ps  # [T] shadow slot of each token
+    shadow_k.view(-1, hkv, d)[own] = k.to(shadow_k.dtype)
+    shadow_v.view(-1, hkv, d)[own] = v.to(shadow_v.dtype)
+    w = torch.arange(window, device=q.device)
+    pos = t[:, None] - w[None, :]  # [T, W]
+    live = pos >= 0
+    fresh = live & (pos >= start[:, None])
+    p = pos.clamp(min=0)
+    held_slot = shadow_of.long()[table[rows[:, None], p // ps]] * ps + p % ps  # [T, W]
+    fresh_row = (torch.arange(T, device=q.device)[:, None] - w[None, :]).clamp(min=0)
+    ct = _cascade_ctype(q)
+    out = []
+    for x, shadow in ((k, shadow_k), (v, shadow_v)):
+        held = shadow.view(-1, hkv, d)[held_slot].to(ct)  # [T, W, Hkv, D]
+        out.append(torch.where(fresh[..., None, None], x[fresh_row].to(ct), held))
+    kw, vw = (x.repeat_interleave(hq // hkv, dim=2) for x in out)  # [T, W, Hq, D]
+    s = torch.einsum("thd,twhd->thw", q.to(ct), kw) * sm_scale
+    s = s.masked_fill(~live[:, None, :], float("-inf"))
+    o = torch.einsum("thw,twhd->thd", torch.softmax(s, dim=-1), vw)
+    return o.float(), (torch.logsumexp(s, dim=-1) * LOG2E).float()

@@ -177,6 +177,9 @@ class EngineConfig:
     and starts the others (gloo on CPU, NCCL on CUDA: one GPU a rank from `device` on).
     dist_timeout_s: how long a rank waits in a collective, or at start-up, before the engine reports the
     ranks it waits for as failed (TensorParallelError) instead of hanging.
+    kv_window: each query reads its kv_window most recent keys in full precision and only older ones from
+    quantised pages (KIVI's window; radixkv/engine/kv_window.py); None: plan.DEFAULT_KV_WINDOW (16) for
+    int4 / int2 pages, none for the others; 0: none. No cascade steps with a window.
     """
 
     page_size: int = 16
@@ -191,6 +194,7 @@ class EngineConfig:
     async_scheduling: bool | None = None
     tensor_parallel_size: int = 1
     dist_timeout_s: float = 600.0
+    kv_window: int | None = None
     scheduler: SchedulerConfig = SchedulerConfig()
 
     @classmethod
@@ -238,5 +242,8 @@ class EngineConfig:
         tp = self.tensor_parallel_size
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tp!r}")
+        if self.kv_window is not None and (isinstance(self.kv_window, bool) or not isinstance(self.kv_window, int)
+                                           or self.kv_window < 0):
+            raise ValueError(f"kv_window must be an int >= 0 or None, got {self.kv_window!r}")
         if not self.dist_timeout_s > 0:
             raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s!r}")

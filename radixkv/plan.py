@@ -108,6 +108,33 @@ def step_reserve_bytes(hidden_size: int, intermediate_size: int, vocab_size: int
     return reserve + min(max_running, max_batch_tokens) * vocab_size * 8
 
 
+# KIVI's full-precision window of recent tokens (radixkv/engine/kv_window.py): INT pages take one by default
+DEFAULT_KV_WINDOW = 16
+
+
+def kv_window_for(kv_dtype: str | KVDtype, kv_window: int | None = None) -> int:
+    """The recent-token window an engine runs: kv_window when given (0: none), else DEFAULT_KV_WINDOW for
+    INT4 / INT2 pages and none for the others (EngineConfig checks kv_window)."""
+    if kv_window is not None:
+        return kv_window
+    return DEFAULT_KV_WINDOW if KVDtype.parse(kv_dtype).is_int else 0
+
+
+def window_pages_per_row(window: int, page_size: int) -> int:
+    """The most shadow pages one row of a step maps for a window: its read run and its tail run."""
+    return 2 * (-(-(window - 1) // page_size) + 1)
+
+
+def kv_window_bytes(window: int, page_size: int, max_rows: int, num_layers: int, num_kv_heads: int,
+                    head_dim: int, itemsize: int) -> int:
+    """Bytes of a window's shadow pages (K and V, every layer, one scratch page) in the compute dtype; 0
+    without a window."""
+    if window == 0:
+        return 0
+    pages = max_rows * window_pages_per_row(window, page_size) + 1
+    return 2 * num_layers * pages * page_size * num_kv_heads * head_dim * itemsize
+
+
 def pages_per_request(context: int, page_size: int) -> int:
     return -(-context // page_size)
 

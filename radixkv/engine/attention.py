@@ -15,6 +15,11 @@ On CUDA such steps usually replay a graph instead (cuda_graphs.py, its static pl
 always one level: a two-level step that fits a graph replays its one level); this eager plan serves the
 rest. Planning one imports kernels.cascade (plan_cascade), hence Triton, even on the reference backend;
 plain steps never do.
+
+Recent-token window (PagedAttention(window=KVWindow), LLM(kv_window=N)): each query reads its N most
+recent keys in full precision from the window's shadow pages (kv_window.py, kernels/window.py) and
+only older keys from the (quantised) pages: the page attention runs on shifted rows (WindowPlan) and
+returns its state, merged with the window's. No cascade steps then.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from radixkv.kernels import dispatch, reference
 from radixkv.scheduler.cascade_groups import OUTER_RULE, CascadeRule, outer_level_pays
 
 from .kv_store import KVStore
+from .kv_window import KVWindow
 
 if TYPE_CHECKING:
     from radixkv.kernels.cascade import CascadePlan
@@ -60,6 +66,24 @@ class AttentionPlan(NamedTuple):
     max_seq_len: int
     num_splits: int  # split-KV programs per (row, KV head) on the decode path
     cascade: CascadePlan | None = None  # decode path: groups [G], suffix tables [B, max_suffix_pages]
+    window: WindowPlan | None = None  # with a KVWindow: the rows of the page attention
+
+
+class WindowPlan(NamedTuple):
+    """With a recent-token window of W keys, each query's page attention covers keys 0 .. t - W: row b's
+    rows shifted so paged_prefill's causal rule says so (its first `skip` queries, t < W, see no page key)."""
+
+    token_rows: Tensor  # int32 [T] the Batch row of each token
+    seq_lens: Tensor  # int32 [B] max(0, seq_lens - W)
+    q_start: Tensor  # int32 [B] q_start + skip
+    q_lens: Tensor  # int32 [B] q_lens - skip, skip = clamp(W - (seq_lens - q_lens), 0, q_lens)
+
+
+def window_plan(seq_lens: Tensor, q_start: Tensor, q_lens: Tensor, token_rows: Tensor, window: int) -> WindowPlan:
+    """WindowPlan from a step's row tensors (device ops only: a CUDA graph records them)."""
+    skip = torch.clamp(window - (seq_lens - q_lens), min=0)
+    skip = torch.minimum(skip, q_lens)
+    return WindowPlan(token_rows, torch.clamp(seq_lens - window, min=0), q_start + skip, q_lens - skip)
 
 
 def host_to_device(values: np.ndarray | list, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -80,7 +104,10 @@ def _resolve(backend: Backend, device: torch.device) -> Backend:
 class PagedAttention:
     """Attention of one model over `kv` (all layers). sm_scale multiplies q.k (usually D ** -0.5)."""
 
-    def __init__(self, kv: KVStore, num_q_heads: int, head_dim: int, sm_scale: float, backend: Backend = Backend.AUTO):
+    def __init__(self, kv: KVStore, num_q_heads: int, head_dim: int, sm_scale: float, backend: Backend = Backend.AUTO,
+                 window: KVWindow | None = None):
+        if window is not None and window.kv is not kv:
+            raise ValueError("PagedAttention: the KVWindow belongs to another KVStore")
         if head_dim != kv.head_dim:
             raise ValueError(f"head_dim {head_dim} != KVStore head_dim {kv.head_dim}")
         if num_q_heads < 1 or num_q_heads % kv.num_kv_heads != 0:
@@ -90,6 +117,7 @@ class PagedAttention:
         self.head_dim = head_dim
         self.sm_scale = float(sm_scale)
         self.backend = _resolve(backend, kv.device)
+        self.window = window
         self._plan: AttentionPlan | None = None
         self._num_sms = dispatch.DEFAULT_NUM_SMS
         self._decode_warps_per_sm = 0  # > 0: decode runs one-warp Gluon programs (FP8, INT4), this many per SM
@@ -131,8 +159,9 @@ class PagedAttention:
         dev = self.kv.device
         max_seq = max(batch.seq_lens)
         decode = batch.is_decode_only
-        cascade = self._cascade_plan(batch) if decode and batch.cascade is not None else None
-        self._plan = AttentionPlan(
+        cascade = (self._cascade_plan(batch) if decode and batch.cascade is not None and self.window is None
+                   else None)
+        plan = AttentionPlan(
             path=Path.DECODE if decode else Path.PREFILL,
             page_table=host_to_device(table, torch.int32, dev),
             seq_lens=host_to_device(batch.seq_lens, torch.int32, dev),
@@ -145,6 +174,17 @@ class PagedAttention:
             num_splits=self.decode_splits(B, max_seq) if decode else 1,
             cascade=cascade,
         )
+        if self.window is not None:
+            self.window.prepare(batch)
+            rows = np.repeat(np.arange(B, dtype=np.int32), batch.q_lens)
+            plan = plan._replace(window=window_plan(plan.seq_lens, plan.q_start, plan.q_lens,
+                                                    host_to_device(rows, torch.int32, dev), self.window.window))
+        self._plan = plan
+
+    def prepare_window(self, batch: Batch) -> None:
+        """Map the window's shadow pages for a step that runs from a CUDA graph (plan() does it otherwise)."""
+        if self.window is not None:
+            self.window.prepare(batch)
 
     def _cascade_plan(self, batch: Batch) -> CascadePlan | None:
         """Batch.cascade's one level as device tensors: groups (rows, shared tokens) -> group_start [G + 1],
@@ -169,7 +209,11 @@ class PagedAttention:
                                           warps_per_sm=self._decode_warps_per_sm)
 
     def install(self, plan: AttentionPlan) -> None:
-        """Run the next layers over a plan built elsewhere (the CUDA-graph runner's static buffers)."""
+        """Run the next layers over a plan built elsewhere (the CUDA-graph runner's static buffers: a decode
+        plan, whose WindowPlan is derived here with device ops when there is a window)."""
+        if self.window is not None and plan.window is None:
+            plan = plan._replace(window=window_plan(plan.seq_lens, plan.q_start, plan.q_lens, plan.q_start,
+                                                    self.window.window))
         self._plan = plan
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, layer: int) -> Tensor:
@@ -185,6 +229,8 @@ class PagedAttention:
             raise ValueError(f"layer {layer} out of range [0, {kv.num_layers})")
         k_cache, v_cache = kv.k_cache[layer], kv.v_cache[layer]
         k_scale, v_scale = kv.scales(layer)
+        if plan.window is not None:
+            return self._run_windowed(plan, q, k, v, layer)
         if self._ops is None:
             reference.store_kv_ref(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
             if plan.cascade is not None:
@@ -208,3 +254,40 @@ class PagedAttention:
         return ops.paged_prefill(q, k_cache, v_cache, plan.page_table, plan.seq_lens, plan.q_start,
                                  plan.q_lens, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
                                  max_q_len=plan.max_q_len)
+
+    def _run_windowed(self, plan: AttentionPlan, q: Tensor, k: Tensor, v: Tensor, layer: int) -> Tensor:
+        """Store, then attend: the window's state (its own keys in full precision, kernels/window.py) merged
+        with the page attention's over each query's older keys (plan.window's shifted rows)."""
+        kv, win, wp = self.kv, self.window, plan.window
+        k_cache, v_cache = kv.k_cache[layer], kv.v_cache[layer]
+        k_scale, v_scale = kv.scales(layer)
+        shadow_k, shadow_v = win.layer(layer)
+        decode = plan.path is Path.DECODE
+        args = (q, k, v, shadow_k, shadow_v, win.shadow_of, plan.page_table, plan.seq_lens, plan.q_start,
+                plan.q_lens, wp.token_rows, win.window, self.sm_scale)
+        if self._ops is None:
+            reference.store_kv_ref(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
+            o_w, lse_w = reference.window_attention_ref(*args)
+            if decode:
+                o_p, lse_p = reference.paged_decode_partial_ref(q, k_cache, v_cache, plan.page_table, wp.seq_lens,
+                                                                self.sm_scale, k_scale, v_scale)
+            else:
+                o_p, lse_p = reference.paged_prefill_ref(q, k_cache, v_cache, plan.page_table, wp.seq_lens,
+                                                         wp.q_start, wp.q_lens, self.sm_scale, k_scale, v_scale,
+                                                         return_lse=True)
+            return reference.merge_attention_states_ref(o_p, lse_p, o_w, lse_w, out_dtype=q.dtype)
+        from radixkv.kernels.cascade import merge_attention_states, paged_decode_partial
+        from radixkv.kernels.window import window_attention
+
+        self._ops.store_kv(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
+        o_w, lse_w = window_attention(*args)
+        if decode:
+            o_p, lse_p = paged_decode_partial(q, k_cache, v_cache, plan.page_table, wp.seq_lens, self.sm_scale,
+                                              k_scale, v_scale, num_splits=plan.num_splits)
+        else:
+            o_p = torch.empty_like(q)
+            lse_p = torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=q.device)
+            self._ops.paged_prefill(q, k_cache, v_cache, plan.page_table, wp.seq_lens, wp.q_start, wp.q_lens,
+                                    self.sm_scale, k_scale=k_scale, v_scale=v_scale, max_q_len=plan.max_q_len,
+                                    out=o_p, lse=lse_p)
+        return merge_attention_states(o_p, lse_p, o_w, lse_w, out_dtype=q.dtype)

@@ -112,6 +112,7 @@ class DecodeGraphs:
         """The step's logits [B, V] float32 (a view into the graph's output: use before the next step).
         input_ids: int64 [B] on the device, in place of batch.input_ids (a step scheduled ahead)."""
         B = len(batch.requests)
+        self.attention.prepare_window(batch)
         cascade = batch.cascade is not None  # power-of-two buckets only: fewer cascade keys (cascade_inputs.py)
         bucket = next(b for b in (self.cascade_buckets if cascade else self.buckets) if b >= B)
         self._fill(bucket, batch.input_ids, batch.positions, batch.seq_lens, batch.slots, batch.page_tables)

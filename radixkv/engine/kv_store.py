@@ -147,7 +147,8 @@ _CPU_DEFAULT_BYTES = 1 << 30
 def default_num_pages(spec: ModelSpec, cfg: EngineConfig, kv: KVDtype, dtype: torch.dtype,
                       device: torch.device) -> int:
     """KV pages when `num_pages` is not given: on CUDA, `gpu_memory_utilization` of the device memory
-    free after the weights, less a step's activations and logits; elsewhere a fixed token budget."""
+    free after the weights, less a step's activations and logits and the recent-token window's shadow
+    pages; elsewhere a fixed token budget."""
     ps = cfg.page_size
     per_page = KVStore.bytes_per_page(ps, spec.num_layers, spec.num_kv_heads, spec.head_dim, kv)
     if device.type != "cuda":
@@ -155,9 +156,11 @@ def default_num_pages(spec: ModelSpec, cfg: EngineConfig, kv: KVDtype, dtype: to
     torch.cuda.empty_cache()  # blocks freed while loading weights count as used otherwise
     free, _ = torch.cuda.mem_get_info(device)
     sched = cfg.scheduler
+    itemsize = torch.empty((), dtype=dtype).element_size()
     reserve = plan.step_reserve_bytes(spec.hidden_size, spec.intermediate_size, spec.vocab_size,
-                                      sched.max_batch_tokens, sched.max_running,
-                                      torch.empty((), dtype=dtype).element_size())
+                                      sched.max_batch_tokens, sched.max_running, itemsize)
+    reserve += plan.kv_window_bytes(plan.kv_window_for(kv, cfg.kv_window), ps, sched.max_running, spec.num_layers,
+                                    spec.num_kv_heads, spec.head_dim, itemsize)  # the window's shadow pages
     pages = plan.pages_in_budget(plan.kv_budget_bytes(free, cfg.gpu_memory_utilization, reserve), per_page)
     if pages < 1:
         raise RuntimeError(f"no device memory left for KV pages ({free / 2**30:.1f} GiB free after weights)")

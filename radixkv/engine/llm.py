@@ -38,11 +38,13 @@ from radixkv.cache.events import KVEventPublisher
 from radixkv.config import EngineConfig, KVDtype
 from radixkv.request import CompletionOutput, FinishReason, Request, RequestOutput
 from radixkv.scheduler import Scheduler
-from radixkv.scheduler.cascade_groups import rule_for
+from radixkv.plan import kv_window_for
+from radixkv.scheduler.cascade_groups import RULE_NEVER, rule_for
 
 from .attention import Backend, PagedAttention, host_to_device
 from .cuda_graphs import DecodeGraphs
 from .kv_store import KVStore, default_num_pages
+from .kv_window import KVWindow
 from .model import LlamaModel
 from .parallel import TPGroup
 from .sampling import SamplingParams, penalize, sample, sampling_rows, top_logprobs
@@ -131,12 +133,16 @@ class LLM:
         # with CUDA graphs one more page, never in the pool, takes the padding rows' K/V
         self.kv = KVStore(s.num_layers, num_pages + use_graphs, cfg.page_size, s.num_kv_heads, s.head_dim,
                           self.kv_dtype, self.device, self.dtype)
-        self.attention = PagedAttention(self.kv, s.num_q_heads, s.head_dim, s.head_dim ** -0.5, attention_backend)
+        # KIVI's recent-token window (INT pages by default): shadow pages for every running row's latest tokens
+        self.kv_window = kv_window_for(self.kv_dtype, cfg.kv_window)
+        window = KVWindow(self.kv, self.kv_window, cfg.scheduler.max_running) if self.kv_window else None
+        self.attention = PagedAttention(self.kv, s.num_q_heads, s.head_dim, s.head_dim ** -0.5, attention_backend,
+                                        window=window)
+        cascade_rule = RULE_NEVER if window is not None else rule_for(self.kv_dtype)
         self.graphs = (DecodeGraphs(self.model, self.attention, cfg.scheduler.max_running,
                                     -(-self.max_model_len // cfg.page_size), scratch_page=num_pages,
-                                    cascade=cfg.scheduler.cascade and not self.kv_dtype.is_int)
+                                    cascade=cfg.scheduler.cascade and cascade_rule is not RULE_NEVER)
                        if use_graphs else None)
-        cascade_rule = rule_for(self.kv_dtype)
         if self.graphs is not None:
             self.graphs.capture_all()
             floor = cascade_rule.floor if cfg.scheduler.cascade else None
