@@ -139,6 +139,6 @@ def dequantize_int(packed: Tensor, scales: Tensor, bits: int, dtype: torch.dtype
     math_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     codes = unpack(packed, bits).to(math_dtype)  # [..., D]
     num_groups = scales.shape[-2]
-    g = codes.reshape(*codes.shape[:-1], num_groups, -1)  # [..., G, D / G]
+    g = codes.reshape(*codes.shape[:-1], num_groups, codes.shape[-1] // num_groups)  # [..., G, D / G]
     s = scales.to(math_dtype)
     return (g * s[..., 0:1] + s[..., 1:2]).reshape(codes.shape).to(dtype)

@@ -179,14 +179,21 @@ def _plane_store(acc, l_safe, out_ptr, q_rows, h, m_mask, offs_j, j_mask, plane,
 
 
 @triton.jit
-def _int_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr,
+def _store_lse(lse_ptr, q_rows, h, m_mask, m_i, l_i, stride_lt, stride_lh):
+    """Each row's log2-sum-exp of its scaled scores (m_i: their running max, log2 units); -inf with no key."""
+    lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+    tl.store(lse_ptr + q_rows * stride_lt + h.to(tl.int64) * stride_lh, lse, mask=m_mask)
+
+
+@triton.jit
+def _int_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr, lse_ptr,
                 qk_scale,
                 stride_qt, stride_qh, stride_qd,
                 stride_cp, stride_cs, stride_ch, stride_cd,
                 stride_xp, stride_xs, stride_xh, stride_xg, stride_xz,
-                stride_ptb, stride_ot, stride_oh, stride_od,
+                stride_ptb, stride_ot, stride_oh, stride_od, stride_lt, stride_lh,
                 GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BITS: tl.constexpr, PLANES: tl.constexpr, PACKED: tl.constexpr, BLOCK_W: tl.constexpr,
+                WRITE_LSE: tl.constexpr, BITS: tl.constexpr, PLANES: tl.constexpr, PACKED: tl.constexpr, BLOCK_W: tl.constexpr,
                 PLANES_PER_GROUP: tl.constexpr, GROUPS_PER_PLANE: tl.constexpr, GROUP_SIZE: tl.constexpr,
                 F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """paged_prefill over INT4 (PLANES 2) / INT2 (PLANES 4) pages: _kernel's loops, per bit-plane."""
@@ -246,18 +253,20 @@ def _int_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_
                      PACKED)
         _plane_store(acc3, l_safe, out_ptr, q_rows, h, m_mask, offs_j, j_mask, 3, stride_ot, stride_oh, stride_od,
                      PACKED)
+    if WRITE_LSE:
+        _store_lse(lse_ptr, q_rows, h, m_mask, m_i, l_i, stride_lt, stride_lh)
 
 
 @triton.jit
-def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr,
+def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr, lse_ptr,
             qk_scale,
             stride_qt, stride_qh, stride_qd,
             stride_cp, stride_cs, stride_ch, stride_cd,
             stride_xp, stride_xs, stride_xh,
-            stride_ptb, stride_ot, stride_oh, stride_od,
+            stride_ptb, stride_ot, stride_oh, stride_od, stride_lt, stride_lh,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-            IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+            IS_FP8: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     h = tl.program_id(0)
     b = tl.program_id(1)
     mblk = tl.num_programs(2) - 1 - tl.program_id(2)
@@ -300,18 +309,24 @@ def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr,
     o = acc / l_safe[:, None]
     tl.store(out_ptr + q_rows[:, None] * stride_ot + h.to(tl.int64) * stride_oh + offs_d[None, :] * stride_od,
              o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])  # inactive blocks: m_mask is all False
+    if WRITE_LSE:
+        _store_lse(lse_ptr, q_rows, h, m_mask, m_i, l_i, stride_lt, stride_lh)
 
 
 def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor,
                   q_start: Tensor, q_lens: Tensor, sm_scale: float | None = None,
                   k_scale: Tensor | None = None, v_scale: Tensor | None = None,
                   max_q_len: int | None = None, config: KernelConfig | None = None,
-                  out: Tensor | None = None) -> Tensor:
+                  out: Tensor | None = None, lse: Tensor | None = None) -> Tensor:
     """q: [T, Hq, D] ragged rows (see module doc) -> [T, Hq, D] in q's dtype.
 
     q_start, q_lens: int32 [B]. max_q_len (host int) sizes the grid; without it the launcher reads
     q_lens.max() from the device (a host sync; PagedAttention passes it from its plan).
-    `out` (optional, like q) is written in place.
+    `out` (optional, like q) is written in place. `lse` (optional, float32 [T, Hq] on q's device): each
+    computed row's log-sum-exp of its scores in log2 units, log2(sum_j exp2(q.k_j * sm_scale * log2(e))),
+    -inf where a row sees no key (the state convention of kernels/cascade.py); rows outside every row
+    range are left as they are. The recent-token window (engine/attention.py) launches shifted rows
+    that skip each query's latest keys and merges this state with the window's.
 
     Values (launch.check_page_values, check_q_rows): on CPU, seq_lens[b] in [0, max_pages * page_size],
     the page ids row b uses (its first ceil(seq_lens[b] / page_size) entries) in [0, num_pages),
@@ -332,6 +347,9 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
         out = torch.empty_like(q)
     elif not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
         raise ValueError(f"paged_prefill: out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
+    if lse is not None and (not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (T, hq)
+                            or lse.dtype != torch.float32 or lse.device != q.device):
+        raise ValueError(f"paged_prefill: lse must be float32 [{T}, {hq}] on {q.device}")
     if B == 0 or T == 0:
         return out
     if max_q_len is None:
@@ -340,39 +358,46 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
     if bits and not (bits == 4 and hopper):  # INT2, and INT4 off the Hopper kernel: the Triton INT kernel
         config = config or default_config(KernelKind.PREFILL, q, k_cache, max_q_len)
         _launch_int(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, q_start, q_lens, sm_scale,
-                    max_q_len, out, config, bits)
+                    max_q_len, out, lse, config, bits)
         return out
     if hopper:
         from .prefill_hopper_gluon import launch
 
         launch(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale * LOG2E, max_q_len, out,
-               k_scale if fp8 or bits else None, v_scale if fp8 or bits else None)
+               k_scale if fp8 or bits else None, v_scale if fp8 or bits else None, lse=lse)
         return out
     config = config or default_config(KernelKind.PREFILL, q, k_cache, max_q_len)
     xs = k_scale.stride() if fp8 else (0, 0, 0)
     grid = (hq, B, triton.cdiv(max(1, max_q_len), config.block_m))
     for_device(_kernel, q.device)[grid](
         q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table, seq_lens,
-        q_start, q_lens, out, sm_scale * LOG2E,
-        *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(),
+        q_start, q_lens, out, lse if lse is not None else out, sm_scale * LOG2E,
+        *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(), *_lse_strides(lse),
         GROUP=hq // hkv, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
         BLOCK_M=config.block_m, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=config.block_n, IS_FP8=fp8,
+        WRITE_LSE=lse is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
     return out
 
 
+def _lse_strides(lse: Tensor | None) -> tuple[int, int]:
+    """The lse tensor's (row, head) strides, zeros when there is none (the kernels' WRITE_LSE off)."""
+    return lse.stride() if lse is not None else (0, 0)
+
+
 def _launch_int(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor, page_table: Tensor,
                 seq_lens: Tensor, q_start: Tensor, q_lens: Tensor, sm_scale: float, max_q_len: int, out: Tensor,
-                config: KernelConfig, bits: int) -> None:
+                lse: Tensor | None, config: KernelConfig, bits: int) -> None:
     hq = q.shape[1]
     B = page_table.shape[0]
     hkv, width = k_cache.shape[2], k_cache.shape[3]
     n_planes = planes(bits)
     grid = (hq, B, triton.cdiv(max(1, max_q_len), config.block_m))
     for_device(_int_kernel, q.device)[grid](
-        q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, q_start, q_lens, out, sm_scale * LOG2E,
-        *q.stride(), *k_cache.stride(), *k_scale.stride(), page_table.stride(0), *out.stride(),
-        GROUP=hq // hkv, PAGE_SIZE=k_cache.shape[1], BLOCK_M=config.block_m, BLOCK_N=config.block_n, BITS=bits,
+        q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, q_start, q_lens, out, lse if lse is not None else out,
+        sm_scale * LOG2E, *q.stride(), *k_cache.stride(), *k_scale.stride(), page_table.stride(0), *out.stride(),
+        *_lse_strides(lse), GROUP=hq // hkv, PAGE_SIZE=k_cache.shape[1], BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n, WRITE_LSE=lse is not None, BITS=bits,
         PLANES=n_planes, PACKED=width, BLOCK_W=max(16, triton.next_power_of_2(width)),
         PLANES_PER_GROUP=planes_per_group(bits, k_scale.shape[3]),
         GROUPS_PER_PLANE=groups_per_plane(bits, k_scale.shape[3]), GROUP_SIZE=q.shape[2] // k_scale.shape[3],

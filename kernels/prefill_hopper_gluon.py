@@ -128,11 +128,11 @@ def _widen_int4(op_smem, smem, s0, z0, s1, z1, LOAD_L: gl.constexpr, DTYPE: gl.c
 
 
 @gluon.jit
-def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr, qk_scale,
-                   stride_qt, stride_qh, stride_cp, stride_cs, stride_ch, stride_xp, stride_xs, stride_xh,
-                   stride_ptb, stride_ot, stride_oh,
+def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr, lse_ptr,
+                   qk_scale, stride_qt, stride_qh, stride_cp, stride_cs, stride_ch, stride_xp, stride_xs, stride_xh,
+                   stride_ptb, stride_ot, stride_oh, stride_lt, stride_lh,
                    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, IS_FP8: gl.constexpr,
-                   IS_INT4: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+                   IS_INT4: gl.constexpr, WRITE_LSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
     P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
@@ -252,6 +252,10 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
         od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_L))
         gl.store(out_ptr + (q_s + om).to(gl.int64)[:, None] * stride_ot + h.to(gl.int64) * stride_oh + od[None, :],
                  o.to(DTYPE), mask=(om < q_len)[:, None])
+        if WRITE_LSE:  # log2 units, -inf for a row with no key (paged_prefill's lse)
+            lse = gl.where(l_i > 0, m_i + gl.log2(l_safe), float("-inf"))
+            gl.store(lse_ptr + (q_s + rows).to(gl.int64) * stride_lt + h.to(gl.int64) * stride_lh, lse,
+                     mask=rows < q_len)
 
 
 BLOCK_M, BLOCK_N, STAGES, WARPS, MAX_REGISTERS = 128, 64, 2, 8, 128
@@ -260,9 +264,10 @@ FP8_BLOCK_N = 64  # keys a tile over FP8 pages
 
 def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor, q_start: Tensor,
            q_lens: Tensor, qk_scale: float, max_q_len: int, out: Tensor, k_scale: Tensor | None = None,
-           v_scale: Tensor | None = None) -> None:
+           v_scale: Tensor | None = None, lse: Tensor | None = None) -> None:
     """Arguments as checked by paged_prefill; qk_scale includes log2(e); k_scale, v_scale: FP8 pages' scales,
-    or INT4 pages' (scale, zero) pairs [P, S, Hkv, 2, 2] (uint8 pages of head_dim / 2 bytes a row)."""
+    or INT4 pages' (scale, zero) pairs [P, S, Hkv, 2, 2] (uint8 pages of head_dim / 2 bytes a row); lse:
+    paged_prefill's optional float32 [T, Hq] log-sum-exp output."""
     if v_cache.stride() != k_cache.stride():  # the kernel reads both with k_cache's strides
         raise ValueError("paged_prefill_hopper: k_cache and v_cache must share strides")
     quant = k_scale is not None
@@ -275,11 +280,12 @@ def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_
     grid = (hq, page_table.shape[0], -(-max_q_len // BLOCK_M))
     xs = k_scale.stride()[:3] if quant else (0, 0, 0)
     _extend_kernel[grid](q, k_cache, v_cache, k_scale if quant else k_cache, v_scale if quant else v_cache,
-                         page_table, seq_lens, q_start, q_lens, out, qk_scale,
+                         page_table, seq_lens, q_start, q_lens, out, lse if lse is not None else out, qk_scale,
                          q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *xs,
                          page_table.stride(0), out.stride(0), out.stride(1),
+                         *(lse.stride() if lse is not None else (0, 0)),
                          GROUP=hq // k_cache.shape[2], HEAD_DIM=q.shape[2], PAGE_SIZE=k_cache.shape[1],
-                         IS_FP8=quant and not int4, IS_INT4=int4,
+                         IS_FP8=quant and not int4, IS_INT4=int4, WRITE_LSE=lse is not None,
                          BLOCK_M=BLOCK_M, BLOCK_N=FP8_BLOCK_N if quant else BLOCK_N, STAGES=STAGES,
                          WARPS=WARPS, num_warps=WARPS,
                          maxnreg=MAX_REGISTERS)

@@ -94,8 +94,9 @@ def gather_pages(cache: Tensor, scale: Tensor | None, pages: Tensor, n: int, cty
     return _gather_row(cache, scale, pages, n, ctype, cache_bits("gather_pages", cache, head_dim))
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, sm_scale: float, first_pos: int) -> Tensor:
-    """q: [M, Hq, D] at positions first_pos.. ; k, v: [N, Hkv, D] -> [M, Hq, D] (causal)."""
+def _attend(q: Tensor, k: Tensor, v: Tensor, sm_scale: float, first_pos: int) -> tuple[Tensor, Tensor]:
+    """q: [M, Hq, D] at positions first_pos.. ; k, v: [N, Hkv, D] -> ([M, Hq, D], lse [M, Hq] in log2 units)
+    (causal; a query before every key: o 0, lse -inf)."""
     m, hq, _ = q.shape
     n, hkv, _ = k.shape
     group = hq // hkv
@@ -105,8 +106,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, sm_scale: float, first_pos: int) ->
     q_pos = torch.arange(m, device=q.device) + first_pos
     k_pos = torch.arange(n, device=q.device)
     s = s.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    return torch.einsum("hmn,nhd->mhd", p, v)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a row with no key: all -inf
+    return torch.einsum("hmn,nhd->mhd", p, v), (torch.logsumexp(s, dim=-1) * LOG2E).transpose(0, 1)
 
 
 def _compute_dtype(q: Tensor) -> torch.dtype:
@@ -121,22 +122,25 @@ def paged_decode_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Te
     check_page_values("paged_decode_ref", page_table, seq_lens, k_cache, 1)
     q_start = torch.arange(q.shape[0], dtype=torch.int32)
     q_lens = torch.ones(q.shape[0], dtype=torch.int32)
-    return _prefill(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale, k_scale, v_scale)
+    return _prefill(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale, k_scale, v_scale)[0]
 
 
 def paged_prefill_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor,
                       q_start: Tensor, q_lens: Tensor, sm_scale: float | None = None,
-                      k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> Tensor:
+                      k_scale: Tensor | None = None, v_scale: Tensor | None = None, return_lse: bool = False):
     """Ragged causal attention over pages. q: [T, Hq, D]; row b owns q[q_start[b]:q_start[b]+q_lens[b]],
-    the LAST q_lens[b] of its seq_lens[b] tokens. Returns [T, Hq, D] in q's dtype.
+    the LAST q_lens[b] of its seq_lens[b] tokens. Returns [T, Hq, D] in q's dtype; with return_lse also
+    lse float32 [T, Hq] (log2 units, as paged_prefill's lse; -inf in rows no row range covers).
     CPU values are checked as paged_prefill checks them (launch.check_page_values, check_q_rows)."""
     check_page_values("paged_prefill_ref", page_table, seq_lens, k_cache, 0)
     check_q_rows("paged_prefill_ref", q.shape[0], q_start, q_lens, seq_lens, None)
-    return _prefill(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale, k_scale, v_scale)
+    out, lse = _prefill(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale, k_scale, v_scale)
+    return (out, lse) if return_lse else out
 
 
 def _prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor, q_start: Tensor,
-             q_lens: Tensor, sm_scale: float | None, k_scale: Tensor | None, v_scale: Tensor | None) -> Tensor:
+             q_lens: Tensor, sm_scale: float | None, k_scale: Tensor | None,
+             v_scale: Tensor | None) -> tuple[Tensor, Tensor]:
     _check_scales(k_cache, k_scale, "k_cache")
     _check_scales(v_cache, v_scale, "v_cache")
     bits = cache_bits("paged_attention_ref", k_cache, q.shape[-1])
@@ -147,6 +151,7 @@ def _prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, se
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     ctype = _compute_dtype(q)
     out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=q.device)
     lens, starts, qls = seq_lens.tolist(), q_start.tolist(), q_lens.tolist()
     for b, (n, s0, m) in enumerate(zip(lens, starts, qls)):
         if m == 0:
@@ -154,8 +159,9 @@ def _prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, se
         pages = page_table[b, : -(-n // page_size)]
         k = _gather_row(k_cache, k_scale, pages, n, ctype, bits)
         v = _gather_row(v_cache, v_scale, pages, n, ctype, bits)
-        out[s0:s0 + m] = _attend(q[s0:s0 + m].to(ctype), k, v, sm_scale, n - m).to(q.dtype)
-    return out
+        o, row_lse = _attend(q[s0:s0 + m].to(ctype), k, v, sm_scale, n - m)
+        out[s0:s0 + m], lse[s0:s0 + m] = o.to(q.dtype), row_lse.float()
+    return out, lse
 
 
 # ----------------------------------------------------------------------------- layer twins

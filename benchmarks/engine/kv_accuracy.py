@@ -363,7 +363,8 @@ def table(results: dict[str, dict[str, Any]], lengths: tuple[int, ...]) -> str:
     head = ["KV", "ppl gsm8k", "ppl sharegpt", "agree prefill", "agree decode"] + [f"needle {n}" for n in lengths]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for kv, r in results.items():
-        cells = [kv.partition("@")[0] + (f", window {r['kv_window']}" if r.get("kv_window") else "")]
+        w = r.get("kv_window")
+        cells = [kv.partition("@")[0] + (f", window {w}" if w else ", no window" if "@" in kv else "")]
         for src in ("gsm8k", "sharegpt"):
             p, p0 = r["ppl"][src], ref["ppl"][src]
             cells.append(f"{p:.3f}" if kv == REFERENCE else f"{p:.3f} ({100 * (p / p0 - 1):+.1f}%)")

@@ -96,9 +96,9 @@ def test_windowed_steps_match_dense(backend, kv_dtype, tol):
     tables = [[9, 2, 14, 5, 1], [0, 11, 7, 3, 4], [9, 2, 6, 8, 10]]
     hist = [[{"k": torch.empty(0, hkv, d), "v": torch.empty(0, hkv, d)} for _ in range(3)] for _ in range(layers)]
     schedule = [([0, 0], [6, 3]), ([6, 3], [5, 1]), ([11, 4], [1, 1]), ([12, 5], [1, 1]), ([13, 6], [3, 1])]
-    for step, (prev, new) in enumerate(schedule + [None]):
+    for step, item in enumerate(schedule + [None]):
         exact_from = [0, 0, 0]
-        if new is None:  # row 2 on row 0's first 8 cached tokens, with a fresh window
+        if item is None:  # row 2 on row 0's first 8 cached tokens, with a fresh window
             win = KVWindow(kv, W, max_rows=3)
             attn = PagedAttention(kv, hq, d, sm, backend=backend, window=win)
             rows, prev, new = [0, 1, 2], [16, 7, 8], [1, 1, 3]
@@ -107,7 +107,7 @@ def test_windowed_steps_match_dense(backend, kv_dtype, tol):
                     hist[layer][2][x] = hist[layer][0][x][:8]
             exact_from = [16, 7, 8]  # everything before a row's first new token is a fill now
         else:
-            rows = [0, 1]
+            rows, (prev, new) = [0, 1], item
         batch = make_batch([tables[r] for r in rows], prev, new, ps)
         attn.plan(batch)
         win.check_invariants()
@@ -135,9 +135,8 @@ def test_window_capacity_and_eviction():
     win = KVWindow(kv, 6, max_rows=1)
     assert win.capacity == window_pages_per_row(6, 4) == 6
     assert win.total_bytes == kv_window_bytes(6, 4, 1, 1, 1, 8, 4)
-    for step in range(12):  # one row decoding through 12 pages: old mappings are evicted, never hot ones
-        pos = 4 * step + 3
-        table = list(range(step + 1))
+    table = list(range(12))
+    for pos in range(48):  # one row decoding through 12 pages: old mappings are evicted, never hot ones
         win.prepare(make_batch([table], [pos], [1], 4))
         win.check_invariants()
     assert win.evictions > 0 and win.fills == 0

@@ -23,11 +23,11 @@ fp8 = kv.startswith("fp8")
 int4 = kv == "u8"  # INT4 pages: (scale, zero) pairs as fp16
 types = {a: "i32" for a in fn.arg_names}
 types.update(q_ptr="*" + dt, kc_ptr="*" + kv, vc_ptr="*" + kv, pt_ptr="*i32", lens_ptr="*i32", qstart_ptr="*i32",
-             qlens_ptr="*i32", out_ptr="*" + dt, qk_scale="fp32",
+             qlens_ptr="*i32", out_ptr="*" + dt, lse_ptr="*fp32", qk_scale="fp32",
              ks_ptr="*fp16" if fp8 or int4 else "*" + kv, vs_ptr="*fp16" if fp8 or int4 else "*" + kv)
 consts = dict(GROUP=4, HEAD_DIM=128, BLOCK_M=m.BLOCK_M,
               BLOCK_N=cfg.pop("block_n", m.FP8_BLOCK_N if fp8 or int4 else m.BLOCK_N), STAGES=m.STAGES, WARPS=m.WARPS,
-              IS_FP8=fp8, IS_INT4=int4, **cfg)
+              IS_FP8=fp8, IS_INT4=int4, WRITE_LSE=cfg.pop("lse", False), **cfg)
 types.update({c: "constexpr" for c in consts})
 # What dispatch.hopper_prefill_supported guarantees: 16-byte aligned pages, page strides divisible by 16
 # (q, out and the page table may be unaligned).
@@ -38,11 +38,12 @@ k = triton.compile(GluonASTSource(fn, types, consts, attrs), target=GPUTarget("c
 """
 
 
-@pytest.mark.parametrize(("dtype", "kv", "page_size"), [("bf16", "bf16", 16), ("fp16", "fp16", 1), ("bf16", "bf16", 32),
-                                                     ("bf16", "fp8e4nv", 16), ("fp16", "fp8e5", 1),
-                                                     ("bf16", "u8", 16), ("fp16", "u8", 3)])
-def test_compiles_two_programs_per_sm(dtype, kv, page_size):
-    res = compile_sm90(_COMPILE, {"dtype": dtype, "kv": kv, "PAGE_SIZE": page_size})
+@pytest.mark.parametrize(("dtype", "kv", "page_size", "lse"), [
+    ("bf16", "bf16", 16, False), ("fp16", "fp16", 1, False), ("bf16", "bf16", 32, False),
+    ("bf16", "fp8e4nv", 16, False), ("fp16", "fp8e5", 1, False), ("bf16", "u8", 16, False), ("fp16", "u8", 3, False),
+    ("bf16", "bf16", 16, True), ("bf16", "u8", 16, True)])  # lse: the recent-token window's shifted launches
+def test_compiles_two_programs_per_sm(dtype, kv, page_size, lse):
+    res = compile_sm90(_COMPILE, {"dtype": dtype, "kv": kv, "PAGE_SIZE": page_size, "lse": lse})
     # Two programs of 256 threads per SM: at most 128 registers and 114 KB of shared memory each.
     # Triton 3.6's ptxas (the H200's) keeps 8 bytes of stack, 3.9's none: more means register use has grown.
     # FP8 pages: the 64-key tiles spill ~80 bytes and still beat 32-key ones, which spill none (RESULTS.md).
