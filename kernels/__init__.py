@@ -16,8 +16,8 @@ is written. On CUDA tensors those values are the caller's duty (no host syncs in
 launch.py's docstring lists the ranges.
 
 One kernel a file: store.py, decode.py, decode_fp8_gluon.py, decode_int4_gluon.py, prefill.py, prefill_hopper_gluon.py,
-norm.py, activation.py, rope.py, sample.py (the sampler's hash + Gumbel-max draw), nucleus.py
-(top-p / min-p draws by rejection).
+window.py (the recent-token window's state), norm.py, activation.py, rope.py, sample.py (the sampler's hash +
+Gumbel-max draw), nucleus.py (top-p / min-p draws by rejection).
 Beside them: dispatch.py (which kernel runs, with how many splits; environment switches read once),
 launch.py (tile configs, argument checks), fp8.py and intq.py (FP8 and INT4/INT2 formats and
 quantisation helpers) and reference.py (the plain-PyTorch twins, the ground truth).
