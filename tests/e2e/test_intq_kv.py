@@ -3,7 +3,7 @@ with group scales, greedy generation runs, and stays close to fp32 KV.
 
 Agreement is teacher-forced as in test_fp8_kv.py: every prefix of the fp32-KV greedy continuation is a
 prompt, and the next token under each KV dtype is compared with fp32's. Measured on this model: int4
-0.875, int2 0.60 (fp8_e4m3 0.96). The real model (SmolLM2) is the accuracy benchmark's business
+0.875, int2 0.60 (fp8_e4m3 0.96), without the recent-token window. The real model (SmolLM2) is the accuracy benchmark's business
 (benchmarks/engine/kv_accuracy.py); at head_dim 16 here a row is one group.
 """
 from __future__ import annotations
@@ -29,31 +29,47 @@ def forced():
     return cfg, prompts, conts
 
 
-@pytest.mark.parametrize("kv_dtype, min_agree", [("int4", 0.8), ("int2", 0.5)])
-def test_int_kv_agrees_with_fp32(forced, kv_dtype: str, min_agree: float) -> None:
-    cfg, prompts, conts = forced
-    llm = LLM(cfg, kv_dtype=kv_dtype, page_size=16, num_pages=256)
-    bits = 4 if kv_dtype == "int4" else 2
-    assert llm.kv_dtype.value == kv_dtype and llm.kv.k_cache[0].dtype == torch.uint8
-    assert llm.kv.k_cache[0].shape[-1] == 16 * bits // 8 and llm.kv.k_scale[0].shape[-2:] == (1, 2)
+def _agreement(cfg, prompts, conts, **kw) -> float:
+    llm = LLM(cfg, page_size=16, num_pages=256, **kw)
     forced_prompts = [p + c[:t] for p, c in zip(prompts, conts) for t in range(STEPS)]
     want = [c[t] for c in conts for t in range(STEPS)]
     got = [o.token_ids[0] for o in llm.generate(forced_prompts, SamplingParams(temperature=0.0, max_tokens=1,
                                                                                ignore_eos=True))]
-    agree = sum(a == b for a, b in zip(got, want)) / len(want)
-    print(f"{kv_dtype}: teacher-forced greedy agreement with fp32 KV {agree:.3f} over {len(want)} tokens")
-    assert agree >= min_agree
+    return sum(a == b for a, b in zip(got, want)) / len(want)
+
+
+@pytest.mark.parametrize("kv_dtype, min_agree", [("int4", 0.8), ("int2", 0.5)])
+def test_int_kv_agrees_with_fp32(forced, kv_dtype: str, min_agree: float) -> None:
+    """With the default recent-token window (16) and without it; the window never hurts here."""
+    cfg, prompts, conts = forced
+    llm = LLM(cfg, kv_dtype=kv_dtype, page_size=16, num_pages=16)
+    bits = 4 if kv_dtype == "int4" else 2
+    assert llm.kv_dtype.value == kv_dtype and llm.kv.k_cache[0].dtype == torch.uint8 and llm.kv_window == 16
+    assert llm.kv.k_cache[0].shape[-1] == 16 * bits // 8 and llm.kv.k_scale[0].shape[-2:] == (1, 2)
+    windowed = _agreement(cfg, prompts, conts, kv_dtype=kv_dtype)
+    plain = _agreement(cfg, prompts, conts, kv_dtype=kv_dtype, kv_window=0)
+    print(f"{kv_dtype}: teacher-forced greedy agreement with fp32 KV {windowed:.3f} (window 16), {plain:.3f} "
+          f"(none) over {STEPS * len(prompts)} tokens")
+    assert plain >= min_agree and windowed >= plain
 
 
 @pytest.mark.parametrize("kv_dtype, page_size", [("int4", 1), ("int2", 4)])
 def test_int_kv_greedy_generation_runs_and_hits_the_cache(forced, kv_dtype: str, page_size: int) -> None:
     """Greedy decode over INT pages (page size 1: token-level radix), then the same prompts again (vLLM's
-    argument names): the same tokens, every prompt token but the last served from cached INT pages."""
+    argument names): every prompt token but the last served from cached INT pages. Without a window the
+    tokens are the same; with one (the default) the cached run reads the window keys before its first new
+    token back from the pages (fills: the full-precision copies went with the first run), so it may not."""
     cfg, prompts, _ = forced
-    llm = LLM(cfg, kv_cache_dtype=kv_dtype, block_size=page_size, num_pages=512)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    first = llm.generate(prompts, params)
-    again = llm.generate(prompts, params)
-    assert all(len(o.token_ids) == 8 for o in first)
-    assert [o.token_ids for o in again] == [o.token_ids for o in first]
-    assert [o.cached_tokens for o in again] == [(len(p) - 1) // page_size * page_size for p in prompts]
+    for window in (0, None):
+        llm = LLM(cfg, kv_cache_dtype=kv_dtype, block_size=page_size, num_pages=512, kv_window=window)
+        first = llm.generate(prompts, params)
+        fills = llm.attention.window.fills if window is None else 0
+        again = llm.generate(prompts, params)
+        assert all(len(o.token_ids) == 8 for o in first + again)
+        if window == 0:
+            assert llm.attention.window is None
+            assert [o.token_ids for o in again] == [o.token_ids for o in first]
+        else:
+            assert llm.attention.window.fills > fills
+        assert [o.cached_tokens for o in again] == [(len(p) - 1) // page_size * page_size for p in prompts]
