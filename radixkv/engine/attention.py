@@ -35,10 +35,11 @@ from radixkv.kernels import dispatch, reference
 from radixkv.scheduler.cascade_groups import OUTER_RULE, CascadeRule, outer_level_pays
 
 from .kv_store import KVStore
-from .kv_window import KVWindow
 
 if TYPE_CHECKING:
     from radixkv.kernels.cascade import CascadePlan
+
+    from .kv_window import KVWindow
 
 
 class Backend(enum.Enum):
@@ -227,10 +228,10 @@ class PagedAttention:
             raise ValueError(f"k/v shapes {tuple(k.shape)}/{tuple(v.shape)} != {(T, kv.num_kv_heads, kv.head_dim)}")
         if not 0 <= layer < kv.num_layers:
             raise ValueError(f"layer {layer} out of range [0, {kv.num_layers})")
-        k_cache, v_cache = kv.k_cache[layer], kv.v_cache[layer]
-        k_scale, v_scale = kv.scales(layer)
         if plan.window is not None:
             return self._run_windowed(plan, q, k, v, layer)
+        k_cache, v_cache = kv.k_cache[layer], kv.v_cache[layer]
+        k_scale, v_scale = kv.scales(layer)
         if self._ops is None:
             reference.store_kv_ref(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
             if plan.cascade is not None:

@@ -33,6 +33,7 @@ from radixkv.batch import Batch
 from radixkv.kernels import reference
 from radixkv.plan import window_pages_per_row
 
+from .attention import host_to_device
 from .kv_store import KVStore
 
 
@@ -93,18 +94,18 @@ class KVWindow:
             changed[page] = slot
             if fill:
                 fills.append((page, slot))
-        if changed:
-            idx = torch.tensor(list(changed), dtype=torch.int64)
-            val = torch.tensor(list(changed.values()), dtype=torch.int32)
-            self.shadow_of[idx.to(self.kv.device)] = val.to(self.kv.device)
+        if changed:  # pinned copies: a pageable one would wait for the step still running (async scheduling)
+            dev = self.kv.device
+            self.shadow_of[host_to_device(list(changed), torch.int64, dev)] = host_to_device(
+                list(changed.values()), torch.int32, dev)
         if fills:
             self._fill(fills)
 
     def _fill(self, fills: list[tuple[int, int]]) -> None:
         """Shadow pages from their KV pages' current content, dequantised, in every layer."""
         kv, dev = self.kv, self.kv.device
-        pages = torch.tensor([p for p, _ in fills], dtype=torch.int32, device=dev)
-        slots = torch.tensor([s for _, s in fills], dtype=torch.int64, device=dev)
+        pages = host_to_device([p for p, _ in fills], torch.int32, dev)
+        slots = host_to_device([s for _, s in fills], torch.int64, dev)
         n = len(fills) * kv.page_size
         for layer in range(kv.num_layers):
             k_scale, v_scale = kv.scales(layer)
