@@ -279,6 +279,8 @@ def run_workload(llm: LLM, name: str, config: str, arrivals: list[Arrival],
     m0 = (sched.metrics.prompt_tokens, sched.metrics.hit_tokens)
     c0 = llm.attention.cascade_steps  # decode steps through the cascade kernels (cascade=True)
     g0 = llm.graphs.num_graphs if llm.graphs is not None else 0
+    win = llm.attention.window  # the recent-token window (int4 by default): pages filled by dequantising
+    f0 = win.fills if win is not None else 0
     pending = deque(sorted(arrivals, key=lambda a: a.due_s))
     sent: dict[int, tuple[float, Any]] = {}  # rid -> (time sent, key)
     no_token: list[Request] = []  # sent, no output token yet
@@ -341,7 +343,8 @@ def run_workload(llm: LLM, name: str, config: str, arrivals: list[Arrival],
         hit_rate=round((sched.metrics.hit_tokens - m0[1]) / max(1, prompt_tokens), 4), prompt_tokens=prompt_tokens,
         peak_pages=peak, pool_pages=llm.num_pages, cpu_frac_per_step=round((schedule.total + update.total) / wall, 4),
         max_concurrency=concurrency, cascade_steps=llm.attention.cascade_steps - c0,
-        graphs_captured=(llm.graphs.num_graphs if llm.graphs is not None else 0) - g0, **extra))
+        graphs_captured=(llm.graphs.num_graphs if llm.graphs is not None else 0) - g0,
+        window_fills=win.fills - f0 if win is not None else None, **extra))
 
 
 def _fold(tokens: Any, vocab: int) -> list[int]:
