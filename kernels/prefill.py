@@ -347,9 +347,8 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
         out = torch.empty_like(q)
     elif not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
         raise ValueError(f"paged_prefill: out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
-    if lse is not None and (not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (T, hq)
-                            or lse.dtype != torch.float32 or lse.device != q.device):
-        raise ValueError(f"paged_prefill: lse must be float32 [{T}, {hq}] on {q.device}")
+    if lse is not None:
+        _check_lse(lse, q)
     if B == 0 or T == 0:
         return out
     if max_q_len is None:
@@ -378,6 +377,18 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
         WRITE_LSE=lse is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
     return out
+
+
+def _check_lse(lse: object, q: Tensor) -> None:
+    """paged_prefill's lse output: a float32 [T, Hq] tensor on q's device, else ValueError naming the problem."""
+    if not isinstance(lse, torch.Tensor):
+        raise ValueError(f"paged_prefill: lse must be a float32 tensor [T, Hq], got {type(lse).__name__}")
+    if tuple(lse.shape) != tuple(q.shape[:2]):
+        raise ValueError(f"paged_prefill: lse shape {tuple(lse.shape)} != [T, Hq] = {tuple(q.shape[:2])}")
+    if lse.dtype != torch.float32:
+        raise ValueError(f"paged_prefill: lse must be float32, got {lse.dtype}")
+    if lse.device != q.device:
+        raise ValueError(f"paged_prefill: lse must be on q's device {q.device}, got {lse.device}")
 
 
 def _lse_strides(lse: Tensor | None) -> tuple[int, int]:
