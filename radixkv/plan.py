@@ -14,7 +14,8 @@ Llama 3.1 70B (80 layers, 8 KV heads, head_dim 128) at BF16: 327,680 bytes = 320
 same model with 64 full KV heads holds 4096 tokens x 16 requests in 160.00 GiB of FP16.
 
 Budget: the KV pool gets `utilization` of the memory left after the weights, less what one step's
-activations and logits need (`step_reserve_bytes`), in whole pages. A request of C tokens holds
+activations and logits need (`step_reserve_bytes`), in whole pages; int4 / int2 pages also leave room for
+their recent-token window's shadow pages (`kv_window_bytes`, radixkv/engine/kv_window.py). A request of C tokens holds
 ceil(C / page_size) pages at its peak, so peak concurrency is pages // that.
 """
 from __future__ import annotations
@@ -257,6 +258,7 @@ class KVPlanRow:
     max_requests: int  # at `context` tokens each, all at their peak at once
     load_bytes: int  # KV of `batch` requests of `context` tokens (whole pages)
     load_fits: bool
+    window_bytes: int = 0  # shadow pages of the dtype's default recent-token window, out of the budget first
 
 
 @dataclass(frozen=True)
@@ -317,10 +319,12 @@ def plan_memory(shape: ModelShape, gpu_memory: int, utilization: float = 0.9, pa
         kd = KVDtype.parse(kv)
         per_token = shape.kv_bytes_per_token(kd)
         per_page = page_size * per_token
-        pages = pages_in_budget(budget, per_page)
+        window = kv_window_bytes(kv_window_for(kd), page_size, max_running, shape.num_layers, shape.num_kv_heads,
+                                 shape.head_dim, itemsize)  # as kv_store.default_num_pages reserves it
+        pages = pages_in_budget(max(0, budget - window), per_page)
         load = batch * per_req * per_page
         rows.append(KVPlanRow(kd.value, per_token, per_page, pages, pages * page_size, pages // per_req, load,
-                              load <= budget))
+                              load + window <= budget, window))
     return MemoryPlan(shape.name, dtype, weights, gpu_memory, utilization, reserve, budget, page_size, context,
                       batch, batch * context, rows)
 

@@ -138,8 +138,12 @@ def test_plan_lists_every_kv_dtype_with_int_rows() -> None:
     rows = {r.kv_dtype: r for r in p.rows}
     assert list(rows) == ["fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int4", "int2"]
     assert rows["int4"].bytes_per_token == 2 * 32 * 8 * 72 and rows["int2"].bytes_per_token == 2 * 32 * 8 * 48
-    assert rows["int4"].pages == p.kv_budget_bytes // (16 * rows["int4"].bytes_per_token)
-    assert 3.5 < rows["int4"].pages / rows["bf16"].pages < 3.6 and rows["int2"].pages > rows["int4"].pages
+    # int rows give the shadow pages of their default window (16 tokens: 4 pages a running request) first
+    window = 2 * 32 * (256 * 4 + 1) * 16 * 8 * 128 * 2
+    assert rows["int4"].window_bytes == window and rows["bf16"].window_bytes == 0
+    assert rows["int4"].pages == (p.kv_budget_bytes - window) // (16 * rows["int4"].bytes_per_token)
+    assert rows["bf16"].pages == p.kv_budget_bytes // (16 * rows["bf16"].bytes_per_token)
+    assert 3.3 < rows["int4"].pages / rows["bf16"].pages < 3.6 and rows["int2"].pages > rows["int4"].pages
     table = format_plan(p)
     assert "\nint4 " in table and "\nint2 " in table
     odd = ModelShape.from_config(dict(LLAMA3_8B, head_dim=66), "odd")  # int2 needs head_dim % 4 == 0
