@@ -382,7 +382,7 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
 def _check_lse(lse: object, q: Tensor) -> None:
     """paged_prefill's lse output: a float32 [T, Hq] tensor on q's device, else ValueError naming the problem."""
     if not isinstance(lse, torch.Tensor):
-        raise ValueError(f"paged_prefill: lse must be a float32 tensor [T, Hq], got {type(lse).__name__}")
+        raise ValueError(f"paged_prefill: lse must be a float32 tensor [T, Hq], got {type(lse).__name__}")  # noqa: TRY004
     if tuple(lse.shape) != tuple(q.shape[:2]):
         raise ValueError(f"paged_prefill: lse shape {tuple(lse.shape)} != [T, Hq] = {tuple(q.shape[:2])}")
     if lse.dtype != torch.float32:

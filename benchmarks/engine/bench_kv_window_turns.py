@@ -62,7 +62,7 @@ def main() -> None:
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18), flush=True)
         del llm
         torch.cuda.empty_cache()
-    print(f"\n| window | turn 1 (s) | turn 2 (s) | fills in turn 2 |\n|---:|---:|---:|---:|")
+    print("\n| window | turn 1 (s) | turn 2 (s) | fills in turn 2 |\n|---:|---:|---:|---:|")
     for w, t1, t2, f in rows:
         print(f"| {w} | {t1:.2f} | {t2:.2f} | {'-' if f is None else f} |")
 

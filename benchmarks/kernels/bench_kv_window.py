@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_common import HKV, HQ, D, PAGE, rel_err, time_fn
+from kernel_common import HKV, HQ, PAGE, D, rel_err, time_fn
 
 from radixkv.batch import Batch
 from radixkv.engine.attention import Backend, PagedAttention

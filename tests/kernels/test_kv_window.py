@@ -5,14 +5,14 @@ import math
 
 import pytest
 import torch
+from radixkv.kernels import reference
+from radixkv.kernels.window import window_attention
+from test_attention_front import make_batch
 
 from radixkv.engine.attention import Backend, PagedAttention
 from radixkv.engine.kv_store import KVStore
 from radixkv.engine.kv_window import KVWindow
 from radixkv.plan import kv_window_bytes, window_pages_per_row
-from radixkv.kernels import reference
-from radixkv.kernels.window import window_attention
-from test_attention_front import make_batch
 
 
 def _rows(q_lens):
@@ -125,7 +125,7 @@ def test_windowed_steps_match_dense(backend, kv_dtype, tol):
                 want = _windowed_dense(q[s:s + n], h["k"], h["v"], _held(h["k"], kv_dtype), _held(h["v"], kv_dtype),
                                        exact_from[b], W, sm)
                 torch.testing.assert_close(out[s:s + n].double(), want, atol=tol, rtol=tol,
-                                           msg=lambda m: f"step {step} row {b} layer {layer}: {m}")
+                                           msg=lambda m, where=f"step {step} row {b} layer {layer}": f"{where}: {m}")
                 s += n
     assert win.fills > 0
 
