@@ -404,10 +404,11 @@ def cascade_decode_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan, sm_sca
 
 def window_attention_ref(q: Tensor, k: Tensor, v: Tensor, shadow_k: Tensor, shadow_v: Tensor, shadow_of: Tensor,
                          page_table: Tensor, seq_lens: Tensor, q_start: Tensor, q_lens: Tensor, token_rows: Tensor,
-                         window: int, sm_scale: float | None = None) -> tuple[Tensor, Tensor]:
-    """window_attention's twin: each token against its `window` most recent keys (this step's own k/v for
-    the row's new tokens, the shadow pages for earlier ones) -> (o float32 [T, Hq, D], lse float32 [T, Hq],
-    log2 units); writes k, v into their pages' shadows first. Math in float32 (float64 for float64 q)."""
+                         window: int, sm_scale: float | None = None, sink: int = 0) -> tuple[Tensor, Tensor]:
+    """window_attention's twin: each token against its `window` most recent keys and the positions below
+    `sink` older than those (this step's own k/v for the row's new tokens, the shadow pages for earlier
+    ones) -> (o float32 [T, Hq, D], lse float32 [T, Hq], log2 units); writes k, v into their pages'
+    shadows first. Math in float32 (float64 for float64 q)."""
     T, hq, d = q.shape
     hkv = k.shape[1]
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
@@ -420,18 +421,19 @@ def window_attention_ref(q: Tensor, k: Tensor, v: Tensor, shadow_k: Tensor, shad
     shadow_k.view(-1, hkv, d)[own] = k.to(shadow_k.dtype)
     shadow_v.view(-1, hkv, d)[own] = v.to(shadow_v.dtype)
     w = torch.arange(window, device=q.device)
-    pos = t[:, None] - w[None, :]  # [T, W]
-    live = pos >= 0
+    sinks = torch.arange(sink, device=q.device)
+    pos = torch.cat([t[:, None] - w[None, :], sinks.expand(T, sink)], dim=1)  # [T, W + S]
+    live = torch.cat([pos[:, :window] >= 0, pos[:, window:] <= t[:, None] - window], dim=1)  # sinks not in the window
     fresh = live & (pos >= start[:, None])
     p = pos.clamp(min=0)
-    held_slot = shadow_of.long()[table[rows[:, None], p // ps]] * ps + p % ps  # [T, W]
-    fresh_row = (torch.arange(T, device=q.device)[:, None] - w[None, :]).clamp(min=0)
+    held_slot = shadow_of.long()[table[rows[:, None], p // ps]] * ps + p % ps  # [T, W + S]
+    fresh_row = (torch.arange(T, device=q.device)[:, None] - (t[:, None] - p)).clamp(0, T - 1)
     ct = _cascade_ctype(q)
     out = []
     for x, shadow in ((k, shadow_k), (v, shadow_v)):
-        held = shadow.view(-1, hkv, d)[held_slot].to(ct)  # [T, W, Hkv, D]
+        held = shadow.view(-1, hkv, d)[held_slot].to(ct)  # [T, W + S, Hkv, D]
         out.append(torch.where(fresh[..., None, None], x[fresh_row].to(ct), held))
-    kw, vw = (x.repeat_interleave(hq // hkv, dim=2) for x in out)  # [T, W, Hq, D]
+    kw, vw = (x.repeat_interleave(hq // hkv, dim=2) for x in out)  # [T, W + S, Hq, D]
     s = torch.einsum("thd,twhd->thw", q.to(ct), kw) * sm_scale
     s = s.masked_fill(~live[:, None, :], float("-inf"))
     o = torch.einsum("thw,twhd->thd", torch.softmax(s, dim=-1), vw)

@@ -17,6 +17,10 @@ K/V into the shadow pages (so a later step's window finds them):
 Key t - w of query t (w < window, t - w >= 0) comes from this step's k/v when it is one of the row's
 new tokens, else from shadow page shadow_of[page_table[b, (t - w) // page_size]]: the caller maps
 every such page first (KVWindow.prepare). Every query has at least its own key, so lse is finite.
+
+With `sink` S > 0 (attention sinks: a sequence's first tokens, which draw much of every query's
+attention), keys 0 .. min(S, t - window + 1) - 1 are the window's too, read the same way, and the page
+attention covers S .. t - window only (radixkv.engine.attention.window_plan).
 """
 from __future__ import annotations
 
@@ -31,12 +35,31 @@ from .launch import LOG2E, check_tensor, for_device, host_float, host_int
 
 
 @triton.jit
+def _keys(k_ptr, v_ptr, sk_ptr, sv_ptr, shadow_of_ptr, pt_row, pos, live, i, t, start, kvh, offs_d, d_mask,
+          stride_kt, stride_kh, stride_sp, stride_ss, stride_sh, PAGE_SIZE: tl.constexpr):
+    """K and V float32 [N, BLOCK_D] at key positions pos [N] of token i (position t; zero where not live):
+    this step's rows for the row's new positions (>= start), the shadow pages for earlier ones."""
+    fresh = live & (pos >= start)
+    held = live & (pos < start)
+    page = tl.load(pt_row + tl.where(held, pos, 0) // PAGE_SIZE, mask=held, other=0)
+    shadow = tl.load(shadow_of_ptr + page, mask=held, other=0).to(tl.int64)
+    s_off = shadow * stride_sp + (tl.where(held, pos, 0) % PAGE_SIZE) * stride_ss + kvh * stride_sh
+    f_off = (i - tl.where(fresh, t - pos, 0)).to(tl.int64) * stride_kt + kvh * stride_kh
+    m2 = d_mask[None, :]
+    kw = tl.load(k_ptr + f_off[:, None] + offs_d[None, :], mask=fresh[:, None] & m2, other=0.0).to(tl.float32) \
+        + tl.load(sk_ptr + s_off[:, None] + offs_d[None, :], mask=held[:, None] & m2, other=0.0).to(tl.float32)
+    vw = tl.load(v_ptr + f_off[:, None] + offs_d[None, :], mask=fresh[:, None] & m2, other=0.0).to(tl.float32) \
+        + tl.load(sv_ptr + s_off[:, None] + offs_d[None, :], mask=held[:, None] & m2, other=0.0).to(tl.float32)
+    return kw, vw
+
+
+@triton.jit
 def _window_kernel(q_ptr, k_ptr, v_ptr, sk_ptr, sv_ptr, shadow_of_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr,
-                   rows_ptr, o_ptr, lse_ptr, qk_scale, window,
+                   rows_ptr, o_ptr, lse_ptr, qk_scale, window, sink,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_sp, stride_ss, stride_sh, stride_ptb,
                    stride_ot, stride_oh, stride_lt,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_G: tl.constexpr,
-                   BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr):
+                   BLOCK_W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     i = tl.program_id(0)  # token
     kvh = tl.program_id(1)
     b = tl.load(rows_ptr + i)
@@ -54,42 +77,46 @@ def _window_kernel(q_ptr, k_ptr, v_ptr, sk_ptr, sv_ptr, shadow_of_ptr, pt_ptr, l
     src = i.to(tl.int64) * stride_kt + kvh * stride_kh + offs_d
     tl.store(sk_ptr + own, tl.load(k_ptr + src, mask=d_mask), mask=d_mask)
     tl.store(sv_ptr + own, tl.load(v_ptr + src, mask=d_mask), mask=d_mask)
-    # the window's keys: positions t - w
-    offs_w = tl.arange(0, BLOCK_W)
-    pos = t - offs_w
-    live = (offs_w < window) & (pos >= 0)
-    fresh = live & (pos >= start)
-    held = live & (pos < start)
-    page = tl.load(pt_row + tl.where(held, pos, 0) // PAGE_SIZE, mask=held, other=0)
-    shadow = tl.load(shadow_of_ptr + page, mask=held, other=0).to(tl.int64)
-    s_off = shadow * stride_sp + (tl.where(held, pos, 0) % PAGE_SIZE) * stride_ss + kvh * stride_sh
-    f_off = (i - tl.where(fresh, offs_w, 0)).to(tl.int64) * stride_kt + kvh * stride_kh
-    m2 = d_mask[None, :]
-    kw = tl.load(k_ptr + f_off[:, None] + offs_d[None, :], mask=fresh[:, None] & m2, other=0.0).to(tl.float32) \
-        + tl.load(sk_ptr + s_off[:, None] + offs_d[None, :], mask=held[:, None] & m2, other=0.0).to(tl.float32)
-    vw = tl.load(v_ptr + f_off[:, None] + offs_d[None, :], mask=fresh[:, None] & m2, other=0.0).to(tl.float32) \
-        + tl.load(sv_ptr + s_off[:, None] + offs_d[None, :], mask=held[:, None] & m2, other=0.0).to(tl.float32)
-    # [BLOCK_W, BLOCK_D] each
     offs_g = tl.arange(0, BLOCK_G)
     g_mask = offs_g < GROUP
     heads = kvh * GROUP + offs_g
     q = tl.load(q_ptr + i.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None] & m2, other=0.0).to(tl.float32)  # [BLOCK_G, BLOCK_D]
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)  # [BLOCK_G, BLOCK_D]
+    # the window's keys: positions t - w
+    offs_w = tl.arange(0, BLOCK_W)
+    pos = t - offs_w
+    live = (offs_w < window) & (pos >= 0)
+    kw, vw = _keys(k_ptr, v_ptr, sk_ptr, sv_ptr, shadow_of_ptr, pt_row, pos, live, i, t, start, kvh, offs_d, d_mask,
+                   stride_kt, stride_kh, stride_sp, stride_ss, stride_sh, PAGE_SIZE)  # [BLOCK_W, BLOCK_D] each
     s = tl.sum(q[:, None, :] * kw[None, :, :], axis=2) * qk_scale  # [BLOCK_G, BLOCK_W]
     s = tl.where(live[None, :], s, float("-inf"))
     m = tl.max(s, axis=1)
+    if BLOCK_S > 0:  # the sink's keys: positions 0 .. sink - 1 older than the window
+        offs_s = tl.arange(0, BLOCK_S)
+        s_live = (offs_s < sink) & (offs_s <= t - window)
+        ks, vs = _keys(k_ptr, v_ptr, sk_ptr, sv_ptr, shadow_of_ptr, pt_row, offs_s, s_live, i, t, start, kvh, offs_d,
+                       d_mask, stride_kt, stride_kh, stride_sp, stride_ss, stride_sh, PAGE_SIZE)
+        s_s = tl.sum(q[:, None, :] * ks[None, :, :], axis=2) * qk_scale  # [BLOCK_G, BLOCK_S]
+        s_s = tl.where(s_live[None, :], s_s, float("-inf"))
+        m = tl.maximum(m, tl.max(s_s, axis=1))
+        p_s = tl.exp2(s_s - m[:, None])
     p = tl.exp2(s - m[:, None])
     l = tl.sum(p, axis=1)
-    o = tl.sum(p[:, :, None] * vw[None, :, :], axis=1) / l[:, None]  # [BLOCK_G, BLOCK_D]
+    o = tl.sum(p[:, :, None] * vw[None, :, :], axis=1)  # [BLOCK_G, BLOCK_D]
+    if BLOCK_S > 0:
+        l += tl.sum(p_s, axis=1)
+        o += tl.sum(p_s[:, :, None] * vs[None, :, :], axis=1)
+    o = o / l[:, None]
     tl.store(o_ptr + i.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :], o,
-             mask=g_mask[:, None] & m2)
+             mask=g_mask[:, None] & d_mask[None, :])
     tl.store(lse_ptr + i.to(tl.int64) * stride_lt + heads, m + tl.log2(l), mask=g_mask)
 
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, shadow_k: Tensor, shadow_v: Tensor, shadow_of: Tensor,
                      page_table: Tensor, seq_lens: Tensor, q_start: Tensor, q_lens: Tensor, token_rows: Tensor,
-                     window: int, sm_scale: float | None = None) -> tuple[Tensor, Tensor]:
-    """The window state of every token (module docstring): (o float32 [T, Hq, D], lse float32 [T, Hq]).
+                     window: int, sm_scale: float | None = None, sink: int = 0) -> tuple[Tensor, Tensor]:
+    """The window state of every token (module docstring): (o float32 [T, Hq, D], lse float32 [T, Hq]);
+    with `sink`, positions 0 .. sink - 1 older than the window are its keys too.
     Writes k, v into shadow_k, shadow_v at each token's slot of its page's shadow (in place).
     Index values are the caller's duty (no host sync): rows as paged_prefill's, every page the window
     reads mapped in shadow_of."""
@@ -105,6 +132,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, shadow_k: Tensor, shadow_v
     if token_rows.shape[0] != T:
         raise ValueError(f"{fn}: token_rows has {token_rows.shape[0]} entries for {T} tokens")
     window = host_int(fn, "window", window, lo=1)
+    sink = host_int(fn, "sink", sink, lo=0)
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else host_float(fn, "sm_scale", sm_scale, True)
     o = torch.empty(T, hq, d, dtype=torch.float32, device=q.device)
     lse = torch.empty(T, hq, dtype=torch.float32, device=q.device)
@@ -112,10 +140,11 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, shadow_k: Tensor, shadow_v
         return o, lse
     for_device(_window_kernel, q.device)[(T, hkv)](
         q, k, v, shadow_k, shadow_v, shadow_of, page_table, seq_lens, q_start, q_lens, token_rows, o, lse,
-        sm_scale * LOG2E, window, q.stride(0), q.stride(1), k.stride(0), k.stride(1), *shadow_k.stride()[:3],
+        sm_scale * LOG2E, window, sink, q.stride(0), q.stride(1), k.stride(0), k.stride(1), *shadow_k.stride()[:3],
         page_table.stride(0), o.stride(0), o.stride(1), lse.stride(0),
         GROUP=hq // hkv, HEAD_DIM=d, PAGE_SIZE=shadow_k.shape[1], BLOCK_G=max(2, triton.next_power_of_2(hq // hkv)),
-        BLOCK_W=max(2, triton.next_power_of_2(window)), BLOCK_D=max(16, triton.next_power_of_2(d)),
+        BLOCK_W=max(2, triton.next_power_of_2(window)),
+        BLOCK_S=max(2, triton.next_power_of_2(sink)) if sink else 0, BLOCK_D=max(16, triton.next_power_of_2(d)),
         **({"num_warps": 4} if q.device.type == "cuda" else {}))
     return o, lse
 

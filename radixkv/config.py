@@ -180,6 +180,9 @@ class EngineConfig:
     kv_window: each query reads its kv_window most recent keys in full precision and only older ones from
     quantised pages (KIVI's window; radixkv/engine/kv_window.py); None: plan.DEFAULT_KV_WINDOW (16) for
     int4 / int2 pages, none for the others; 0: none. No cascade steps with a window.
+    kv_sink: with a window, every sequence's first kv_sink tokens (attention sinks; a multiple of
+    page_size) are read in full precision too; None: plan.DEFAULT_KV_SINK (16) rounded up to whole pages
+    for int4 / int2 pages with a window, none for the others.
     """
 
     page_size: int = 16
@@ -195,6 +198,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     dist_timeout_s: float = 600.0
     kv_window: int | None = None
+    kv_sink: int | None = None
     scheduler: SchedulerConfig = SchedulerConfig()
 
     @classmethod
@@ -245,5 +249,11 @@ class EngineConfig:
         if self.kv_window is not None and (isinstance(self.kv_window, bool) or not isinstance(self.kv_window, int)
                                            or self.kv_window < 0):
             raise ValueError(f"kv_window must be an int >= 0 or None, got {self.kv_window!r}")
+        if self.kv_sink is not None and (isinstance(self.kv_sink, bool) or not isinstance(self.kv_sink, int)
+                                         or self.kv_sink < 0 or self.kv_sink % self.page_size):
+            raise ValueError(f"kv_sink must be None or an int >= 0 and a multiple of page_size {self.page_size}, "
+                             f"got {self.kv_sink!r}")
+        if self.kv_sink and self.kv_window == 0:
+            raise ValueError(f"kv_sink={self.kv_sink} needs a recent-token window: kv_window=0 turns it off")
         if not self.dist_timeout_s > 0:
             raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s!r}")

@@ -121,18 +121,37 @@ def kv_window_for(kv_dtype: str | KVDtype, kv_window: int | None = None) -> int:
     return DEFAULT_KV_WINDOW if KVDtype.parse(kv_dtype).is_int else 0
 
 
-def window_pages_per_row(window: int, page_size: int) -> int:
-    """The most shadow pages one row of a step maps for a window: its read run and its tail run."""
-    return 2 * (-(-(window - 1) // page_size) + 1)
+# Attention sinks kept beside the window: a sequence's first tokens, which draw much of every query's attention
+DEFAULT_KV_SINK = 16
+
+
+def kv_sink_for(kv_dtype: str | KVDtype, window: int, page_size: int, kv_sink: int | None = None) -> int:
+    """The sink an engine runs (tokens at the start of every sequence read in full precision with the
+    window): kv_sink when given, else DEFAULT_KV_SINK rounded up to whole pages for INT4 / INT2 pages with
+    a window and none otherwise. ValueError for a sink that is not whole pages, or one without a window."""
+    if kv_sink is None:
+        if window == 0 or not KVDtype.parse(kv_dtype).is_int:
+            return 0
+        return -(-DEFAULT_KV_SINK // page_size) * page_size
+    if isinstance(kv_sink, bool) or not isinstance(kv_sink, int) or kv_sink < 0 or kv_sink % page_size:
+        raise ValueError(f"kv_sink must be an int >= 0 and a multiple of the page size {page_size}, got {kv_sink!r}")
+    if kv_sink and window == 0:
+        raise ValueError(f"kv_sink={kv_sink} needs a recent-token window (kv_window >= 1): the window reads it")
+    return kv_sink
+
+
+def window_pages_per_row(window: int, page_size: int, sink: int = 0) -> int:
+    """The most shadow pages one row of a step maps for a window: its sink, its read run and its tail run."""
+    return sink // page_size + 2 * (-(-(window - 1) // page_size) + 1)
 
 
 def kv_window_bytes(window: int, page_size: int, max_rows: int, num_layers: int, num_kv_heads: int,
-                    head_dim: int, itemsize: int) -> int:
+                    head_dim: int, itemsize: int, sink: int = 0) -> int:
     """Bytes of a window's shadow pages (K and V, every layer, one scratch page) in the compute dtype; 0
     without a window."""
     if window == 0:
         return 0
-    pages = max_rows * window_pages_per_row(window, page_size) + 1
+    pages = max_rows * window_pages_per_row(window, page_size, sink) + 1
     return 2 * num_layers * pages * page_size * num_kv_heads * head_dim * itemsize
 
 
@@ -319,8 +338,9 @@ def plan_memory(shape: ModelShape, gpu_memory: int, utilization: float = 0.9, pa
         kd = KVDtype.parse(kv)
         per_token = shape.kv_bytes_per_token(kd)
         per_page = page_size * per_token
-        window = kv_window_bytes(kv_window_for(kd), page_size, max_running, shape.num_layers, shape.num_kv_heads,
-                                 shape.head_dim, itemsize)  # as kv_store.default_num_pages reserves it
+        w = kv_window_for(kd)
+        window = kv_window_bytes(w, page_size, max_running, shape.num_layers, shape.num_kv_heads, shape.head_dim,
+                                 itemsize, kv_sink_for(kd, w, page_size))  # as kv_store.default_num_pages reserves it
         pages = pages_in_budget(max(0, budget - window), per_page)
         load = batch * per_req * per_page
         rows.append(KVPlanRow(kd.value, per_token, per_page, pages, pages * page_size, pages // per_req, load,

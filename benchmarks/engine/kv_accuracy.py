@@ -10,8 +10,9 @@ for every KV dtype; bf16 KV is the reference and always runs first. One LLM per 
 whatever the engine does for that dtype (quantisation in store_kv, scales, dequantisation inside
 the attention kernels, its recent-token window) is what is measured, in prefill and decode alike.
 A KV dtype runs with the engine's default window (LLM(kv_window=None): 16 full-precision recent
-tokens for int4 / int2, none for the others); `NAME@W` runs it with a window of W (`int4@0`: none,
-every key read back from the pages; `fp8_e4m3@16`).
+tokens for int4 / int2, none for the others, and a sink of the first 16 with it); `NAME@W` runs it
+with a window of W (`int4@0`: none, every key read back from the pages; `fp8_e4m3@16`), `NAME@W+S`
+with a window of W and a sink of S (`int4@16+0`: the window alone).
 A KV dtype this build does not know is skipped (listed as such); one that fails is reported with
 its error, the others still run. --json is rewritten after every dtype (a cut-short run keeps
 what it measured).
@@ -279,10 +280,10 @@ def run_dtype(model: str, kv: str, args: argparse.Namespace, preset: Preset, inp
     from radixkv.engine.teacher import teacher_forced
 
     t0 = time.perf_counter()
-    name, window = split_window(kv)
+    name, window, sink = split_window(kv)
     llm = LLM(model, dtype=args.dtype, kv_dtype=name, device=args.device, num_pages=preset.num_pages, seed=0,
-              max_batch_tokens=preset.max_batch_tokens, enforce_eager=args.eager, kv_window=window)
-    out: dict[str, Any] = {"kv_dtype": llm.kv_dtype.value, "kv_window": llm.kv_window,
+              max_batch_tokens=preset.max_batch_tokens, enforce_eager=args.eager, kv_window=window, kv_sink=sink)
+    out: dict[str, Any] = {"kv_dtype": llm.kv_dtype.value, "kv_window": llm.kv_window, "kv_sink": llm.kv_sink,
                            "compute_dtype": str(llm.dtype).removeprefix("torch."),
                            "kv_bytes": llm.kv.total_bytes, "num_pages": llm.num_pages}
     try:
@@ -363,8 +364,9 @@ def table(results: dict[str, dict[str, Any]], lengths: tuple[int, ...]) -> str:
     head = ["KV", "ppl gsm8k", "ppl sharegpt", "agree prefill", "agree decode"] + [f"needle {n}" for n in lengths]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for kv, r in results.items():
-        w = r.get("kv_window")
-        cells = [kv.partition("@")[0] + (f", window {w}" if w else ", no window" if "@" in kv else "")]
+        w, sink = r.get("kv_window"), r.get("kv_sink")
+        cells = [kv.partition("@")[0] + (f", window {w}" if w else ", no window" if "@" in kv else "")
+                 + (f" + sink {sink}" if sink else "")]
         for src in ("gsm8k", "sharegpt"):
             p, p0 = r["ppl"][src], ref["ppl"][src]
             cells.append(f"{p:.3f}" if kv == REFERENCE else f"{p:.3f} ({100 * (p / p0 - 1):+.1f}%)")
@@ -401,23 +403,25 @@ def depth_grid(results: dict[str, dict[str, Any]], kv: str, lengths: tuple[int, 
 
 # ----------------------------------------------------------------------------- main
 
-def split_window(kv: str) -> tuple[str, int | None]:
-    """'int4@0' -> ('int4', 0); 'int4' -> ('int4', None: the engine's default window)."""
-    name, _, window = kv.partition("@")
-    return name, int(window) if window else None
+def split_window(kv: str) -> tuple[str, int | None, int | None]:
+    """'int4@16+0' -> ('int4', 16, 0); 'int4@0' -> ('int4', 0, None); 'int4' -> ('int4', None, None: the
+    engine's default window and sink)."""
+    name, _, setting = kv.partition("@")
+    window, _, sink = setting.partition("+")
+    return name, int(window) if window else None, int(sink) if sink else None
 
 
 def available(kv: str) -> str | None:
     """None when this build knows the KV dtype (and window), else why not."""
     from radixkv.config import canonical_kv_dtype_name
 
-    name, _, window = kv.partition("@")
+    name, _, setting = kv.partition("@")
     try:
         canonical_kv_dtype_name(name)
     except ValueError:
         return f"not in this build (radixkv.config knows no kv_dtype {name!r})"
-    if window and not window.isdigit():
-        return f"window {window!r} is not a whole number of tokens"
+    if setting and not all(part.isdigit() for part in setting.split("+", 1)):
+        return f"window {setting!r} is not W or W+S, whole numbers of tokens"
     return None
 
 

@@ -71,20 +71,26 @@ class AttentionPlan(NamedTuple):
 
 
 class WindowPlan(NamedTuple):
-    """With a recent-token window of W keys, each query's page attention covers keys 0 .. t - W: row b's
-    rows shifted so paged_prefill's causal rule says so (its first `skip` queries, t < W, see no page key)."""
+    """With a recent-token window of W keys and a sink of S (a multiple of the page size), each query's
+    page attention covers keys S .. t - W: the page table from page S / page_size on, and row b's rows
+    shifted so paged_prefill's causal rule says so (its first `skip` queries, t < S + W, see no page key)."""
 
     token_rows: Tensor  # int32 [T] the Batch row of each token
-    seq_lens: Tensor  # int32 [B] max(0, seq_lens - W)
+    page_table: Tensor  # int32 [B, >= 1] the step's table from the sink's end on
+    seq_lens: Tensor  # int32 [B] max(0, seq_lens - S - W)
     q_start: Tensor  # int32 [B] q_start + skip
-    q_lens: Tensor  # int32 [B] q_lens - skip, skip = clamp(W - (seq_lens - q_lens), 0, q_lens)
+    q_lens: Tensor  # int32 [B] q_lens - skip, skip = clamp(S + W - (seq_lens - q_lens), 0, q_lens)
 
 
-def window_plan(seq_lens: Tensor, q_start: Tensor, q_lens: Tensor, token_rows: Tensor, window: int) -> WindowPlan:
+def window_plan(page_table: Tensor, seq_lens: Tensor, q_start: Tensor, q_lens: Tensor, token_rows: Tensor,
+                window: int, sink: int = 0, page_size: int = 1) -> WindowPlan:
     """WindowPlan from a step's row tensors (device ops only: a CUDA graph records them)."""
-    skip = torch.clamp(window - (seq_lens - q_lens), min=0)
+    skip = torch.clamp(sink + window - (seq_lens - q_lens), min=0)
     skip = torch.minimum(skip, q_lens)
-    return WindowPlan(token_rows, torch.clamp(seq_lens - window, min=0), q_start + skip, q_lens - skip)
+    # a table no wider than the sink: every row ends inside it, so no row reads a page key
+    table = page_table[:, min(sink // page_size, page_table.shape[1] - 1):].contiguous()  # once, not per layer
+    return WindowPlan(token_rows, table, torch.clamp(seq_lens - sink - window, min=0), q_start + skip,
+                      q_lens - skip)
 
 
 def host_to_device(values: np.ndarray | list, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -178,8 +184,7 @@ class PagedAttention:
         if self.window is not None:
             self.window.prepare(batch)
             rows = np.repeat(np.arange(B, dtype=np.int32), batch.q_lens)
-            plan = plan._replace(window=window_plan(plan.seq_lens, plan.q_start, plan.q_lens,
-                                                    host_to_device(rows, torch.int32, dev), self.window.window))
+            plan = plan._replace(window=self._window_plan(plan, host_to_device(rows, torch.int32, dev)))
         self._plan = plan
 
     def prepare_window(self, batch: Batch) -> None:
@@ -213,9 +218,13 @@ class PagedAttention:
         """Run the next layers over a plan built elsewhere (the CUDA-graph runner's static buffers: a decode
         plan, whose WindowPlan is derived here with device ops when there is a window)."""
         if self.window is not None and plan.window is None:
-            plan = plan._replace(window=window_plan(plan.seq_lens, plan.q_start, plan.q_lens, plan.q_start,
-                                                    self.window.window))
+            plan = plan._replace(window=self._window_plan(plan, plan.q_start))
         self._plan = plan
+
+    def _window_plan(self, plan: AttentionPlan, token_rows: Tensor) -> WindowPlan:
+        win = self.window
+        return window_plan(plan.page_table, plan.seq_lens, plan.q_start, plan.q_lens, token_rows, win.window,
+                           win.sink, self.kv.page_size)
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, layer: int) -> Tensor:
         """q: [T, Hq, D], k/v: [T, Hkv, D] (new tokens, Batch row order) -> [T, Hq, D] in q's dtype."""
@@ -265,15 +274,15 @@ class PagedAttention:
         shadow_k, shadow_v = win.layer(layer)
         decode = plan.path is Path.DECODE
         args = (q, k, v, shadow_k, shadow_v, win.shadow_of, plan.page_table, plan.seq_lens, plan.q_start,
-                plan.q_lens, wp.token_rows, win.window, self.sm_scale)
+                plan.q_lens, wp.token_rows, win.window, self.sm_scale, win.sink)
         if self._ops is None:
             reference.store_kv_ref(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
             o_w, lse_w = reference.window_attention_ref(*args)
             if decode:
-                o_p, lse_p = reference.paged_decode_partial_ref(q, k_cache, v_cache, plan.page_table, wp.seq_lens,
+                o_p, lse_p = reference.paged_decode_partial_ref(q, k_cache, v_cache, wp.page_table, wp.seq_lens,
                                                                 self.sm_scale, k_scale, v_scale)
             else:
-                o_p, lse_p = reference.paged_prefill_ref(q, k_cache, v_cache, plan.page_table, wp.seq_lens,
+                o_p, lse_p = reference.paged_prefill_ref(q, k_cache, v_cache, wp.page_table, wp.seq_lens,
                                                          wp.q_start, wp.q_lens, self.sm_scale, k_scale, v_scale,
                                                          return_lse=True)
             return reference.merge_attention_states_ref(o_p, lse_p, o_w, lse_w, out_dtype=q.dtype)
@@ -283,12 +292,12 @@ class PagedAttention:
         self._ops.store_kv(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
         o_w, lse_w = window_attention(*args)
         if decode:
-            o_p, lse_p = paged_decode_partial(q, k_cache, v_cache, plan.page_table, wp.seq_lens, self.sm_scale,
+            o_p, lse_p = paged_decode_partial(q, k_cache, v_cache, wp.page_table, wp.seq_lens, self.sm_scale,
                                               k_scale, v_scale, num_splits=plan.num_splits)
         else:
             o_p = torch.empty_like(q)
             lse_p = torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=q.device)
-            self._ops.paged_prefill(q, k_cache, v_cache, plan.page_table, wp.seq_lens, wp.q_start, wp.q_lens,
+            self._ops.paged_prefill(q, k_cache, v_cache, wp.page_table, wp.seq_lens, wp.q_start, wp.q_lens,
                                     self.sm_scale, k_scale=k_scale, v_scale=v_scale, max_q_len=plan.max_q_len,
                                     out=o_p, lse=lse_p)
         return merge_attention_states(o_p, lse_p, o_w, lse_w, out_dtype=q.dtype)

@@ -159,8 +159,9 @@ def default_num_pages(spec: ModelSpec, cfg: EngineConfig, kv: KVDtype, dtype: to
     itemsize = torch.empty((), dtype=dtype).element_size()
     reserve = plan.step_reserve_bytes(spec.hidden_size, spec.intermediate_size, spec.vocab_size,
                                       sched.max_batch_tokens, sched.max_running, itemsize)
-    reserve += plan.kv_window_bytes(plan.kv_window_for(kv, cfg.kv_window), ps, sched.max_running, spec.num_layers,
-                                    spec.num_kv_heads, spec.head_dim, itemsize)  # the window's shadow pages
+    window = plan.kv_window_for(kv, cfg.kv_window)
+    reserve += plan.kv_window_bytes(window, ps, sched.max_running, spec.num_layers, spec.num_kv_heads, spec.head_dim,
+                                    itemsize, plan.kv_sink_for(kv, window, ps, cfg.kv_sink))  # the shadow pages
     pages = plan.pages_in_budget(plan.kv_budget_bytes(free, cfg.gpu_memory_utilization, reserve), per_page)
     if pages < 1:
         raise RuntimeError(f"no device memory left for KV pages ({free / 2**30:.1f} GiB free after weights)")

@@ -21,6 +21,11 @@ other pages. A newly mapped page that holds earlier tokens (a prefix-cache hit, 
 earlier) is filled by dequantising it: those tokens then come back at the page dtype's precision.
 Capacity: each row needs at most 2 * ceil((window - 1) / page_size + 1) pages, so `max_rows` rows
 always fit.
+
+With a sink of S tokens (a multiple of the page size; attention sinks, kernels/window.py), the pages
+holding every row's first S tokens are mapped too, at every step: a row's first chunk writes them in full
+precision, and rows on a cached prefix share them (a prefix whose mapping was evicted comes back as a
+fill). Each row needs S / page_size more pages.
 """
 from __future__ import annotations
 
@@ -38,16 +43,21 @@ from .kv_store import KVStore
 
 
 class KVWindow:
-    """Shadow pages of `kv` for a recent-token window of `window` tokens, room for `max_rows` rows a step."""
+    """Shadow pages of `kv` for a recent-token window of `window` tokens and a sink of `sink`, room for
+    `max_rows` rows a step."""
 
-    def __init__(self, kv: KVStore, window: int, max_rows: int):
-        if not isinstance(window, int) or window < 1:
+    def __init__(self, kv: KVStore, window: int, max_rows: int, sink: int = 0):
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"KVWindow: window must be a positive int, got {window!r}")
         if not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"KVWindow: max_rows must be a positive int, got {max_rows!r}")
+        if isinstance(sink, bool) or not isinstance(sink, int) or sink < 0 or sink % kv.page_size:
+            raise ValueError(f"KVWindow: sink must be an int >= 0 and a multiple of the page size "
+                             f"{kv.page_size}, got {sink!r}")
         self.kv = kv
         self.window = window
-        self.capacity = max_rows * window_pages_per_row(window, kv.page_size)
+        self.sink = sink
+        self.capacity = max_rows * window_pages_per_row(window, kv.page_size, sink)
         shape = (self.capacity + 1, kv.page_size, kv.num_kv_heads, kv.head_dim)
         dt, dev = kv.compute_dtype, kv.device
         self.k = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(kv.num_layers)]
@@ -65,11 +75,11 @@ class KVWindow:
 
     def prepare(self, batch: Batch) -> None:
         """Map (and fill where needed) every page this step's window reads or its next step's will."""
-        ps, W = self.kv.page_size, self.window
+        ps, W, S = self.kv.page_size, self.window, self.sink
         hot: dict[int, bool] = {}  # page -> needs a fill if it is not mapped yet
         for table, end, q_len in zip(batch.page_tables, batch.seq_lens, batch.q_lens):
             start = end - q_len
-            for lo, hi in ((max(0, start - W + 1), start), (max(start, end - W + 1), end)):
+            for lo, hi in ((0, min(S, end)), (max(0, start - W + 1), start), (max(start, end - W + 1), end)):
                 for j in range(lo // ps, -(-hi // ps)) if hi > lo else ():
                     page = table[j]
                     hot[page] = hot.get(page, False) or j * ps < start

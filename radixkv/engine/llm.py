@@ -38,7 +38,7 @@ from radixkv.cache.events import KVEventPublisher
 from radixkv.config import EngineConfig, KVDtype
 from radixkv.request import CompletionOutput, FinishReason, Request, RequestOutput
 from radixkv.scheduler import Scheduler
-from radixkv.plan import kv_window_for
+from radixkv.plan import kv_sink_for, kv_window_for
 from radixkv.scheduler.cascade_groups import RULE_NEVER, rule_for
 
 from .attention import Backend, PagedAttention, host_to_device
@@ -135,7 +135,9 @@ class LLM:
                           self.kv_dtype, self.device, self.dtype)
         # KIVI's recent-token window (INT pages by default): shadow pages for every running row's latest tokens
         self.kv_window = kv_window_for(self.kv_dtype, cfg.kv_window)
-        window = KVWindow(self.kv, self.kv_window, cfg.scheduler.max_running) if self.kv_window else None
+        self.kv_sink = kv_sink_for(self.kv_dtype, self.kv_window, cfg.page_size, cfg.kv_sink)
+        window = (KVWindow(self.kv, self.kv_window, cfg.scheduler.max_running, self.kv_sink) if self.kv_window
+                  else None)
         self.attention = PagedAttention(self.kv, s.num_q_heads, s.head_dim, s.head_dim ** -0.5, attention_backend,
                                         window=window)
         cascade_rule = RULE_NEVER if window is not None else rule_for(self.kv_dtype)

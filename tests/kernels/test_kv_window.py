@@ -20,8 +20,8 @@ def _rows(q_lens):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("window", [1, 5])
-def test_window_kernel_matches_reference(dtype, window):
+@pytest.mark.parametrize("window,sink", [(1, 0), (5, 0), (1, 4), (5, 8)])
+def test_window_kernel_matches_reference(dtype, window, sink):
     gen = torch.Generator().manual_seed(3)
     ps, hkv, hq, d, shadows = 4, 2, 6, 32, 9
     prev, new = [7, 0, 13], [1, 6, 3]  # a decode row, a first chunk, a later chunk
@@ -37,7 +37,7 @@ def test_window_kernel_matches_reference(dtype, window):
     v = torch.randn(T, hkv, d, generator=gen).to(dtype)
     sk = torch.randn(shadows, ps, hkv, d, generator=gen).to(dtype)
     sv = torch.randn(shadows, ps, hkv, d, generator=gen).to(dtype)
-    args = (shadow_of, tables, seq_lens, q_start, q_lens, _rows(new), window, 0.3)
+    args = (shadow_of, tables, seq_lens, q_start, q_lens, _rows(new), window, 0.3, sink)
     sk2, sv2 = sk.clone(), sv.clone()
     o, lse = window_attention(q, k, v, sk, sv, *args)
     o_ref, lse_ref = reference.window_attention_ref(q, k, v, sk2, sv2, *args)
@@ -61,8 +61,9 @@ def _held(x, kv_dtype):
     return out
 
 
-def _windowed_dense(q, k_exact, v_exact, k_held, v_held, exact_from, window, sm_scale):
-    """q [M, Hq, D], the last M of N keys; key j of query t exact when t - window < j and j >= exact_from."""
+def _windowed_dense(q, k_exact, v_exact, k_held, v_held, exact_from, window, sm_scale, sink=0):
+    """q [M, Hq, D], the last M of N keys; key j of query t exact when (t - window < j or j < sink) and
+    j >= exact_from."""
     m, hq, d = q.shape
     n, hkv, _ = k_exact.shape
     g = hq // hkv
@@ -70,7 +71,7 @@ def _windowed_dense(q, k_exact, v_exact, k_held, v_held, exact_from, window, sm_
     for i in range(m):
         t = n - m + i
         j = torch.arange(t + 1)
-        exact = (j > t - window) & (j >= exact_from)
+        exact = ((j > t - window) | (j < sink)) & (j >= exact_from)
         kk = torch.where(exact[:, None, None], k_exact[:t + 1], k_held[:t + 1]).double().repeat_interleave(g, 1)
         vv = torch.where(exact[:, None, None], v_exact[:t + 1], v_held[:t + 1]).double().repeat_interleave(g, 1)
         p = torch.softmax(torch.einsum("hd,jhd->hj", q[i].double(), kk) * sm_scale, dim=-1)
@@ -78,20 +79,21 @@ def _windowed_dense(q, k_exact, v_exact, k_held, v_held, exact_from, window, sm_
     return out
 
 
-CASES = [(Backend.REFERENCE, "fp32", 1e-5), (Backend.REFERENCE, "int4", 1e-5), (Backend.REFERENCE, "fp8_e4m3", 1e-5),
-         (Backend.TRITON, "fp32", 1e-5), (Backend.TRITON, "int4", 1e-4), (Backend.TRITON, "int2", 1e-4)]
+CASES = [(Backend.REFERENCE, "fp32", 1e-5, 0), (Backend.REFERENCE, "int4", 1e-5, 0),
+         (Backend.REFERENCE, "fp8_e4m3", 1e-5, 0), (Backend.TRITON, "fp32", 1e-5, 0), (Backend.TRITON, "int4", 1e-4, 0),
+         (Backend.TRITON, "int2", 1e-4, 0), (Backend.REFERENCE, "int4", 1e-5, 4), (Backend.TRITON, "int4", 1e-4, 8)]
 
 
-@pytest.mark.parametrize("backend,kv_dtype,tol", CASES)
-def test_windowed_steps_match_dense(backend, kv_dtype, tol):
+@pytest.mark.parametrize("backend,kv_dtype,tol,sink", CASES)
+def test_windowed_steps_match_dense(backend, kv_dtype, tol, sink):
     """Prefill chunks, a mixed step, decode steps across page boundaries; then a row that starts on a
     cached prefix of row 0 (its pages shared) after the mapping is lost (a new KVWindow), so its window
-    keys before its first new token come from a fill, at the pages' precision."""
+    and sink keys before its first new token come from a fill, at the pages' precision."""
     gen = torch.Generator().manual_seed(1)
     ps, hkv, hq, d, layers, W = 4, 2, 4, 16, 2, 6
     sm = 1 / math.sqrt(d)
     kv = KVStore(layers, 16, ps, hkv, d, kv_dtype, "cpu")
-    win = KVWindow(kv, W, max_rows=3)
+    win = KVWindow(kv, W, max_rows=3, sink=sink)
     attn = PagedAttention(kv, hq, d, sm, backend=backend, window=win)
     tables = [[9, 2, 14, 5, 1], [0, 11, 7, 3, 4], [9, 2, 6, 8, 10]]
     hist = [[{"k": torch.empty(0, hkv, d), "v": torch.empty(0, hkv, d)} for _ in range(3)] for _ in range(layers)]
@@ -99,7 +101,7 @@ def test_windowed_steps_match_dense(backend, kv_dtype, tol):
     for step, item in enumerate(schedule + [None]):
         exact_from = [0, 0, 0]
         if item is None:  # row 2 on row 0's first 8 cached tokens, with a fresh window
-            win = KVWindow(kv, W, max_rows=3)
+            win = KVWindow(kv, W, max_rows=3, sink=sink)
             attn = PagedAttention(kv, hq, d, sm, backend=backend, window=win)
             rows, prev, new = [0, 1, 2], [16, 7, 8], [1, 1, 3]
             for layer in range(layers):
@@ -123,7 +125,7 @@ def test_windowed_steps_match_dense(backend, kv_dtype, tol):
                 h = hist[layer][b]
                 h["k"], h["v"] = torch.cat([h["k"], k[s:s + n]]), torch.cat([h["v"], v[s:s + n]])
                 want = _windowed_dense(q[s:s + n], h["k"], h["v"], _held(h["k"], kv_dtype), _held(h["v"], kv_dtype),
-                                       exact_from[b], W, sm)
+                                       exact_from[b], W, sm, sink)
                 torch.testing.assert_close(out[s:s + n].double(), want, atol=tol, rtol=tol,
                                            msg=lambda m, where=f"step {step} row {b} layer {layer}": f"{where}: {m}")
                 s += n
@@ -142,3 +144,20 @@ def test_window_capacity_and_eviction():
     assert win.evictions > 0 and win.fills == 0
     with pytest.raises(ValueError, match="window"):
         KVWindow(kv, 0, max_rows=1)
+    with pytest.raises(ValueError, match="multiple of the page size"):
+        KVWindow(kv, 6, max_rows=1, sink=6)
+
+
+def test_sink_pages_stay_mapped():
+    """A row decoding far past its sink keeps its first pages mapped (never evicted: every step reads them)
+    while its window's old pages are evicted; the sink's room is in the capacity and the planner's bytes."""
+    kv = KVStore(1, 64, 4, 1, 8, "int4", "cpu")
+    win = KVWindow(kv, 6, max_rows=1, sink=8)
+    assert win.capacity == window_pages_per_row(6, 4, 8) == 8
+    assert win.total_bytes == kv_window_bytes(6, 4, 1, 1, 1, 8, 4, sink=8)
+    table = list(range(20))
+    for pos in range(64):
+        win.prepare(make_batch([table], [pos], [1], 4))
+        win.check_invariants()
+        assert 0 in win._map and (pos < 4 or 1 in win._map)
+    assert win.evictions > 0 and win.fills == 0
