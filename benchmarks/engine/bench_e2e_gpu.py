@@ -198,7 +198,7 @@ ROW_KEYS = ("workload", "config", "batch", "step_ms", "floor_ms", "output_tokens
             "ttft_p50_s", "ttft_p99_s", "hit_rate", "peak_pages", "pool_pages", "cpu_frac_per_step",
             "max_concurrency")
 WORKLOADS = ("few-shot", "multi-turn", "trace", "no-sharing")
-CONFIGS = ("cache-on-bf16", "cache-off-bf16", "cache-on-fp8", "cache-on-bf16-cascade", "cache-on-int4",
+CONFIGS = ("cache-on-bf16", "cache-off-bf16", "cache-on-fp8", "cache-on-bf16-cascade", "cache-on-int4", "cache-on-int4-nosink",
            "cache-on-int4-nowindow", "hf-generate")
 HF_WORKLOADS = ("few-shot", "no-sharing")  # static prompt lists: what a batched generate() serves
 
@@ -537,7 +537,8 @@ def workloads_part(device: torch.device, a: argparse.Namespace, emit: Any, done:
         kw: dict[str, Any] = {"cache-off-bf16": dict(enable_prefix_caching=False),
                               "cache-on-fp8": dict(kv_dtype="fp8_e4m3"),
                               "cache-on-bf16-cascade": dict(cascade=True),
-                              "cache-on-int4": dict(kv_dtype="int4"),  # its default window of 16
+                              "cache-on-int4": dict(kv_dtype="int4"),  # its default window of 16 and sink of 16
+                              "cache-on-int4-nosink": dict(kv_dtype="int4", kv_sink=0),
                               "cache-on-int4-nowindow": dict(kv_dtype="int4", kv_window=0)}.get(config, {})
         num_pages = KVStore.pages_for_budget(budget, 16, L, H, D, kw.get("kv_dtype", "bfloat16"))
         t = time.perf_counter()

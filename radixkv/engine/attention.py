@@ -19,7 +19,8 @@ plain steps never do.
 Recent-token window (PagedAttention(window=KVWindow), LLM(kv_window=N)): each query reads its N most
 recent keys in full precision from the window's shadow pages (kv_window.py, kernels/window.py) and
 only older keys from the (quantised) pages: the page attention runs on shifted rows (WindowPlan) and
-returns its state, merged with the window's. No cascade steps then.
+returns its state, merged with the window's; with a sink, every sequence's first tokens are the window's
+too and the page attention starts after them. No cascade steps then.
 """
 from __future__ import annotations
 

@@ -49,3 +49,16 @@ def test_max_model_len_caps_the_context() -> None:
     with pytest.raises(ValueError, match="context of 32"):
         llm.generate([_prompt(30)], SamplingParams(max_tokens=8))
     assert llm.generate([_prompt(20)], GREEDY)[0].token_ids
+
+
+def test_kv_sink_defaults_and_bad_values() -> None:
+    """INT pages take a window of 16 and a sink of 16 by default; a sink must be whole pages and needs a window."""
+    llm = LLM(tiny_config("llama"), dtype="float32", kv_dtype="int4", page_size=8, num_pages=16)
+    assert (llm.kv_window, llm.kv_sink, llm.attention.window.sink) == (16, 16, 16)
+    assert LLM(tiny_config("llama"), dtype="float32", kv_dtype="int4", num_pages=16, kv_sink=0).kv_sink == 0
+    from radixkv.config import EngineConfig
+
+    for kwargs, word in ((dict(kv_sink=12), "multiple of page_size 16"), (dict(kv_sink=-16), "kv_sink"),
+                         (dict(kv_sink=16, kv_window=0), "needs a recent-token window")):
+        with pytest.raises(ValueError, match=word):
+            EngineConfig(**kwargs)

@@ -105,6 +105,14 @@ def test_unknown_kv_dtype_is_skipped_and_the_json_holds_the_figures(tiny, script
     assert "| fp8_e4m3 |" in table and "%)" in table
 
 
+def test_window_and_sink_settings_parse(script) -> None:
+    assert script.split_window("int4") == ("int4", None, None)
+    assert script.split_window("int4@0") == ("int4", 0, None)
+    assert script.split_window("fp8_e4m3@16+16") == ("fp8_e4m3", 16, 16)
+    assert script.available("int4@16+0") is None
+    assert "W or W+S" in script.available("int4@16+x")
+
+
 def test_needle_prompts_fit_and_hold_the_needle_at_its_depth(script) -> None:
     from transformers import AutoTokenizer
 

@@ -138,8 +138,9 @@ def test_plan_lists_every_kv_dtype_with_int_rows() -> None:
     rows = {r.kv_dtype: r for r in p.rows}
     assert list(rows) == ["fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int4", "int2"]
     assert rows["int4"].bytes_per_token == 2 * 32 * 8 * 72 and rows["int2"].bytes_per_token == 2 * 32 * 8 * 48
-    # int rows give the shadow pages of their default window (16 tokens: 4 pages a running request) first
-    window = 2 * 32 * (256 * 4 + 1) * 16 * 8 * 128 * 2
+    # int rows give the shadow pages of their default window and sink (16 tokens each: 4 + 1 pages a running
+    # request) first
+    window = 2 * 32 * (256 * 5 + 1) * 16 * 8 * 128 * 2
     assert rows["int4"].window_bytes == window and rows["bf16"].window_bytes == 0
     assert rows["int4"].pages == (p.kv_budget_bytes - window) // (16 * rows["int4"].bytes_per_token)
     assert rows["bf16"].pages == p.kv_budget_bytes // (16 * rows["bf16"].bytes_per_token)
@@ -148,3 +149,15 @@ def test_plan_lists_every_kv_dtype_with_int_rows() -> None:
     assert "\nint4 " in table and "\nint2 " in table
     odd = ModelShape.from_config(dict(LLAMA3_8B, head_dim=66), "odd")  # int2 needs head_dim % 4 == 0
     assert [r.kv_dtype for r in plan_memory(odd, parse_bytes("80GiB")).rows][-1] == "int4"
+
+
+def test_kv_sink_defaults_and_errors() -> None:
+    from radixkv.plan import kv_sink_for
+
+    assert kv_sink_for("int4", 16, 16) == 16 and kv_sink_for("int2", 16, 64) == 64 and kv_sink_for("int4", 16, 1) == 16
+    assert kv_sink_for("int4", 0, 16) == 0 and kv_sink_for("fp8_e4m3", 16, 16) == 0  # no window / not INT: none
+    assert kv_sink_for("fp8_e4m3", 16, 16, 32) == 32 and kv_sink_for("int4", 16, 16, 0) == 0
+    with pytest.raises(ValueError, match="multiple of the page size 16"):
+        kv_sink_for("int4", 16, 16, 8)
+    with pytest.raises(ValueError, match="needs a recent-token window"):
+        kv_sink_for("int4", 0, 16, 16)
