@@ -1,4 +1,4 @@
-"""`python -m radixkv ...`: the `radixkv` command (radixkv/cli.py)."""
+"""`python -m radixkv ...`: the `radixkv` command (radixkv/cli/)."""
 import sys
 
 from .cli import main

@@ -1,0 +1,6 @@
+"""`python -m radixkv.cli ...`: the `radixkv` command."""
+import sys
+
+from radixkv.cli import main
+
+sys.exit(main())
