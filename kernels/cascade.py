@@ -1,16 +1,8 @@
 """Cascade (shared-prefix) decode: a prefix shared by a group of rows is read once per group, not once a row.
 
-One cascade level is a set of groups; group g is a set of decode rows whose first prefix_lens[g] tokens
-are the same pages (a node of the radix tree several running requests sit under). Layout (CascadeGroups):
-
-    group_start   int32 [G + 1]              CSR offsets: group g owns group_rows[group_start[g] : group_start[g + 1]]
-    group_rows    int32 [R]                  batch rows (indices into q), each in at most one group of a level;
-                                             entries past group_start[G] are unused (a static plan's padding)
-    prefix_pages  int32 [G, max_prefix_pages] group g's shared page run (a page-table row)
-    prefix_lens   int32 [G]                  tokens of the run (a multiple of page_size when suffix tables
-                                             start after it, as plan_cascade builds them)
-    suffix_pages  int32 [B, max_suffix_pages] (CascadePlan) each row's pages after its group's run (all of
-                                             them for a row in no group), suffix_lens int32 [B] their tokens
+One cascade level is a set of groups of decode rows sharing their first pages (a node of the radix tree
+several running requests sit under); cascade_plan.py builds them on the host (CascadeGroups, CascadePlan:
+the layout of the group tensors) and picks the split counts; cascade_checks.py checks the arguments.
 
 Three launches (cascade_decode composes them):
 1. cascade_prefix_attention: grid (M tiles, Hkv, G x splits). A program stacks BLOCK_M query rows of ONE
@@ -49,48 +41,30 @@ graphs keyed by group-count buckets (radixkv/engine/cuda_graphs.py) or eagerly w
 """
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from .cascade_checks import as_states, check_attention_args, check_groups, check_out_states
+from .cascade_plan import CascadePlan, default_prefix_config, default_prefix_splits, suffix_num_splits
 from .decode import _kernel as _decode_kernel
 from .decode import _launch_int as _launch_int_decode
-from .dispatch import (
-    choose_num_splits,
-    decode_warps_per_sm,
-    fp8_decode_gluon,
-    int4_decode_gluon,
-    sm_count,
-)
+from .dispatch import fp8_decode_gluon, int4_decode_gluon
 from .launch import (
-    CPU_TILES,
     LOG2E,
     IndexValueError,
     KernelConfig,
     KernelKind,
-    as_index,
     check_paged_args,
-    check_tensor,
     default_config,
     for_device,
     host_float,
     host_int,
     launch_options,
 )
-
-# Shared-prefix tiles on the GPU (head_dim 128): 128 stacked query rows (two warpgroups) x 64 keys, 32 over
-# FP8 pages (the widening converts need the registers: 64-key FP8 tiles spill in an sm_90 compile). Not yet
-# timed on the H200 (benchmarks/kernels/bench_cascade.py --sweep does).
-PREFIX_GPU = KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
-PREFIX_FP8_GPU = KernelConfig(block_m=128, block_n=32, num_warps=8, num_stages=3)
-PREFIX_FP32_GPU = KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
-MIN_PREFIX_KEYS_PER_SPLIT = 256
 
 
 @triton.jit
@@ -229,196 +203,6 @@ def _merge_kernel(oa_ptr, la_ptr, ob_ptr, lb_ptr, out_ptr, lse_out_ptr, num_head
                  tl.where(l > 0, m + tl.log2(l_safe), float("-inf")), mask=h_mask)
 
 
-# ----------------------------------------------------------------------------- the group layout
-class CascadeGroups(NamedTuple):
-    """One cascade level's groups (device tensors; shapes in the module docstring) and host bounds."""
-
-    group_start: Tensor  # int32 [G + 1]
-    group_rows: Tensor  # int32 [R]
-    prefix_pages: Tensor  # int32 [G, max_prefix_pages]
-    prefix_lens: Tensor  # int32 [G]
-    max_group_rows: int  # rows of the largest group: sizes the grid without a host sync
-
-
-class CascadePlan(NamedTuple):
-    """A decode batch as one cascade level (or two: `outer`) plus each row's own pages after it
-    (plan_cascade builds it)."""
-
-    groups: CascadeGroups
-    suffix_pages: Tensor  # int32 [B, max_suffix_pages]
-    suffix_lens: Tensor  # int32 [B]
-    max_suffix_len: int  # host: the longest suffix (picks the suffix split count)
-    empty_suffix: bool  # host: some row has suffix_lens 0 (all its tokens shared)
-    # host: every row is in a group (prefix states need no -inf init); None: len(group_rows) >= B decides.
-    # A CUDA graph's static plan (engine/cuda_graphs.py) has padding rows and says False.
-    all_rows_grouped: bool | None = None
-    # host: split counts frozen in the plan (a CUDA graph's, engine/cascade_inputs.py); None: cascade_decode
-    # picks them (default_prefix_splits, suffix_num_splits)
-    prefix_splits: int | None = None
-    suffix_splits: int | None = None
-    # a second level above `groups` (two-level cascade, eager plans only): its runs start at token 0, each
-    # group's run where its rows' outer run ends, and suffix tables after both
-    outer: CascadeGroups | None = None
-
-
-def plan_cascade(page_tables: Sequence[Sequence[int]], seq_lens: Sequence[int],
-                 groups: Sequence[tuple[Sequence[int], int]], page_size: int, device: torch.device | str,
-                 outer: Sequence[tuple[Sequence[int], int]] = ()) -> CascadePlan:
-    """Host lists -> a CascadePlan on `device`. page_tables[b] / seq_lens[b]: row b's whole sequence;
-    groups: (rows, shared_tokens) pairs, shared_tokens a multiple of page_size that every row of the group
-    has, on the same pages. Rows in no group attend their whole sequence as the suffix. ValueError names
-    the group or row that does not fit.
-    outer: a second level above `groups`, the same (rows, shared_tokens from token 0) pairs: its runs are
-    read once per outer group, and a group's run then starts where its rows' outer run ends (all its rows
-    in one outer group, or all in none); an outer row in no group attends from there as its own pages."""
-    fn = "plan_cascade"
-    page_size = host_int(fn, "page_size", page_size, lo=1)
-    B = len(page_tables)
-    if len(seq_lens) != B:
-        raise ValueError(f"{fn}: {B} page tables but {len(seq_lens)} seq_lens")
-    i32 = {"dtype": torch.int32, "device": device}
-    outer_groups, outer_end = None, [0] * B
-    if outer:
-        outer_groups, outer_end = _plan_level(fn, "outer", page_tables, seq_lens, outer, page_size, outer_end, i32)
-    inner, shared = _plan_level(fn, "groups", page_tables, seq_lens, groups, page_size, outer_end, i32)
-    suffix = [list(page_tables[b][shared[b] // page_size: -(-seq_lens[b] // page_size)]) for b in range(B)]
-    suffix_lens = [seq_lens[b] - shared[b] for b in range(B)]
-    return CascadePlan(inner, _table(suffix).to(device), torch.tensor(suffix_lens, **i32), max(suffix_lens + [0]),
-                       min(suffix_lens + [1]) == 0, outer=outer_groups)
-
-
-def _table(rows: list[list[int]]) -> Tensor:
-    """Ragged host lists -> int32 [len(rows), longest] (zero-padded; at least one column)."""
-    width = max([len(r) for r in rows] + [1])
-    return torch.tensor([r + [0] * (width - len(r)) for r in rows] or [[0]], dtype=torch.int32)[: len(rows)]
-
-
-def _plan_level(fn: str, name: str, page_tables: Sequence[Sequence[int]], seq_lens: Sequence[int],
-                groups: Sequence[tuple[Sequence[int], int]], page_size: int, start: list[int],
-                i32: dict) -> tuple[CascadeGroups, list[int]]:
-    """One level of plan_cascade: groups' runs from their rows' start[r] (tokens, the level above's end) to
-    their shared_tokens. Returns its CascadeGroups and each row's end (start[b] for a row in no group)."""
-    B = len(page_tables)
-    end, in_group = list(start), [False] * B
-    starts, flat, runs, lens = [0], [], [], []
-    for gi, (rows, n) in enumerate(groups):
-        rows, n = [int(r) for r in rows], int(n)
-        if not rows:
-            raise ValueError(f"{fn}: {name}[{gi}] has no rows")
-        if n < 0 or n % page_size:
-            raise ValueError(f"{fn}: {name}[{gi}] shares {n} tokens, not a whole number of {page_size}-token pages")
-        lead = list(page_tables[rows[0]][: n // page_size]) if 0 <= rows[0] < B else []
-        lo = start[rows[0]] if 0 <= rows[0] < B else 0
-        for r in rows:
-            if not 0 <= r < B:
-                raise ValueError(f"{fn}: {name}[{gi}] names row {r} outside the batch of {B}")
-            if in_group[r]:
-                raise ValueError(f"{fn}: row {r} is in two groups ({name}[{gi}] and an earlier one)")
-            if n > seq_lens[r] or list(page_tables[r][: n // page_size]) != lead:
-                raise ValueError(f"{fn}: row {r} of {name}[{gi}] does not hold the group's {n} shared tokens "
-                                 "on the same pages")
-            if start[r] != lo or n < lo:
-                raise ValueError(f"{fn}: row {r} of {name}[{gi}] starts at token {start[r]} of the outer level, "
-                                 f"not {lo} as row {rows[0]}, or the group's {n} tokens end before it")
-            in_group[r], end[r] = True, n
-        flat += rows
-        starts.append(len(flat))
-        runs.append(lead[lo // page_size:])
-        lens.append(n - lo)
-    sizes = [starts[g + 1] - starts[g] for g in range(len(lens))]
-    return CascadeGroups(torch.tensor(starts, **i32), torch.tensor(flat, **i32), _table(runs).to(i32["device"]),
-                         torch.tensor(lens, **i32), max(sizes + [0])), end
-
-
-def _check_groups(fn: str, q: Tensor, k_cache: Tensor, prefix_pages: Tensor, prefix_lens: Tensor,
-                  group_start: Tensor, group_rows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Shapes and dtypes always; on CPU also the values (IndexValueError naming the argument)."""
-    pages = as_index(fn, "prefix_pages", prefix_pages, None, 2)
-    G = pages.shape[0]
-    lens = as_index(fn, "prefix_lens", prefix_lens, (G,), 1)
-    start = as_index(fn, "group_start", group_start, (G + 1,), 1)
-    rows = as_index(fn, "group_rows", group_rows, None, 1)
-    if len({t.device for t in (q, prefix_pages, prefix_lens, group_start, group_rows)}) != 1:
-        raise ValueError(f"{fn}: prefix_pages, prefix_lens, group_start and group_rows must be on q's device {q.device}")
-    if q.device.type != "cpu":
-        return pages, lens, start, rows
-    num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
-    B, R, cap = q.shape[0], rows.shape[0], pages.shape[1] * page_size
-    s = start.tolist()
-    if s[0] != 0 or s[-1] > R or any(a > b for a, b in itertools.pairwise(s)):
-        raise IndexValueError(f"{fn}: group_start must rise from 0 to len(group_rows) = {R} at most, got {s}")
-    r = rows.tolist()[: s[-1]]  # entries past the last group's rows are unused (a static plan's padding)
-    bad = [x for x in r if not 0 <= x < B]
-    if bad or len(set(r)) != len(r):
-        why = f"row {bad[0]} outside q's {B} rows" if bad else "a row in two groups"
-        raise IndexValueError(f"{fn}: group_rows holds {why}")
-    for g, n in enumerate(lens.tolist()):
-        if not 0 <= n <= cap:
-            raise IndexValueError(f"{fn}: prefix_lens[{g}] = {n} out of range [0, {cap}] (prefix_pages rows of "
-                                  f"{pages.shape[1]} pages x {page_size} tokens)")
-        used = pages[g, : -(-n // page_size)]
-        if used.numel() and not (0 <= int(used.min()) and int(used.max()) < num_pages):
-            j = int(((used < 0) | (used >= num_pages)).nonzero()[0])
-            raise IndexValueError(f"{fn}: prefix_pages[{g}, {j}] = {int(used[j])} out of range [0, {num_pages})")
-    return pages, lens, start, rows
-
-
-def _check_float_cache(fn: str, k_cache: Tensor) -> None:
-    if k_cache.dtype == torch.uint8:
-        raise ValueError(f"{fn}: INT4/INT2 (uint8) pages are not supported by the cascade kernels yet")
-
-
-def _check_attention_args(fn: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
-                          v_scale: Tensor | None) -> bool:
-    """q, caches and scales as paged_decode checks them (launch.check_paged_args, through an empty page
-    table, so the group tensors keep their own names in _check_groups). Returns whether pages are FP8."""
-    dev = q.device if isinstance(q, Tensor) else None
-    empty = torch.zeros(0, 1, dtype=torch.int32, device=dev)
-    args = check_paged_args(fn, q, k_cache, v_cache, empty, empty[:, 0], k_scale, v_scale)
-    _check_float_cache(fn, k_cache)
-    return args.fp8
-
-
-def prefix_num_splits(tiles: int, num_kv_heads: int, max_prefix_len: int, num_sms: int,
-                      min_keys: int = MIN_PREFIX_KEYS_PER_SPLIT, max_splits: int = 64) -> int:
-    """Key splits of the shared-prefix kernel: none when its tiles x KV heads programs already fill two
-    waves; else the fewest splits (each of >= min_keys keys) whose waves of one program per SM waste
-    within 5% of the best (one 128-row program fills an SM)."""
-    programs = max(1, tiles * num_kv_heads)
-    cap = int(max(1, min(max_splits, max_prefix_len // min_keys)))
-    if programs >= 2 * num_sms:
-        return 1
-    cost = [-(-programs * s // num_sms) / s for s in range(1, cap + 1)]
-    return next(s for s, c in enumerate(cost, 1) if c <= min(cost) * 1.05)
-
-
-def suffix_num_splits(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None, plan: CascadePlan) -> int:
-    """Splits of the suffix decode, by paged_decode's rule (dispatch.choose_num_splits for the kernel that
-    runs: the Gluon FP8 one unless a suffix is empty) over the plan's longest suffix."""
-    hkv = k_cache.shape[2]
-    warps = 0 if plan.empty_suffix else decode_warps_per_sm(q.dtype, k_cache, v_cache, k_scale, q.shape[1] // hkv,
-                                                            q.shape[2])
-    return choose_num_splits(q.shape[0], hkv, plan.max_suffix_len, sm_count(q.device), warps_per_sm=warps)
-
-
-def _prefix_config(q_dtype: torch.dtype, k_cache: Tensor) -> KernelConfig:
-    if k_cache.device.type == "cpu":
-        return CPU_TILES
-    if q_dtype.itemsize == 4 or k_cache.element_size() == 4:
-        return PREFIX_FP32_GPU
-    return PREFIX_FP8_GPU if k_cache.element_size() == 1 else PREFIX_GPU
-
-
-def default_prefix_splits(q_dtype: torch.dtype, k_cache: Tensor, num_q_heads: int, groups: int, rows: int,
-                          max_prefix_len: int, config: KernelConfig | None = None) -> int:
-    """cascade_prefix_attention's split count when given none (host arithmetic): `groups` groups over a
-    group_rows buffer of `rows` rows, q of num_q_heads heads, prefix tables max_prefix_len tokens wide."""
-    config = config or _prefix_config(q_dtype, k_cache)
-    hkv = k_cache.shape[2]
-    tiles = max(groups, triton.cdiv(rows * (num_q_heads // hkv), config.block_m))
-    return prefix_num_splits(tiles, hkv, max_prefix_len, sm_count(k_cache.device))
-
-
 # ----------------------------------------------------------------------------- launchers
 def cascade_prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix_pages: Tensor, prefix_lens: Tensor,
                              group_start: Tensor, group_rows: Tensor, sm_scale: float | None = None,
@@ -439,8 +223,8 @@ def cascade_prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix
     rows in no group then get lse -inf and their o is left as it was (a merge never reads it).
     """
     fn = "cascade_prefix_attention"
-    fp8 = _check_attention_args(fn, q, k_cache, v_cache, k_scale, v_scale)
-    pages, lens, start, rows = _check_groups(fn, q, k_cache, prefix_pages, prefix_lens, group_start, group_rows)
+    fp8 = check_attention_args(fn, q, k_cache, v_cache, k_scale, v_scale)
+    pages, lens, start, rows = check_groups(fn, q, k_cache, prefix_pages, prefix_lens, group_start, group_rows)
     B, hq, d = q.shape
     hkv, page_size = k_cache.shape[2], k_cache.shape[1]
     group, G, R = hq // hkv, pages.shape[0], rows.shape[0]
@@ -448,9 +232,9 @@ def cascade_prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix
     max_group_rows = R if max_group_rows is None else host_int(fn, "max_group_rows", max_group_rows)
     if q.device.type == "cpu" and G and max_group_rows < int((start[1:] - start[:-1]).max()):
         raise IndexValueError(f"{fn}: max_group_rows = {max_group_rows} is below the largest group's rows")
-    config = config or _prefix_config(q.dtype, k_cache)
+    config = config or default_prefix_config(q.dtype, k_cache)
     if out is not None:
-        o, lse = _check_out_states(fn, out, (B, hq, d), q.device)
+        o, lse = check_out_states(fn, out, (B, hq, d), q.device)
         num_splits = o.shape[2] if num_splits is None else num_splits
     elif num_splits is None:
         num_splits = default_prefix_splits(q.dtype, k_cache, hq, G, R, pages.shape[1] * page_size, config)
@@ -476,22 +260,6 @@ def cascade_prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix
         num_splits, GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size, BLOCK_M=config.block_m,
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=config.block_n, IS_FP8=fp8,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
-    return o, lse
-
-
-def _check_out_states(fn: str, out: object, shape: tuple[int, int, int],
-                      device: torch.device) -> tuple[Tensor, Tensor]:
-    """out = (o float32 [B, Hq, S, D], lse float32 [B, Hq, S]) on `device` for shape (B, Hq, D), any S >= 1,
-    else ValueError naming it."""
-    if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, Tensor) for t in out)
-            and out[0].dim() == 4):
-        raise ValueError(f"{fn}: out must be a pair of tensors (o [B, Hq, S, D], lse [B, Hq, S])")
-    o, lse = out
-    B, hq, d = shape
-    for name, t, want in (("o", o, (B, hq, o.shape[2], d)), ("lse", lse, (B, hq, o.shape[2]))):
-        if tuple(t.shape) != want or t.dtype != torch.float32 or t.device != device:
-            raise ValueError(f"{fn}: out's {name} must be float32 {list(want)} on {device}, got {t.dtype} "
-                             f"{list(t.shape)} on {t.device}")
     return o, lse
 
 
@@ -544,20 +312,6 @@ def paged_decode_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table
     return mid_o[..., :d], mid_lse
 
 
-def _as_states(fn: str, name: str, o: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
-    """o [B, Hq, D] / lse [B, Hq] (one state) or o [B, Hq, S, D] / lse [B, Hq, S], as 4-D / 3-D views."""
-    if not isinstance(o, Tensor) or o.dim() not in (3, 4):
-        raise ValueError(f"{fn}: o_{name} must be a [B, Hq, D] or [B, Hq, S, D] tensor, got "
-                         f"{tuple(o.shape) if isinstance(o, Tensor) else type(o).__name__}")
-    check_tensor(fn, f"o_{name}", o, o.dim(), (torch.float32, torch.float16, torch.bfloat16))
-    check_tensor(fn, f"lse_{name}", lse, o.dim() - 1, (torch.float32,))
-    if o.dim() == 3:
-        o, lse = o.unsqueeze(2), lse.unsqueeze(2)
-    if tuple(lse.shape) != tuple(o.shape[:3]):
-        raise ValueError(f"{fn}: lse_{name} shape {tuple(lse.shape)} does not match o_{name} {tuple(o.shape)}")
-    return o, lse
-
-
 def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor, *, out: Tensor | None = None,
                            out_dtype: torch.dtype | None = None, return_lse: bool = False):
     """Attention over the union of two disjoint key sets from their partial states (module docstring:
@@ -566,7 +320,7 @@ def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tenso
     lse float32 [B, Hq] (a state again, for merging another level). Rows with every state empty: o 0,
     lse -inf."""
     fn = "merge_attention_states"
-    (oa, la), (ob, lb) = _as_states(fn, "a", o_a, lse_a), _as_states(fn, "b", o_b, lse_b)
+    (oa, la), (ob, lb) = as_states(fn, "a", o_a, lse_a), as_states(fn, "b", o_b, lse_b)
     B, hq, _, d = oa.shape
     if (ob.shape[0], ob.shape[1], ob.shape[3]) != (B, hq, d):
         raise ValueError(f"{fn}: o_b {tuple(o_b.shape)} does not match o_a {tuple(o_a.shape)} in rows, heads, dim")

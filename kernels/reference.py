@@ -388,7 +388,7 @@ def merge_attention_states_ref(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: T
 
 def cascade_decode_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan, sm_scale: float | None = None,
                        k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> Tensor:
-    """cascade_decode's twin over a cascade.CascadePlan: the prefix (per level: plan.outer, if any, then
+    """cascade_decode's twin over a cascade_plan.CascadePlan: the prefix (per level: plan.outer, if any, then
     plan.groups), suffix and merge twins composed."""
     levels = [plan.groups] if plan.outer is None else [plan.outer, plan.groups]
     states = [cascade_prefix_attention_ref(q, k_cache, v_cache, g.prefix_pages, g.prefix_lens, g.group_start,

@@ -55,7 +55,7 @@ class Shape:
 
     def __init__(self, batch: int, shared: int, private: int, kv_dtype: str, dev: torch.device, gen: torch.Generator,
                  smoke: bool):
-        from radixkv.kernels.cascade import plan_cascade
+        from radixkv.kernels.cascade_plan import plan_cascade
 
         self.batch, self.shared, self.private, self.kv_dtype = batch, shared, private, kv_dtype
         act = torch.float16 if smoke else torch.bfloat16  # the interpreter mis-computes bf16 dots
@@ -100,12 +100,8 @@ def cascade_fn(s: Shape, **kw):
 
 def launch_fns(s: Shape) -> dict:
     """The three launches of cascade_decode, one by one (same splits), for the time breakdown."""
-    from radixkv.kernels.cascade import (
-        cascade_prefix_attention,
-        merge_attention_states,
-        paged_decode_partial,
-        suffix_num_splits,
-    )
+    from radixkv.kernels.cascade import cascade_prefix_attention, merge_attention_states, paged_decode_partial
+    from radixkv.kernels.cascade_plan import suffix_num_splits
 
     g, p = s.plan.groups, s.plan
     prefix = (lambda: cascade_prefix_attention(s.q, s.k, s.v, g.prefix_pages, g.prefix_lens, g.group_start,

@@ -54,7 +54,7 @@ class Shape:
 
     def __init__(self, batch: int, outer: int, groups: int, inner: int, own: int, kv_dtype: str, dev: torch.device,
                  gen: torch.Generator, smoke: bool):
-        from radixkv.kernels.cascade import plan_cascade
+        from radixkv.kernels.cascade_plan import plan_cascade
 
         self.batch, self.outer, self.groups, self.inner, self.own = batch, outer, groups, inner, own
         self.kv_dtype = kv_dtype
@@ -85,11 +85,8 @@ class Shape:
 def fns(s: Shape) -> dict:
     """The timed calls: plain, one level, two levels, and the two-level plan's outer launch alone."""
     from radixkv.kernels import paged_decode
-    from radixkv.kernels.cascade import (
-        cascade_decode,
-        cascade_prefix_attention,
-        default_prefix_splits,
-    )
+    from radixkv.kernels.cascade import cascade_decode, cascade_prefix_attention
+    from radixkv.kernels.cascade_plan import default_prefix_splits
     from radixkv.kernels.dispatch import (
         choose_num_splits,
         decode_warps_per_sm,

@@ -7,14 +7,13 @@ for the split-KV count (by the kernel that will run).
 only tensors built by `plan`, so it does no host sync (CUDA-graph friendly on the Triton path).
 
 Cascade steps (LLM(cascade=True)): a decode-only Batch whose `cascade` the scheduler filled is planned
-as a kernels.cascade.CascadePlan (one level: Batch.cascade.plan_groups()), and run attends through
+as a kernels.cascade_plan.CascadePlan (one level: Batch.cascade.plan_groups()), and run attends through
 cascade_decode (reference.cascade_decode_ref on the reference backend): each group's shared prefix once,
 each row's own pages, merged. Two levels (an outer group over inner ones: a system prompt over few-shot
 blocks) when Batch.cascade has them and cascade_groups.outer_level_pays(levels, self.cascade_outer_rule).
 On CUDA such steps usually replay a graph instead (cuda_graphs.py, its static plan from cascade_inputs.py,
 always one level: a two-level step that fits a graph replays its one level); this eager plan serves the
-rest. Planning one imports kernels.cascade (plan_cascade), hence Triton, even on the reference backend;
-plain steps never do.
+rest. Planning one (kernels.cascade_plan) imports no Triton; running one through the Triton kernels does.
 
 Recent-token window (PagedAttention(window=KVWindow), LLM(kv_window=N)): each query reads its N most
 recent keys in full precision from the window's shadow pages (kv_window.py, kernels/window.py) and
@@ -33,13 +32,12 @@ from torch import Tensor
 
 from radixkv.batch import Batch
 from radixkv.kernels import dispatch, reference
+from radixkv.kernels.cascade_plan import CascadePlan, plan_cascade
 from radixkv.scheduler.cascade_groups import OUTER_RULE, CascadeRule, outer_level_pays
 
 from .kv_store import KVStore
 
 if TYPE_CHECKING:
-    from radixkv.kernels.cascade import CascadePlan
-
     from .kv_window import KVWindow
 
 
@@ -201,9 +199,6 @@ class PagedAttention:
         groups = batch.cascade.plan_groups()
         if not groups or self.kv.kv_dtype.is_int:
             return None
-        # imports Triton: only cascade steps pay for it
-        from radixkv.kernels.cascade import plan_cascade
-
         outer = batch.cascade.plan_outer() if outer_level_pays(batch.cascade, self.cascade_outer_rule) else []
         self.cascade_steps += 1
         self.two_level_steps += bool(outer)

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from radixkv.kernels.cascade import CascadeGroups, CascadePlan
+from radixkv.kernels.cascade_plan import CascadeGroups, CascadePlan
 
 MAX_GROUPS = 8  # a step with more groups runs eagerly
 

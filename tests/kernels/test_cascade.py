@@ -12,14 +12,12 @@ import pytest
 import torch
 from radixkv.kernels import IndexValueError, paged_decode
 from radixkv.kernels.cascade import (
-    CascadePlan,
     cascade_decode,
     cascade_prefix_attention,
     merge_attention_states,
     paged_decode_partial,
-    plan_cascade,
-    prefix_num_splits,
 )
+from radixkv.kernels.cascade_plan import CascadePlan, plan_cascade, prefix_num_splits
 from radixkv.kernels.fp8 import quantize_fp8
 from radixkv.kernels.reference import (
     cascade_decode_ref,
@@ -422,6 +420,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import radixkv.kernels.cascade as m
+import radixkv.kernels.cascade_plan as plan
 
 def build(kv, cfg):
     fn = m._prefix_kernel
@@ -435,8 +434,8 @@ def build(kv, cfg):
     return triton.compile(ASTSource(fn, types, consts, {}), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
-bf16 = build("bf16", m.PREFIX_GPU)  # checked for wgmma only; k (FP8, the heavier tile) for its resources too
-k = build("fp8e4nv", m.PREFIX_FP8_GPU)
+bf16 = build("bf16", plan.PREFIX_GPU)  # checked for wgmma only; k (FP8, the heavier tile) for its resources too
+k = build("fp8e4nv", plan.PREFIX_FP8_GPU)
 assert all("wgmma" in x.asm["ptx"] for x in (bf16, k)), "the shared-prefix products must run on wgmma"
 """
 
