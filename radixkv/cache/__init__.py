@@ -13,7 +13,8 @@ Lifetime rules (the contract the scheduler relies on):
 - `cache.check_invariants()` raises AssertionError naming the broken invariant (DESIGN.md 1-6).
 
 Files: pages.py (PagePool), node.py (Node, MatchResult), lru.py (the LRU heap of leaves),
-radix_tree.py (RadixCache), check.py (the invariant check), events.py (KV events in vLLM's shape:
+radix_tree.py (RadixCache: lookup; its inserts in tree_insertion.py, locks and eviction in
+tree_eviction.py), check.py (the invariant check), events.py (KV events in vLLM's shape:
 BlockStored / BlockRemoved / AllBlocksCleared with chain hashes, for `RadixCache(..., events=publisher)`).
 """
 from .node import MatchResult, Namespace

@@ -155,3 +155,12 @@ class MatchResult(NamedTuple):
     pages: list[int]
     node: Node
     pages_from: int = 0
+
+
+class Descent(NamedTuple):
+    """Where tokens leave the tree, found without changing it."""
+
+    path: list[Node]  # whole edges matched, root excluded
+    matched: int  # tokens matched, including `split_blocks` blocks of `split_node`
+    split_node: Node | None  # an edge the prefix ends inside (it must be split), if any
+    split_blocks: int
