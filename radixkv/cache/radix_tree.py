@@ -38,7 +38,6 @@ from .events import BlockChains, KVEventPublisher
 from .lru import LruLeaves
 from .node import _INT32, Descent, HashFn, MatchResult, Namespace, Node, as_tokens, xxhash_block
 from .pages import PagePool
-from .tree_eviction import TreeEviction
 from .tree_insertion import TreeInsertion
 
 __all__ = ["HashFn", "MatchResult", "Namespace", "Node", "RadixCache", "xxhash_block"]
@@ -58,7 +57,7 @@ class _LastMatch(NamedTuple):
     adoptions: int  # RadixCache._adoptions then: any insert since may have extended the path
 
 
-class RadixCache(TreeInsertion, TreeEviction):
+class RadixCache(TreeInsertion):
     """Block-keyed radix tree over a PagePool, with LRU eviction and namespaces."""
 
     def __init__(self, pool: PagePool, page_size: int = 16, hash_fn: HashFn = xxhash_block,

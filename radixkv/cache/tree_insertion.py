@@ -9,10 +9,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .events import BlockChains
-from .lru import LruLeaves
-from .node import Descent, HashFn, MatchResult, Namespace, Node, as_tokens, attach_child, replace_child
-from .pages import PagePool, bad_page_id
+from .node import Descent, MatchResult, Namespace, Node, as_tokens, attach_child, replace_child
+from .pages import bad_page_id
+from .tree_eviction import TreeEviction
 
 
 class _Adoption(NamedTuple):
@@ -23,20 +22,10 @@ class _Adoption(NamedTuple):
 
 
 
-class TreeInsertion:
-    """insert / extend / serve_prompt of RadixCache."""
+class TreeInsertion(TreeEviction):
+    """insert / extend / serve_prompt of RadixCache (they lock, evict and queue leaves: TreeEviction)."""
 
-    # state of the RadixCache this is mixed into (radix_tree.py sets it up)
-    pool: PagePool
-    page_size: int
-    _hash: HashFn
-    _roots: dict[Namespace, Node]
-    _clock: int
-    _lru: LruLeaves
-    _num_nodes: int
-    _chains: BlockChains | None
-    num_cached_pages: int
-    num_locked_pages: int
+    # state beyond TreeEviction's (radix_tree.py sets it up)
     _adoptions: int
 
     def serve_prompt(self, tokens: np.ndarray, private_pages: int = 0,
