@@ -21,7 +21,6 @@ class _Adoption(NamedTuple):
     refcounts: np.ndarray  # int32 [n], their refcounts before adoption
 
 
-
 class TreeInsertion(TreeEviction):
     """insert / extend / serve_prompt of RadixCache (they lock, evict and queue leaves: TreeEviction)."""
 
