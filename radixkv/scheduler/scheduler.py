@@ -35,6 +35,9 @@ Memory pressure: pages come from the free list, then from LRU eviction of unlock
 When a running request still cannot get a page, the most recently admitted request is
 preempted (pages released, generated tokens kept, recomputed on re-admission); a request is
 never dropped. A request that could not fit the pool even alone is refused at `add`.
+
+Files: this one (the queues and the step), admission.py (who joins a step), page_holding.py (pages a
+running request holds: grown, preempted, released).
 """
 from __future__ import annotations
 
@@ -45,16 +48,18 @@ import operator
 import numpy as np
 
 from radixkv.batch import Batch, BatchBuilder
-from radixkv.cache import MatchResult, PagePool, RadixCache
+from radixkv.cache import PagePool, RadixCache
 from radixkv.config import Policy, SchedulerConfig
 from radixkv.request import FinishReason, Request, Status
 
+from .admission import Admission
 from .cascade_groups import RULE_16BIT, CascadeRule, find_cascade_groups
-from .entry import Entry, ShareKey, share_key, worst_case_pages
+from .entry import Entry, ShareKey, worst_case_pages
 from .metrics import SchedulerMetrics
 from .policies import AdmissionRanker
 
-class Scheduler:
+
+class Scheduler(Admission):
     """Decides each step's work; see the module docstring for the page lifetime rules."""
 
     def __init__(self, pool: PagePool, cache: RadixCache, config: SchedulerConfig,
@@ -276,222 +281,3 @@ class Scheduler:
                 self._cache_progress(e)
         self.metrics.record_step(now, self.pool.num_used)
         return finished
-
-    # ---- admission ----------------------------------------------------------------------------
-    def _starved(self, e: Entry, now: float) -> bool:
-        cfg = self.config
-        return ((cfg.starvation_s is not None and now - e.arrival > cfg.starvation_s)
-                or (cfg.starvation_steps is not None
-                    and self._step - e.arrival_step > cfg.starvation_steps))
-
-    def _match(self, e: Entry) -> None:
-        """Match a queued request against the tree now; the ranker orders by the result."""
-        tokens = e.waiting_tokens() if self.config.prefix_caching else e.prompt_arr[:0]
-        m = e.last = self.cache.match(tokens, e.req.namespace, since=e.last)
-        e.score, e.node = m.num_tokens, m.node
-
-    def _match_all(self, entries: list[Entry]) -> None:
-        """_match for each of entries, in order, through one RadixCache.match_many call."""
-        if self.config.prefix_caching:
-            queries = [(e.prompt_arr if not e.req.output else e.waiting_tokens(), e.req.namespace, e.last)
-                       for e in entries]
-        else:
-            queries = [(e.prompt_arr[:0], e.req.namespace, e.last) for e in entries]
-        for e, m in zip(entries, self.cache.match_many(queries)):
-            e.last = m
-            e.score, e.node = m.num_tokens, m.node
-
-    def _lookup(self, tokens: np.ndarray, namespace: str | None, since: MatchResult | None = None) -> MatchResult:
-        """The cached prefix of tokens; with prefix caching off, always the empty one. `since`: the
-        request's previous match (while it still holds, re-checking it skips the walk)."""
-        return self.cache.match(tokens if self.config.prefix_caching else tokens[:0], namespace, since=since)
-
-    def _admit(self, rows: BatchBuilder, budget: int, shared: set[ShareKey], now: float) -> None:
-        """Admit waiting requests into this step. If anything raises (a Ctrl-C in the pool, an
-        error in the tree), the requests admitted so far go back to waiting untouched and the
-        exception propagates: `schedule` then returns nothing and the state is as before."""
-        first = len(self.running)
-        try:
-            self._admit_all(rows, budget, shared, now)
-        except BaseException:
-            undone = self.running[first:]
-            del self.running[first:]
-            for e in undone:
-                self._unadmit(e)
-            for e in self.waiting:  # the one it raised on may be locked but not running yet
-                if e.locked is not None:
-                    self.cache.unlock(e.locked)
-                    e.locked = None
-            raise
-
-    def _unadmit(self, e: Entry) -> None:
-        """Undo an admission of this step: its lock and pages released, back to WAITING."""
-        req = e.req
-        self.cache.unlock(e.locked)
-        e.locked = None
-        self.pool.decref(req.pages)
-        req.pages = []
-        req.num_computed = 0
-        req.status = Status.WAITING
-
-    def _admit_all(self, rows: BatchBuilder, budget: int, shared: set[ShareKey], now: float) -> None:
-        cfg, pool, cache, ps = self.config, self.pool, self.cache, self.page_size
-        reserve = sum(self._decode_reserve(r) for r in self.running)
-        admitted: list[tuple[Entry, int]] = []  # (entry, cached tokens it starts from)
-        order, head_starved = self._ranker.order(self.waiting[: cfg.policy_window],
-                                                 lambda e: self._starved(e, now))
-        deferred: float | None = None  # arrival of the starved head when it defers
-        for e in order:
-            if len(self.running) >= cfg.max_running or budget <= 0:
-                break
-            if deferred is not None and e.arrival > deferred:
-                continue  # no later arrival goes ahead of the starved head
-            req = e.req
-            total = req.num_tokens
-            tokens = e.token_array(total)
-            m = e.last = self._lookup(tokens, req.namespace, e.last)
-            usable = min(m.num_tokens, (total - 1) // ps * ps)  # leave >= 1 token to compute
-            if (cfg.in_batch_sharing and cfg.prefix_caching and shared and usable == m.num_tokens
-                    and share_key(m, tokens, ps) in shared):
-                # Another row computes this block now: hit it next step instead. The starved
-                # head defers too (one step), but then nothing that arrived later is admitted.
-                if head_starved and e is order[0]:
-                    deferred = e.arrival
-                continue
-            if usable < m.num_tokens:  # all cached: lock only the blocks it will use
-                m = cache.match(tokens[:usable], req.namespace)
-            cache.lock(m)
-            e.locked = m
-            want = min(total - usable, budget)
-            need = -(-(usable + want) // ps) - usable // ps
-            avail = pool.num_free + cache.num_evictable_pages
-            own = self._decode_reserve(e)
-            if self.running:
-                if need + own + reserve > avail:
-                    cache.unlock(m)
-                    e.locked = None
-                    break  # head of line: nothing behind it jumps ahead
-            else:  # alone: it may take the whole pool, a chunk at a time
-                want = min(want, avail * ps)
-            self.running.append(e)  # from here on, an exception is undone by _unadmit
-            pages = m.pages[: usable // ps]
-            pool.incref(pages)
-            req.pages = pages
-            req.num_computed = usable
-            req.status = Status.RUNNING
-            e.admit_seq = next(self._admit_seq)
-            q_len = self._grow(e, want, len(self.running) - 1, now)
-            assert q_len > 0, f"request {req.rid} admitted without room for a token"
-            self._add_row(rows, e, usable, q_len, shared)
-            admitted.append((e, usable))
-            budget -= q_len
-            reserve += own
-        # Every admission stands: count them now (an admission undone by an exception never counts).
-        for e, usable in admitted:
-            if not e.admitted_once:
-                e.admitted_once = True
-                e.req.cached_tokens = usable
-                self.metrics.prompt_tokens += len(e.req.prompt)
-                self.metrics.hit_tokens += usable
-            e.wait_s += now - e.wait_since
-        if admitted:
-            ids = {id(e) for e, _ in admitted}
-            self.waiting = [e for e in self.waiting if id(e) not in ids]
-
-    def _decode_reserve(self, e: Entry) -> int:
-        """Pages admission keeps free for a running request's coming decode tokens: a share
-        (`decode_reserve`) of its remaining output, and at least one page while it decodes."""
-        req = e.req
-        remaining = req.max_tokens - len(req.output)
-        pages = -(-int(self.config.decode_reserve * remaining) // self.page_size)
-        decoding = req.num_tokens - req.num_computed == 1 and req.status is Status.RUNNING
-        return max(pages, 1 if decoding else 0)
-
-    def _add_row(self, rows: BatchBuilder, e: Entry, start: int, q_len: int,
-                 shared: set[ShareKey]) -> None:
-        rows.add(e.req, start, q_len)
-        if not (self.config.in_batch_sharing and self.config.prefix_caching) or q_len == 1:
-            return
-        ps, base = self.page_size, e.locked.num_tokens
-        if start + q_len >= base + ps:  # this chunk completes the first block past the cached path
-            shared.add(share_key(e.locked, e.token_array(base + ps), ps))
-
-    # ---- pages --------------------------------------------------------------------------------
-    def _room(self, pages: int) -> int:
-        """Evict LRU cache until `pages` are free if possible; returns the free count."""
-        free = self.pool.num_free
-        if free < pages and self.cache.num_evictable_pages:
-            self.cache.evict(pages - free)
-            free = self.pool.num_free
-        return free
-
-    def _grow(self, e: Entry, want: int, index: int, now: float) -> int:
-        """Give running[index] pages for up to `want` more tokens; returns how many it got.
-
-        A prefill chunk shrinks to the pages there are; when not even one token fits, newer
-        requests (running[index + 1:], newest first) are preempted. 0 means still no room."""
-        req, ps = e.req, self.page_size
-        have = len(req.pages) * ps - req.num_computed  # free slots in pages it holds
-        while True:
-            if want <= have:
-                return want
-            free = self._room(-(-(want - have) // ps))
-            q_len = min(want, have + free * ps)
-            if q_len > 0:
-                req.pages.extend(self.pool.alloc(-(-(q_len - have) // ps)))
-                return q_len
-            if len(self.running) - 1 <= index:
-                return 0
-            self._preempt(self.running[-1], now)
-
-    def _preempt(self, e: Entry, now: float) -> None:
-        """Release a running request's pages (caching its computed blocks) and requeue it."""
-        req = e.req
-        self._release(e)
-        req.num_computed = 0
-        req.status = Status.WAITING
-        e.wait_since = now
-        e.score = e.node = e.last = None
-        self.running.remove(e)
-        bisect.insort(self.waiting, e, key=Entry.order_key)
-        self.metrics.preemptions += 1
-
-    def _finish(self, e: Entry) -> None:
-        req = e.req
-        self._release(e)
-        req.status = Status.FINISHED
-        self.running.remove(e)
-        del self._entries[req.rid]
-        self.metrics.completed += 1
-        self.metrics.waits_s.append(e.wait_s)
-
-    def _release(self, e: Entry) -> None:
-        self._cache_progress(e)
-        self.cache.unlock(e.locked)
-        e.locked = None
-        self.pool.decref(e.req.pages)
-        e.req.pages = []
-
-    def _cache_progress(self, e: Entry) -> None:
-        """Insert the full blocks computed past the locked path and lock the longer path (one
-        `extend`: linear in the new blocks, so a long prompt's chunks cost O(prompt) in all),
-        and swap in the tree's pages where another request cached a block first."""
-        req, ps = e.req, self.page_size
-        old = e.locked
-        full = req.num_computed // ps * ps
-        if full <= old.num_tokens or not self.config.prefix_caching:
-            return
-        start = old.num_tokens // ps
-        m = self.cache.extend(old, e.token_slice(old.num_tokens, full), req.pages[start: full // ps])
-        e.locked = m
-        pages = req.pages
-        theirs: list[int] = []
-        ours: list[int] = []
-        for i, page in enumerate(m.pages, start):
-            if pages[i] != page:
-                theirs.append(page)
-                ours.append(pages[i])
-                pages[i] = page
-        if ours:
-            self.pool.incref(theirs)
-            self.pool.decref(ours)
