@@ -1,6 +1,7 @@
 """The scheduler: which requests run each step, over the prefix cache. No torch.
 
-scheduler.py (Scheduler: queues, admission, chunked prefill, preemption), policies.py (admission
+scheduler.py (Scheduler: queues, chunked prefill, the step; admission.py and page_holding.py its admission
+and page lifetime, preemption included), policies.py (admission
 order: fcfs, lpm, dfs-weight, with the starvation guard), metrics.py (hits, waits, pool occupancy).
 """
 from __future__ import annotations
