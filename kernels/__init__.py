@@ -1,4 +1,4 @@
-"""radixkv.kernels: Triton paged-attention and fused layer kernels (and their PyTorch twins in `reference`).
+"""radixkv.kernels: Triton paged-attention and fused layer kernels (and their PyTorch twins in `reference_*`).
 
     store_kv(k, v, k_cache, v_cache, slots, k_scale=None, v_scale=None)
     paged_decode(q, k_cache, v_cache, page_table, seq_lens, sm_scale=None, k_scale=None, v_scale=None)
@@ -20,9 +20,11 @@ window.py (the recent-token window's state), norm.py, activation.py, rope.py, sa
 Gumbel-max draw), nucleus.py (top-p / min-p draws by rejection).
 Beside them: dispatch.py (which kernel runs, with how many splits; environment switches read once),
 launch.py (tile configs, argument checks), fp8.py and intq.py (FP8 and INT4/INT2 formats and
-quantisation helpers) and reference.py (the plain-PyTorch twins, the ground truth).
+quantisation helpers) and the plain-PyTorch twins, the ground truth: reference_attention.py (store,
+decode, prefill, cascade, window), reference_layers.py (norm, activation, rope), reference_sampling.py
+(the sampler's noise and draws).
 The Triton modules load on first access to these names, so importing the package (or
-`radixkv.kernels.reference`, `.dispatch`, `.fp8`, `.intq`, which the CPU engine and the attention
+`radixkv.kernels.reference_*`, `.dispatch`, `.fp8`, `.intq`, which the CPU engine and the attention
 front use) never imports Triton. Tests that run the kernels on CPU must set TRITON_INTERPRET=1 before Triton
 is first imported.
 

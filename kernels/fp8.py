@@ -1,4 +1,4 @@
-"""FP8 quantisation helpers shared by the kernels, their launchers and reference.py.
+"""FP8 quantisation helpers shared by the kernels, their launchers and reference_attention.py.
 
 FP8 caches use per-token-per-head scales: k_scale, v_scale are float32 or float16 tensors
 [num_pages, page_size, Hkv] beside the pages, and a stored row means `fp8 * scale`.

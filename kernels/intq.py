@@ -1,6 +1,6 @@
 """INT4 / INT2 KV format: group-wise asymmetric quantisation, packed bit-planes, float16 (scale, zero).
 
-The format (shared by store_kv, paged_decode, paged_prefill, their twins in reference.py and the tests):
+The format (shared by store_kv, paged_decode, paged_prefill, their twins in reference_attention.py and the tests):
 
     pages   uint8 [num_pages, page_size, Hkv, D * bits / 8]      bits = 4 (int4) or 2 (int2)
     scales  float16 [num_pages, page_size, Hkv, G, 2]             (scale, zero) per group, one tensor for
@@ -36,7 +36,7 @@ The format (shared by store_kv, paged_decode, paged_prefill, their twins in refe
   (benchmarks/RESULTS.md). int2 groups of 64 would take 40 bytes at D = 128, but their error on random
   rows is ~15% larger (0.45 against 0.39 relative; tests/kernels/test_intq_format.py checks the order).
 
-No Triton here: reference.py and the CPU engine import this module.
+No Triton here: reference_attention.py and the CPU engine import this module.
 """
 from __future__ import annotations
 

@@ -4,9 +4,9 @@ Which kernel runs and with how many splits is dispatch.py's; the figures behind 
 in benchmarks/RESULTS.md ("Why the kernel defaults are what they are").
 
 Argument checks, the one home of those of the paged launchers (store_kv, paged_decode,
-paged_prefill) and of their twins in reference.py. Shapes, dtypes and devices are checked on every
+paged_prefill) and of their twins in reference_attention.py. Shapes, dtypes and devices are checked on every
 call (host metadata, free). The VALUES of the index tensors are checked only when they are on the
-CPU (the interpreter's and reference.py's path), before anything is written; a bad one raises
+CPU (the interpreter's and reference_attention.py's path), before anything is written; a bad one raises
 IndexValueError (both an IndexError and a ValueError) naming the argument, its index and value:
     slots           in [0, num_pages * page_size)    (no padding sentinel: pad with a real scratch slot)
     seq_lens        in [1 (decode) or 0 (prefill), max_pages * page_size]
@@ -16,7 +16,7 @@ IndexValueError (both an IndexError and a ValueError) naming the argument, its i
     q_start         rows q_start[b] : q_start[b] + q_lens[b] inside q's T rows, disjoint between requests
     max_q_len       >= max(q_lens) when given
 The fast path is one min/max reduction per index tensor and, for prefill, one Python pass over the B
-rows, so the CPU engine (reference.py) pays next to nothing. Host numbers (sm_scale, num_splits,
+rows, so the CPU engine (reference_attention.py) pays next to nothing. Host numbers (sm_scale, num_splits,
 max_q_len, rms_norm's eps) are checked on every device.
 Cache formats (check_scales): 16/32-bit pages take no scales; FP8 pages k_scale, v_scale [P, S, Hkv];
 INT4/INT2 pages are uint8 [P, S, Hkv, D * bits / 8] (bits read from the ratio of q's or k's head_dim to
@@ -142,7 +142,7 @@ def for_device(kernel: Any, device: torch.device) -> Any:
             raise RuntimeError(
                 "Triton kernel called on CPU tensors but Triton was imported in compiled mode "
                 f"(TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r}); set TRITON_INTERPRET=1 before "
-                "importing triton, or use radixkv.kernels.reference on CPU")
+                "importing triton, or use radixkv.kernels.reference_attention on CPU")
     return kernel
 
 

@@ -3,7 +3,7 @@
     out = weight * (x32 * rsqrt(mean(x32 ** 2) + eps)).to(x.dtype)          x32 = x in float32
     residual given: h = (x + residual) rounded to x's dtype is written INTO residual, and out = rms_norm(h)
 
-Rounding as transformers (and reference.rms_norm_ref): normalise in fp32, round to the input dtype,
+Rounding as transformers (and reference_layers.rms_norm_ref): normalise in fp32, round to the input dtype,
 then multiply by the weight (a 16-bit product, so fp32 multiply and one rounding). The mean's fp32
 sum is a tree here, not torch's order, so outputs can differ from the twin by a few fp32 ulps; in
 16 bits almost all are bit-identical, the rare rest one ulp of the normalised value off (two of the

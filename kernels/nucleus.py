@@ -15,10 +15,10 @@ distributed as p | K (rejection sampling). A round reads the row twice (the draw
 y_t); a row usually accepts in the first round (it is rejected with probability p(A \\ K) / p(A)).
 After MAX_ROUNDS rejections the most likely token is taken.
 
-Noise: round 0 is reference.gumbel's (the same bits as gumbel_argmax, so a row without top-p or min-p
+Noise: round 0 is reference_sampling.gumbel's (the same bits as gumbel_argmax, so a row without top-p or min-p
 draws the token gumbel_argmax draws); round r > 0 hashes with the key _fmix32(key ^ r * ROUND_MIX).
 One program a row (the rounds loop inside it), three passes over the row in the usual case. The twin
-is reference.nucleus_draw_ref; the logs and the sums are the platform's, so the two can differ where
+is reference_sampling.nucleus_draw_ref; the logs and the sums are the platform's, so the two can differ where
 two candidates are within ~1e-6 or where a token's mass above sits within rounding of top_p.
 top-k is applied before (the caller masks x below each row's k-th value).
 """

@@ -2,12 +2,12 @@
 
     token[s] = argmax_v( x[s, v] * inv_temperature[s] + g(seed[s], counter[s], v) )
 
-g is reference.gumbel's noise: reference.uniform_bits' 32-bit hash of (seed, counter, vocab id),
+g is reference_sampling.gumbel's noise: reference_sampling.uniform_bits' 32-bit hash of (seed, counter, vocab id),
 computed here in uint32 (wrapping multiplies, logical shifts), bit for bit the same;
 u = ((bits >> 8) + 0.5) * 2**-24 in float32, clamped to 1 - 2**-24; g = -log(-log(u)). The product
 x * inv_temperature is rounded before g is added (never contracted into an FMA), as the twin does.
 
-Argmax rules, those of torch.argmax (and so of reference.gumbel_argmax_ref):
+Argmax rules, those of torch.argmax (and so of reference_sampling.gumbel_argmax_ref):
 - ties: the first (lowest) vocab id of the maximum wins;
 - NaN (NaN logits, or x * inv_temperature = inf * 0): above everything, the first NaN wins;
 - -inf entries (filtered tokens): g is finite, so they stay -inf and never beat a finite entry;
@@ -15,7 +15,7 @@ Argmax rules, those of torch.argmax (and so of reference.gumbel_argmax_ref):
 
 Rounding: the hash bits, u and the product are exact matches of the twin. The logs are the
 platform's: on the GPU libdevice's logf (what torch's CUDA log calls, so the noise should equal
-reference.gumbel's on the GPU bit for bit; unverified until run there), in the interpreter NumPy's,
+reference_sampling.gumbel's on the GPU bit for bit; unverified until run there), in the interpreter NumPy's,
 which differs from torch's CPU log in the last bit for about 20% of inputs. Near g = 0 (u ~ 1/e) the
 outer log amplifies that bit: the noise is within a few ulps of max(1, |g|) of the twin's (tests),
 so tokens differ only where two candidates are closer than about 1e-6. Triton links libdevice with
@@ -40,7 +40,7 @@ from triton.language.extra import libdevice
 from .dispatch import sm_count
 from .launch import KernelConfig, for_device, launch_options
 
-U_MAX = tl.constexpr(1.0 - 2.0**-24)  # reference.U_MAX: the largest float32 below 1
+U_MAX = tl.constexpr(1.0 - 2.0**-24)  # reference_sampling.U_MAX: the largest float32 below 1
 MAX_VOCAB = 2**31 - 2
 BIG = tl.constexpr(MAX_VOCAB + 1)  # an id no row reaches
 GPU_CONFIG = KernelConfig(block_m=1, block_n=4096, num_warps=8, num_stages=1)
@@ -53,7 +53,7 @@ FP_FUSION = True
 
 @triton.jit
 def _fmix32(h):
-    """MurmurHash3's finaliser on uint32 (reference._fmix32)."""
+    """MurmurHash3's finaliser on uint32 (reference_sampling._fmix32)."""
     h = h ^ (h >> 16)
     h = h * 0x85EBCA6B
     h = h ^ (h >> 13)
@@ -63,7 +63,7 @@ def _fmix32(h):
 
 @triton.jit
 def _row_key(seed, counter):
-    """A row's 32-bit hash key from its int64 seed and counter (reference.uniform_bits' key)."""
+    """A row's 32-bit hash key from its int64 seed and counter (reference_sampling.uniform_bits' key)."""
     lo = (seed & 0xFFFFFFFF).to(tl.uint32)
     hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
     c = (counter & 0xFFFFFFFF).to(tl.uint32)
@@ -72,7 +72,7 @@ def _row_key(seed, counter):
 
 @triton.jit
 def _bits(key, cols):
-    """uint32 hash bits of vocab ids `cols` under a row key (reference.uniform_bits)."""
+    """uint32 hash bits of vocab ids `cols` under a row key (reference_sampling.uniform_bits)."""
     return _fmix32(_fmix32(key ^ (cols.to(tl.uint32) * 0x9E3779B9)) ^ (key >> 7))
 
 
@@ -106,7 +106,7 @@ def _kernel(x_ptr, inv_t_ptr, seed_ptr, counter_ptr, out_ptr, part_v_ptr, part_i
     seed = tl.load(seed_ptr + row * stride_s)  # int64
     counter = tl.load(counter_ptr + row * stride_c)  # int64
     inv_t = tl.load(inv_t_ptr + row * stride_t)  # float32
-    key = _row_key(seed, counter)  # as reference.uniform_bits: 32-bit words split on int64, then uint32 math
+    key = _row_key(seed, counter)  # as reference_sampling.uniform_bits: 32-bit words split on int64, then uint32 math
     start = split * chunk
     end = tl.minimum(start + chunk, V)
     lanes = tl.arange(0, BLOCK_V)
@@ -218,7 +218,7 @@ def gumbel_argmax(x: Tensor, inv_temperature: Tensor, seed: Tensor, counter: Ten
     """One Gumbel-max draw a row: x float32 [S, V] (any row stride, last dim contiguous), inv_temperature
     float32 [S], seed and counter int64 [S] (SamplingRows' meaning) -> token ids int64 [S] on x's device.
 
-    token = argmax(x * inv_temperature[:, None] + reference.gumbel(seed, counter, V)) under torch.argmax's
+    token = argmax(x * inv_temperature[:, None] + reference_sampling.gumbel(seed, counter, V)) under torch.argmax's
     rules (module docstring: ties, NaN, -inf). Greedy rows are the caller's: their inv_temperature is
     only required not to make NaN (1.0 does). splits: programs a row (None: default_splits); results
     do not depend on it.
@@ -236,7 +236,7 @@ def gumbel_argmax(x: Tensor, inv_temperature: Tensor, seed: Tensor, counter: Ten
 def gumbel_argmax_debug(x: Tensor, inv_temperature: Tensor, seed: Tensor, counter: Tensor, block_v: int,
                         splits: int = 1) -> tuple[Tensor, Tensor, Tensor]:
     """Test path: gumbel_argmax with a chosen tile and split count that also writes the kernel's hash
-    bits (int64 [S, V], as reference.uniform_bits) and noise (float32 [S, V], as reference.gumbel)."""
+    bits (int64 [S, V], as reference_sampling.uniform_bits) and noise (float32 [S, V], as reference_sampling.gumbel)."""
     _check(x, inv_temperature, seed, counter)
     S, V = x.shape
     bits = torch.empty((S, V), dtype=torch.int64, device=x.device)

@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     fi = load_flashinfer(not args.no_flashinfer and not args.smoke)
     from radixkv import kernels as ops
-    from radixkv.kernels import reference as ref
+    from radixkv.kernels import reference_attention as ref
 
     dev = torch.device("cpu" if args.smoke else "cuda")
     gen = torch.Generator(device=dev).manual_seed(0)

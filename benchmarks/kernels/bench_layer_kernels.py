@@ -4,7 +4,7 @@
     python benchmarks/kernels/bench_layer_kernels.py --smoke     # CPU interpreter, tiny shapes: checks this script
 
 Llama-3-8B shapes (hidden 4096, 32 q / 8 KV heads, head_dim 128, intermediate 14336) at T = 1, 64, 256
-tokens, bf16. Phase (1) checks each kernel against its twin in kernels/reference.py (the engine's
+tokens, bf16. Phase (1) checks each kernel against its twin in kernels/reference_layers.py (the engine's
 eager math today) in bf16, fp16 and fp32: how many elements differ and by how much. RoPE and the
 residual sum must be bit-identical; silu_and_mul is expected to be (libdevice's expf, contracted as
 nvcc compiles torch's silu), and is also run with FMA contraction off to show which build matches;
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from radixkv import kernels as ops
-    from radixkv.kernels import reference as ref
+    from radixkv.kernels import reference_layers as ref
 
     s = SMOKE if args.smoke else FULL
     dev = torch.device("cpu" if args.smoke else "cuda")

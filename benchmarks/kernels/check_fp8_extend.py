@@ -123,7 +123,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("check_fp8_extend: needs a CUDA GPU")
     import radixkv.kernels as ops
-    from radixkv.kernels import reference as ref
+    from radixkv.kernels import reference_attention as ref
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)

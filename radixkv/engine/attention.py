@@ -8,9 +8,9 @@ only tensors built by `plan`, so it does no host sync (CUDA-graph friendly on th
 
 Cascade steps (LLM(cascade=True)): a decode-only Batch whose `cascade` the scheduler filled is planned
 as a kernels.cascade_plan.CascadePlan (one level: Batch.cascade.plan_groups()), and run attends through
-cascade_decode (reference.cascade_decode_ref on the reference backend): each group's shared prefix once,
-each row's own pages, merged. Two levels (an outer group over inner ones: a system prompt over few-shot
-blocks) when Batch.cascade has them and cascade_groups.outer_level_pays(levels, self.cascade_outer_rule).
+cascade_decode (reference_attention.cascade_decode_ref on the reference backend): each group's shared
+prefix once, each row's own pages, merged. Two levels (an outer group over inner ones: a system prompt
+over few-shot blocks) when Batch.cascade has them and cascade_groups.outer_level_pays(levels, self.cascade_outer_rule).
 On CUDA such steps usually replay a graph instead (cuda_graphs.py, its static plan from cascade_inputs.py,
 always one level: a two-level step that fits a graph replays its one level); this eager plan serves the
 rest. Planning one (kernels.cascade_plan) imports no Triton; running one through the Triton kernels does.
@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from radixkv.batch import Batch
-from radixkv.kernels import dispatch, reference
+from radixkv.kernels import dispatch, reference_attention
 from radixkv.kernels.cascade_plan import CascadePlan, plan_cascade
 from radixkv.scheduler.cascade_groups import OUTER_RULE, CascadeRule, outer_level_pays
 
@@ -238,16 +238,16 @@ class PagedAttention:
         k_cache, v_cache = kv.k_cache[layer], kv.v_cache[layer]
         k_scale, v_scale = kv.scales(layer)
         if self._ops is None:
-            reference.store_kv_ref(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
+            reference_attention.store_kv_ref(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
             if plan.cascade is not None:
-                return reference.cascade_decode_ref(q, k_cache, v_cache, plan.cascade, self.sm_scale,
-                                                    k_scale=k_scale, v_scale=v_scale)
+                return reference_attention.cascade_decode_ref(q, k_cache, v_cache, plan.cascade, self.sm_scale,
+                                                              k_scale=k_scale, v_scale=v_scale)
             if plan.path is Path.DECODE:
-                return reference.paged_decode_ref(q, k_cache, v_cache, plan.page_table, plan.seq_lens,
-                                                  self.sm_scale, k_scale=k_scale, v_scale=v_scale)
-            return reference.paged_prefill_ref(q, k_cache, v_cache, plan.page_table, plan.seq_lens,
-                                               plan.q_start, plan.q_lens, self.sm_scale,
-                                               k_scale=k_scale, v_scale=v_scale)
+                return reference_attention.paged_decode_ref(q, k_cache, v_cache, plan.page_table, plan.seq_lens,
+                                                            self.sm_scale, k_scale=k_scale, v_scale=v_scale)
+            return reference_attention.paged_prefill_ref(q, k_cache, v_cache, plan.page_table, plan.seq_lens,
+                                                         plan.q_start, plan.q_lens, self.sm_scale,
+                                                         k_scale=k_scale, v_scale=v_scale)
         ops = self._ops
         ops.store_kv(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
         if plan.cascade is not None:
@@ -272,16 +272,16 @@ class PagedAttention:
         args = (q, k, v, shadow_k, shadow_v, win.shadow_of, plan.page_table, plan.seq_lens, plan.q_start,
                 plan.q_lens, wp.token_rows, win.window, self.sm_scale, win.sink)
         if self._ops is None:
-            reference.store_kv_ref(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
-            o_w, lse_w = reference.window_attention_ref(*args)
+            reference_attention.store_kv_ref(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
+            o_w, lse_w = reference_attention.window_attention_ref(*args)
             if decode:
-                o_p, lse_p = reference.paged_decode_partial_ref(q, k_cache, v_cache, wp.page_table, wp.seq_lens,
-                                                                self.sm_scale, k_scale, v_scale)
+                o_p, lse_p = reference_attention.paged_decode_partial_ref(q, k_cache, v_cache, wp.page_table,
+                                                                          wp.seq_lens, self.sm_scale, k_scale, v_scale)
             else:
-                o_p, lse_p = reference.paged_prefill_ref(q, k_cache, v_cache, wp.page_table, wp.seq_lens,
-                                                         wp.q_start, wp.q_lens, self.sm_scale, k_scale, v_scale,
-                                                         return_lse=True)
-            return reference.merge_attention_states_ref(o_p, lse_p, o_w, lse_w, out_dtype=q.dtype)
+                o_p, lse_p = reference_attention.paged_prefill_ref(q, k_cache, v_cache, wp.page_table, wp.seq_lens,
+                                                                   wp.q_start, wp.q_lens, self.sm_scale, k_scale,
+                                                                   v_scale, return_lse=True)
+            return reference_attention.merge_attention_states_ref(o_p, lse_p, o_w, lse_w, out_dtype=q.dtype)
         from radixkv.kernels.cascade import merge_attention_states, paged_decode_partial
         from radixkv.kernels.window import window_attention
 

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from radixkv.batch import Batch
-from radixkv.kernels import reference
+from radixkv.kernels import reference_attention
 from radixkv.plan import window_pages_per_row
 
 from .attention import host_to_device
@@ -121,7 +121,7 @@ class KVWindow:
             k_scale, v_scale = kv.scales(layer)
             for cache, scale, shadow in ((kv.k_cache[layer], k_scale, self.k[layer]),
                                          (kv.v_cache[layer], v_scale, self.v[layer])):
-                rows = reference.gather_pages(cache, scale, pages, n, kv.compute_dtype, kv.head_dim)
+                rows = reference_attention.gather_pages(cache, scale, pages, n, kv.compute_dtype, kv.head_dim)
                 shadow[slots] = rows.view(len(fills), kv.page_size, kv.num_kv_heads, kv.head_dim)
         self.fills += len(fills)
 

@@ -19,7 +19,7 @@ from radixkv.kernels.cascade import (
 )
 from radixkv.kernels.cascade_plan import CascadePlan, plan_cascade, prefix_num_splits
 from radixkv.kernels.fp8 import quantize_fp8
-from radixkv.kernels.reference import (
+from radixkv.kernels.reference_attention import (
     cascade_decode_ref,
     cascade_prefix_attention_ref,
     merge_attention_states_ref,

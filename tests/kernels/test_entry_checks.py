@@ -13,7 +13,7 @@ import torch
 from radixkv.kernels import (IndexValueError, apply_rope_, paged_decode, paged_prefill, rms_norm, silu_and_mul,
                              store_kv)
 from radixkv.kernels.launch import check_page_values, check_q_rows, check_slots
-from radixkv.kernels.reference import paged_decode_ref, paged_prefill_ref, store_kv_ref
+from radixkv.kernels.reference_attention import paged_decode_ref, paged_prefill_ref, store_kv_ref
 
 P, S, HKV, D = 4, 2, 1, 16
 I32 = torch.int32

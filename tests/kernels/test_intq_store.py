@@ -5,7 +5,7 @@ import pytest
 import torch
 from radixkv.kernels import paged_decode, paged_prefill, store_kv
 from radixkv.kernels.intq import dequantize_int, packed_dim
-from radixkv.kernels.reference import paged_decode_ref, paged_prefill_ref, store_kv_ref
+from radixkv.kernels.reference_attention import paged_decode_ref, paged_prefill_ref, store_kv_ref
 
 from radixkv.engine.kv_store import head_major_int_scales, head_major_pages
 

@@ -26,5 +26,6 @@ def test_launcher_names_survive_import_order():
 
 def test_package_import_does_not_import_triton():
     # dispatch.py decides for the Gluon kernels without importing them (or Triton) at import
-    _run("import sys, radixkv.kernels, radixkv.kernels.reference, radixkv.kernels.dispatch, radixkv.kernels.fp8, "
+    _run("import sys, radixkv.kernels, radixkv.kernels.reference_attention, radixkv.kernels.reference_layers, "
+         "radixkv.kernels.reference_sampling, radixkv.kernels.dispatch, radixkv.kernels.fp8, "
          "radixkv.kernels.launch, radixkv.engine.attention; assert 'triton' not in sys.modules")

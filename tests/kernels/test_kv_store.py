@@ -34,7 +34,7 @@ def test_bad_input_raises():
 
 def test_reference_store_writes_head_major_pages_and_scales():
     """store_kv_ref fills KVStore's (non-contiguous, head-major) FP8 pages and scales like contiguous ones."""
-    from radixkv.kernels.reference import store_kv_ref
+    from radixkv.kernels.reference_attention import store_kv_ref
 
     kv = KVStore(1, 3, 4, 2, 8, "fp8_e4m3", "cpu")
     k, v = torch.randn(5, 2, 8), torch.randn(5, 2, 8)

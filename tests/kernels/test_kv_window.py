@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from radixkv.kernels import reference
+from radixkv.kernels import reference_attention
 from radixkv.kernels.window import window_attention
 from test_attention_front import make_batch
 
@@ -40,7 +40,7 @@ def test_window_kernel_matches_reference(dtype, window, sink):
     args = (shadow_of, tables, seq_lens, q_start, q_lens, _rows(new), window, 0.3, sink)
     sk2, sv2 = sk.clone(), sv.clone()
     o, lse = window_attention(q, k, v, sk, sv, *args)
-    o_ref, lse_ref = reference.window_attention_ref(q, k, v, sk2, sv2, *args)
+    o_ref, lse_ref = reference_attention.window_attention_ref(q, k, v, sk2, sv2, *args)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     torch.testing.assert_close(o, o_ref, atol=tol, rtol=tol)
     torch.testing.assert_close(lse, lse_ref, atol=tol, rtol=tol)
@@ -55,8 +55,8 @@ def _held(x, kv_dtype):
     for s in range(0, x.shape[0], 64):
         part = x[s:s + 64]
         slots = torch.arange(part.shape[0])
-        reference.store_kv_ref(part, part, kv.k_cache[0], kv.v_cache[0], slots, *kv.scales(0))
-        out[s:s + 64] = reference.gather_pages(kv.k_cache[0], kv.scales(0)[0], torch.arange(4), part.shape[0],
+        reference_attention.store_kv_ref(part, part, kv.k_cache[0], kv.v_cache[0], slots, *kv.scales(0))
+        out[s:s + 64] = reference_attention.gather_pages(kv.k_cache[0], kv.scales(0)[0], torch.arange(4), part.shape[0],
                                                torch.float32, x.shape[2])
     return out
 

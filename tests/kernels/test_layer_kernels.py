@@ -16,7 +16,7 @@ import torch
 
 from radixkv import kernels
 from radixkv.kernels import apply_rope_, rms_norm, silu_and_mul
-from radixkv.kernels.reference import apply_rope_ref, rms_norm_ref, silu_and_mul_ref
+from radixkv.kernels.reference_layers import apply_rope_ref, rms_norm_ref, silu_and_mul_ref
 
 BF16 = pytest.param(torch.bfloat16, marks=pytest.mark.skip(
     reason="interpreter stores bf16 as uint16 and mis-computes bf16 arithmetic (DESIGN.md traps); "

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from radixkv.kernels.reference import (
+from radixkv.kernels.reference_sampling import (
     NUCLEUS_MAX_ROUNDS,
     gumbel,
     gumbel_argmax_ref,

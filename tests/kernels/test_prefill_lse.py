@@ -14,7 +14,7 @@ import torch
 from kv_fixtures import make_paged
 from radixkv.kernels import paged_prefill
 from radixkv.kernels.launch import LOG2E
-from radixkv.kernels.reference import paged_prefill_ref
+from radixkv.kernels.reference_attention import paged_prefill_ref
 from test_intq_attention import IntKV
 
 W = 5  # the window a shifted launch leaves out

@@ -6,7 +6,7 @@ import torch
 
 from kv_fixtures import dense_attention, make_paged
 from radixkv.kernels.fp8 import quantize_fp8
-from radixkv.kernels.reference import paged_decode_ref, paged_prefill_ref, store_kv_ref
+from radixkv.kernels.reference_attention import paged_decode_ref, paged_prefill_ref, store_kv_ref
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

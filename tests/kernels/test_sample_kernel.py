@@ -19,8 +19,8 @@ import importlib
 import pytest
 import torch
 
-from radixkv.kernels import reference
-from radixkv.kernels.reference import gumbel, gumbel_argmax_ref, uniform_bits
+from radixkv.kernels import reference_sampling
+from radixkv.kernels.reference_sampling import gumbel, gumbel_argmax_ref, uniform_bits
 
 sample = pytest.importorskip("radixkv.kernels.sample")
 
@@ -84,7 +84,7 @@ def test_zero_logits_pick_the_largest_uniform(S, V, block_v, splits):
     seed, counter = _rows(S, offset=S)
     tok = _check(x, torch.ones(S), seed, counter, block_v, splits)
     u = ((uniform_bits(seed, counter, V) >> 8).float() + 0.5) * 2.0**-24
-    assert torch.equal(tok, u.clamp(max=reference.U_MAX).argmax(dim=-1))
+    assert torch.equal(tok, u.clamp(max=reference_sampling.U_MAX).argmax(dim=-1))
 
 
 def test_filtered_tokens_never_win():
@@ -112,7 +112,7 @@ def test_the_top_uniform_is_clamped_below_one():
     NaN and a filtered token drawn when it is -inf): the noise there is -log(-log(1 - 2**-24)) ~ 16.6."""
     seed, counter, hot, V = torch.tensor([-18847220, -18847220]), torch.tensor([3, 3]), 2026, 3000
     assert (uniform_bits(seed, counter, V)[0, hot] >> 8).item() == 2**24 - 1
-    top = -torch.log(-torch.log(torch.tensor(reference.U_MAX)))
+    top = -torch.log(-torch.log(torch.tensor(reference_sampling.U_MAX)))
     assert gumbel(seed, counter, V)[0, hot] == top and torch.isfinite(gumbel(seed, counter, V)).all()
     x = torch.zeros(2, V)
     x[1] = -INF
@@ -220,7 +220,7 @@ def test_registered_and_the_hash_has_one_home():
 
     assert "gumbel_argmax" in kernels.__all__ and "gumbel_argmax(" in kernels.__doc__
     assert kernels.gumbel_argmax is importlib.import_module("radixkv.kernels.sample").gumbel_argmax
-    assert not hasattr(sampling, "uniform_bits")  # the hash lives in kernels/reference.py alone
+    assert not hasattr(sampling, "uniform_bits")  # the hash lives in kernels/reference_sampling.py alone
     assert kernels.nucleus_draw is importlib.import_module("radixkv.kernels.nucleus").nucleus_draw
 
 

@@ -11,7 +11,7 @@ import torch
 from kv_fixtures import make_paged
 from radixkv.kernels import paged_decode, paged_prefill
 from radixkv.kernels.launch import KernelConfig
-from radixkv.kernels.reference import paged_decode_ref, paged_prefill_ref
+from radixkv.kernels.reference_attention import paged_decode_ref, paged_prefill_ref
 
 DTYPES = {  # cache dtype -> (q dtype, tolerance)
     "fp32": (torch.float32, torch.float32, 1e-5),

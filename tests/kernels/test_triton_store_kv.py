@@ -4,7 +4,7 @@ import torch
 
 from radixkv.kernels import store_kv
 from radixkv.kernels.fp8 import fp8_max
-from radixkv.kernels.reference import store_kv_ref
+from radixkv.kernels.reference_attention import store_kv_ref
 
 
 def _setup(dtype, page_size=4, num_pages=6, hkv=3, d=24, T=7, seed=0):
