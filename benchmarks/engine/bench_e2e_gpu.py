@@ -133,7 +133,7 @@ def check_async_equals_sync(device: torch.device, smoke: bool) -> dict:
 def check_sampler(device: torch.device, smoke: bool) -> dict:
     """The fused Gumbel-max kernel against its twin on this device: same tokens; time of each."""
     from radixkv import kernels
-    from radixkv.kernels.reference import gumbel_argmax_ref
+    from radixkv.kernels.reference_sampling import gumbel_argmax_ref
 
     V = 1000 if smoke else 128256
     out: dict[str, Any] = dict(check="gumbel_argmax == twin", vocab=V)

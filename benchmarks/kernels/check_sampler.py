@@ -3,7 +3,7 @@ a whole `sample()` call per filter against the sort-based filter it replaced, in
 
     python benchmarks/kernels/check_sampler.py [--json OUT]
 
-Checks: the kernel's tokens equal reference.nucleus_draw_ref's on random rows at the 8B vocabulary
+Checks: the kernel's tokens equal reference_sampling.nucleus_draw_ref's on random rows at the 8B vocabulary
 (a mismatch is allowed only on a near-tie, counted), every token inside the sorted definition's kept
 set, and rounds per row. Timing (CUDA-graph replays, triton do_bench): S = 1, 64, 256 rows of
 V = 128,256 logits."""
@@ -44,7 +44,7 @@ def kept(x: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def checks(dev: torch.device) -> dict:
     from radixkv.kernels import nucleus_draw
-    from radixkv.kernels.reference import nucleus_draw_ref
+    from radixkv.kernels.reference_sampling import nucleus_draw_ref
 
     g = torch.Generator(device=dev).manual_seed(0)
     S = 64

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from radixkv.engine.sampling import SamplingParams, sample, sampling_rows
-from radixkv.kernels.reference import gumbel, uniform_bits
+from radixkv.kernels.reference_sampling import gumbel, uniform_bits
 
 
 @pytest.mark.parametrize("kwargs, word", [
