@@ -10,16 +10,16 @@
     nucleus_draw(x, inv_temperature, top_p, min_p, seed, counter) -> tokens      # top-p / min-p, no sort
     IndexValueError   # an out-of-range slot, page id, length or row start (IndexError and ValueError)
 
-Argument checks live in launch.py: shapes, dtypes and devices on every call; the values of the
+Argument checks live in checks.py: shapes, dtypes and devices on every call; the values of the
 index tensors (slots, page_table, seq_lens, q_start, q_lens) only on CPU tensors, before anything
 is written. On CUDA tensors those values are the caller's duty (no host syncs in a launcher);
-launch.py's docstring lists the ranges.
+checks.py's docstring lists the ranges.
 
 One kernel a file: store.py, decode.py, decode_fp8_gluon.py, decode_int4_gluon.py, prefill.py, prefill_hopper_gluon.py,
 window.py (the recent-token window's state), norm.py, activation.py, rope.py, sample.py (the sampler's hash +
 Gumbel-max draw), nucleus.py (top-p / min-p draws by rejection).
 Beside them: dispatch.py (which kernel runs, with how many splits; environment switches read once),
-launch.py (tile configs, argument checks), fp8.py and intq.py (FP8 and INT4/INT2 formats and
+launch.py (tile configs, launch options), checks.py (argument checks), fp8.py and intq.py (FP8 and INT4/INT2 formats and
 quantisation helpers) and the plain-PyTorch twins, the ground truth: reference_attention.py (store,
 decode, prefill, cascade, window), reference_layers.py (norm, activation, rope), reference_sampling.py
 (the sampler's noise and draws).
@@ -41,7 +41,7 @@ from typing import Any
 
 _LAUNCHERS = {"store_kv": ".store", "paged_decode": ".decode", "paged_prefill": ".prefill",
               "rms_norm": ".norm", "silu_and_mul": ".activation", "apply_rope_": ".rope",
-              "gumbel_argmax": ".sample", "nucleus_draw": ".nucleus", "IndexValueError": ".launch"}
+              "gumbel_argmax": ".sample", "nucleus_draw": ".nucleus", "IndexValueError": ".checks"}
 
 __all__ = list(_LAUNCHERS)
 

@@ -28,7 +28,7 @@ Rows in no group get prefix states with lse -inf (and o 0). FP8 pages (per-token
 v_scale [P, S, Hkv], any strides, e.g. KVStore's head-major pages) are dequantised in-kernel as in
 decode.py: K scales multiply the score columns, V scales the probabilities. INT4/INT2 pages are not
 supported here yet. bf16 runs on the GPU only (the interpreter mis-computes bf16 dots; tests use fp16/fp32).
-Values of the index tensors are checked on CPU only (launch.py's rule); on CUDA they are the caller's.
+Values of the index tensors are checked on CPU only (checks.py's rule); on CUDA they are the caller's.
 Triton specialisations (what a first launch compiles): every constexpr is fixed by the model and the KV
 dtype (GQA group, head_dim, page_size, tiles, FP8 or not), never by a step's rows, groups or lengths. The
 int arguments that vary with a step are the split counts and the strides and loop bounds derived from
@@ -50,21 +50,11 @@ from torch import Tensor
 
 from .cascade_checks import as_states, check_attention_args, check_groups, check_out_states
 from .cascade_plan import CascadePlan, default_prefix_config, default_prefix_splits, suffix_num_splits
+from .checks import IndexValueError, check_paged_args, host_float, host_int
 from .decode import _kernel as _decode_kernel
 from .decode import _launch_int as _launch_int_decode
 from .dispatch import fp8_decode_gluon, int4_decode_gluon
-from .launch import (
-    LOG2E,
-    IndexValueError,
-    KernelConfig,
-    KernelKind,
-    check_paged_args,
-    default_config,
-    for_device,
-    host_float,
-    host_int,
-    launch_options,
-)
+from .launch import LOG2E, KernelConfig, KernelKind, default_config, for_device, launch_options
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """Argument checks of the cascade launchers (cascade.py): the group tensors, q / caches / scales as
 paged_decode checks them, the partial states a merge takes and the buffers a launch writes into.
-Shapes and dtypes always; the values of index tensors on CPU only (launch.py's rule)."""
+Shapes and dtypes always; the values of index tensors on CPU only (checks.py's rule)."""
 from __future__ import annotations
 
 import itertools
@@ -8,7 +8,7 @@ import itertools
 import torch
 from torch import Tensor
 
-from .launch import IndexValueError, as_index, check_paged_args, check_tensor
+from .checks import IndexValueError, as_index, check_paged_args, check_tensor
 
 
 def check_groups(fn: str, q: Tensor, k_cache: Tensor, prefix_pages: Tensor, prefix_lens: Tensor,
@@ -51,7 +51,7 @@ def check_float_cache(fn: str, k_cache: Tensor) -> None:
 
 def check_attention_args(fn: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
                           v_scale: Tensor | None) -> bool:
-    """q, caches and scales as paged_decode checks them (launch.check_paged_args, through an empty page
+    """q, caches and scales as paged_decode checks them (checks.check_paged_args, through an empty page
     table, so the group tensors keep their own names in check_groups). Returns whether pages are FP8."""
     dev = q.device if isinstance(q, Tensor) else None
     empty = torch.zeros(0, 1, dtype=torch.int32, device=dev)

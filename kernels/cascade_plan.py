@@ -25,8 +25,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .checks import host_int
 from .dispatch import choose_num_splits, decode_warps_per_sm, sm_count
-from .launch import CPU_TILES, KernelConfig, host_int
+from .launch import CPU_TILES, KernelConfig
 
 # Shared-prefix tiles on the GPU (head_dim 128): 128 stacked query rows (two warpgroups) x 64 keys, 32 over
 # FP8 pages (the widening converts need the registers: 64-key FP8 tiles spill in an sm_90 compile). Not yet

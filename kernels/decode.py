@@ -36,20 +36,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .checks import check_paged_args, host_float, host_int
 from .dispatch import fp8_decode_gluon, int4_decode_gluon
 from .intq import groups_per_plane, planes, planes_per_group
-from .launch import (
-    LOG2E,
-    KernelConfig,
-    KernelKind,
-    check_paged_args,
-    default_config,
-    for_device,
-    host_float,
-    host_int,
-    launch_options,
-    merge_warps,
-)
+from .launch import LOG2E, KernelConfig, KernelKind, default_config, for_device, launch_options, merge_warps
 
 
 @triton.jit
@@ -359,7 +349,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
     the caller (PagedAttention.plan) picks it without a host sync here. `out` (optional, like q) is
     written in place, for CUDA-graph capture and for tests that poison it first.
 
-    Values (launch.check_page_values): on CPU, seq_lens[b] in [1, max_pages * page_size] and the page
+    Values (checks.check_page_values): on CPU, seq_lens[b] in [1, max_pages * page_size] and the page
     ids of row b's first ceil(seq_lens[b] / page_size) entries in [0, num_pages) are checked before
     the launch (IndexValueError). On CUDA they are the caller's duty (no host sync here): out of
     range, the kernel reads outside the caches; seq_lens 0 gives zeros, or NaN when split.

@@ -23,7 +23,8 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra import libdevice
 
-from .launch import KernelConfig, for_device, host_float, launch_options
+from .checks import host_float
+from .launch import KernelConfig, for_device, launch_options
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

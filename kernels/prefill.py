@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .checks import check_paged_args, check_ragged_rows, host_float
 from .decode import (  # the INT paths' shared helpers
     int_codes,
     plane_dequant,
@@ -38,17 +39,7 @@ from .decode import (  # the INT paths' shared helpers
 )
 from .dispatch import hopper_prefill_supported
 from .intq import groups_per_plane, planes, planes_per_group
-from .launch import (
-    LOG2E,
-    KernelConfig,
-    KernelKind,
-    check_paged_args,
-    check_ragged_rows,
-    default_config,
-    for_device,
-    host_float,
-    launch_options,
-)
+from .launch import LOG2E, KernelConfig, KernelKind, default_config, for_device, launch_options
 
 
 @triton.jit
@@ -328,7 +319,7 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
     range are left as they are. The recent-token window (engine/attention.py) launches shifted rows
     that skip each query's latest keys and merges this state with the window's.
 
-    Values (launch.check_page_values, check_q_rows): on CPU, seq_lens[b] in [0, max_pages * page_size],
+    Values (checks.check_page_values, check_q_rows): on CPU, seq_lens[b] in [0, max_pages * page_size],
     the page ids row b uses (its first ceil(seq_lens[b] / page_size) entries) in [0, num_pages),
     q_lens[b] in [0, seq_lens[b]], rows q_start[b] : q_start[b] + q_lens[b] inside q's T rows and
     disjoint, max_q_len >= max(q_lens) are checked before the launch (IndexValueError). On CUDA they

@@ -20,21 +20,15 @@ import math
 import torch
 from torch import Tensor
 
+from .checks import cache_bits, check_page_values, check_q_rows, check_scales, check_slots
 from .fp8 import is_fp8, quantize_fp8
 from .intq import dequantize_int, quantize_int
-from .launch import (
-    LOG2E,
-    cache_bits,
-    check_page_values,
-    check_q_rows,
-    check_scales,
-    check_slots,
-)
+from .launch import LOG2E
 
 
 def _check_scales(cache: Tensor, scale: Tensor | None, name: str) -> None:
     if cache.dtype == torch.uint8:
-        return  # INT4/INT2: launch.check_scales checks both tensors (it needs head_dim)
+        return  # INT4/INT2: checks.check_scales checks both tensors (it needs head_dim)
     if is_fp8(cache.dtype):
         if scale is None:
             raise ValueError(f"{name}: an {cache.dtype} cache needs its scale tensor")
@@ -114,7 +108,7 @@ def paged_decode_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Te
                      sm_scale: float | None = None, k_scale: Tensor | None = None,
                      v_scale: Tensor | None = None) -> Tensor:
     """One query token per sequence, the last of its seq_lens[b] tokens. q: [B, Hq, D] -> [B, Hq, D].
-    CPU values are checked as paged_decode checks them (launch.check_page_values)."""
+    CPU values are checked as paged_decode checks them (checks.check_page_values)."""
     check_page_values("paged_decode_ref", page_table, seq_lens, k_cache, 1)
     q_start = torch.arange(q.shape[0], dtype=torch.int32)
     q_lens = torch.ones(q.shape[0], dtype=torch.int32)
@@ -127,7 +121,7 @@ def paged_prefill_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: T
     """Ragged causal attention over pages. q: [T, Hq, D]; row b owns q[q_start[b]:q_start[b]+q_lens[b]],
     the LAST q_lens[b] of its seq_lens[b] tokens. Returns [T, Hq, D] in q's dtype; with return_lse also
     lse float32 [T, Hq] (log2 units, as paged_prefill's lse; -inf in rows no row range covers).
-    CPU values are checked as paged_prefill checks them (launch.check_page_values, check_q_rows)."""
+    CPU values are checked as paged_prefill checks them (checks.check_page_values, check_q_rows)."""
     check_page_values("paged_prefill_ref", page_table, seq_lens, k_cache, 0)
     check_q_rows("paged_prefill_ref", q.shape[0], q_start, q_lens, seq_lens, None)
     out, lse = _prefill(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale, k_scale, v_scale)

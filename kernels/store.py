@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .checks import CACHE_DTYPES, Q_DTYPES, cache_bits, check_scales, check_slots, check_tensor
 from .fp8 import fp8_max, scale_range
 from .intq import (
     FP16_MAX,
@@ -24,15 +25,7 @@ from .intq import (
     planes_per_group,
     qmax,
 )
-from .launch import (
-    CACHE_DTYPES,
-    Q_DTYPES,
-    cache_bits,
-    check_scales,
-    check_slots,
-    check_tensor,
-    for_device,
-)
+from .launch import for_device
 
 
 @triton.jit
@@ -208,7 +201,7 @@ def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tens
     (kernels/intq.py: G groups of D / G values, each with its (scale, zero)).
     Several tokens may share a slot (the CUDA-graph runner pads with one scratch slot; which write
     wins is unspecified). Values: on CPU every slot must be in [0, P * S), checked before anything
-    is written (launch.check_slots raises IndexValueError naming the first bad one); on CUDA that
+    is written (checks.check_slots raises IndexValueError naming the first bad one); on CUDA that
     is the caller's duty (no host sync here): out of range, the kernel writes outside the caches.
     """
     fn = "store_kv"

@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import LOG2E, check_tensor, for_device, host_float, host_int
+from .checks import check_tensor, host_float, host_int
+from .launch import LOG2E, for_device
 
 
 @triton.jit

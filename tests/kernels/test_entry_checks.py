@@ -1,7 +1,7 @@
 """Entry-point argument checks (tracker issue 16, defect 6): out-of-range slots, page ids, lengths and
 row starts raise IndexValueError naming the argument, its index and value before anything is written
 (under the interpreter they used to segfault, corrupt memory or return NaN); valid edge values still
-work. The Triton launchers and their reference.py twins share the checks (kernels/launch.py).
+work. The Triton launchers and their reference.py twins share the checks (kernels/checks.py).
 
 Shapes are tiny: caches of P = 4 pages x S = 2 slots, one KV head of 16 dims, fp32.
 """
@@ -12,7 +12,7 @@ import torch
 
 from radixkv.kernels import (IndexValueError, apply_rope_, paged_decode, paged_prefill, rms_norm, silu_and_mul,
                              store_kv)
-from radixkv.kernels.launch import check_page_values, check_q_rows, check_slots
+from radixkv.kernels.checks import check_page_values, check_q_rows, check_slots
 from radixkv.kernels.reference_attention import paged_decode_ref, paged_prefill_ref, store_kv_ref
 
 P, S, HKV, D = 4, 2, 1, 16
