@@ -52,7 +52,7 @@ from .cascade_checks import as_states, check_attention_args, check_groups, check
 from .cascade_plan import CascadePlan, default_prefix_config, default_prefix_splits, suffix_num_splits
 from .checks import IndexValueError, check_paged_args, host_float, host_int
 from .decode import _kernel as _decode_kernel
-from .decode import _launch_int as _launch_int_decode
+from .decode_int import launch_int as launch_int_decode
 from .dispatch import fp8_decode_gluon, int4_decode_gluon
 from .launch import LOG2E, KernelConfig, KernelKind, default_config, for_device, launch_options
 
@@ -288,8 +288,8 @@ def paged_decode_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table
         return mid_o, mid_lse
     config = config or default_config(KernelKind.DECODE, q, k_cache)
     if args.bits:
-        _launch_int_decode(q, k_cache, v_cache, k_scale, v_scale, args.page_table, args.seq_lens, sm_scale,
-                           num_splits, q, mid_o, mid_lse, config, args.bits)
+        launch_int_decode(q, k_cache, v_cache, k_scale, v_scale, args.page_table, args.seq_lens, sm_scale,
+                          num_splits, q, mid_o, mid_lse, config, args.bits)
         return mid_o[..., :d], mid_lse
     xs = k_scale.stride() if fp8 else (0, 0, 0)
     for_device(_decode_kernel, q.device)[(hkv, B, num_splits)](

@@ -1,6 +1,6 @@
 """paged_decode_int4: INT4 decode in Gluon, packed codes loaded straight into tensor-core operands.
 
-The Triton INT kernel (decode.py `_int_kernel`) rebuilds 16-bit operands from nibbles through
+The Triton INT kernel (decode_int.py `_int_kernel`) rebuilds 16-bit operands from nibbles through
 shared memory and float converts: about 2.5x the instructions of a bf16 tile, so it ran at half
 bf16's speed on a quarter of the bytes; this one runs at 2.2x bf16's at 64 x 16k on the H200, still
 instruction-bound (benchmarks/RESULTS.md, "INT4 decode in Gluon"). It is
