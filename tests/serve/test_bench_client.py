@@ -11,8 +11,9 @@ import httpx
 import pytest
 
 from radixkv.cli import main
-from radixkv.serve.bench_client import (BenchConfig, BenchRequest, RequestResult, prefix_repetition_dataset,
-                                        send_request, send_times, summarize)
+from radixkv.serve.bench_client import (BenchConfig, BenchRequest, RequestResult, send_request, send_times,
+                                        summarize)
+from radixkv.serve.bench_datasets import prefix_repetition_dataset
 
 VOCAB = ["--vocab-size", "160", "--token-id-low", "5"]  # the tiny model's ids, its specials (0-4) left out
 
