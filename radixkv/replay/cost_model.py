@@ -17,6 +17,8 @@ TFLOP/s), rounded, with realistic efficiencies:
 - kv_read_token_s = 3.3e-8: 128 KiB of BF16 K+V per token (32 layers x 8 KV heads x 128 x 2
   x 2 B) streamed at ~4 TB/s.
 - attn_pair_s = 1.3e-12: 4 * 4096 * 32 = 0.5 MFLOP per (query, key) pair at ~400 TFLOP/s.
+
+`ServiceTime` prices one request served alone (sequential replay's clock) under a CostModel.
 """
 from __future__ import annotations
 
@@ -74,3 +76,24 @@ class CostModel:
 
     def step_seconds(self, batch: Batch) -> float:
         return self.seconds(StepShape.of(batch))
+
+
+class ServiceTime:
+    """Seconds to serve one request alone under a CostModel (sequential replay's clock).
+
+    One prefill step computes the uncached prompt tokens (at least one: the last prompt token
+    is always computed), attending over the whole prompt; then `max_tokens - 1` decode steps,
+    the j-th reading prompt + j tokens of KV. The model is linear, so the decode steps are
+    priced as that many steps at their mean context, exactly.
+    """
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+
+    def serve(self, prompt_tokens: int, hit_tokens: int, output_tokens: int) -> float:
+        new = max(prompt_tokens - hit_tokens, 1)
+        s = self.cost.seconds(StepShape(new, 0, prompt_tokens, new * prompt_tokens))
+        steps = output_tokens - 1
+        if steps > 0:
+            s += steps * self.cost.seconds(StepShape(0, 1, prompt_tokens + output_tokens / 2, 0))
+        return float(s)

@@ -24,7 +24,7 @@ from radixkv.cache.radix_tree import RadixCache
 from radixkv.config import Policy, SchedulerConfig
 from radixkv.scheduler.metrics import SchedulerMetrics, TimelinePoint, wait_stats
 from radixkv.workloads.traces import HashedPrompt, TraceRequest
-from .cost_model import CostModel, StepShape
+from .cost_model import CostModel, ServiceTime
 from .fragmentation import Fragmentation
 
 if TYPE_CHECKING:  # real mode only; importing the engine loads torch
@@ -146,27 +146,6 @@ def unlimited_pages(requests: Sequence[TraceRequest], page_size: int, with_outpu
     lengths = np.fromiter((r.num_prompt_tokens + (r.max_tokens if with_outputs else 0) for r in requests),
                           dtype=np.int64, count=len(requests))
     return int((-(-lengths // page_size)).sum()) + 1
-
-
-class ServiceTime:
-    """Seconds to serve one request alone under a CostModel (sequential replay's clock).
-
-    One prefill step computes the uncached prompt tokens (at least one: the last prompt token
-    is always computed), attending over the whole prompt; then `max_tokens - 1` decode steps,
-    the j-th reading prompt + j tokens of KV. The model is linear, so the decode steps are
-    priced as that many steps at their mean context, exactly.
-    """
-
-    def __init__(self, cost: CostModel) -> None:
-        self.cost = cost
-
-    def serve(self, prompt_tokens: int, hit_tokens: int, output_tokens: int) -> float:
-        new = max(prompt_tokens - hit_tokens, 1)
-        s = self.cost.seconds(StepShape(new, 0, prompt_tokens, new * prompt_tokens))
-        steps = output_tokens - 1
-        if steps > 0:
-            s += steps * self.cost.seconds(StepShape(0, 1, prompt_tokens + output_tokens / 2, 0))
-        return float(s)
 
 
 class Served(NamedTuple):

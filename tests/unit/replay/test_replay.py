@@ -17,9 +17,9 @@ import pytest
 
 from radixkv.cache.pages import PagePool
 from radixkv.config import Policy
-from radixkv.replay.cost_model import CostModel
+from radixkv.replay.cost_model import CostModel, ServiceTime
 from radixkv.replay.replay import (
-    ReplayConfig, ReplayMode, ReplayResult, ServiceTime, admit, fit_vocab, replay_sequential, replay_simulated,
+    ReplayConfig, ReplayMode, ReplayResult, admit, fit_vocab, replay_sequential, replay_simulated,
     run_replay,
 )
 from radixkv.scheduler.metrics import SchedulerMetrics, TimelinePoint, wait_stats
