@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from radixkv.engine.model import LlamaModel
-from radixkv.engine.weights import ModelSpec, random_checkpoint
+from radixkv.engine.model_config import ModelSpec
+from radixkv.engine.weights import random_checkpoint
 
 from .tiny_models import hf_model, tiny_config
 

@@ -10,7 +10,8 @@ import torch
 
 from radixkv.engine.model import LlamaModel
 from radixkv.engine.parallel import shard_vocab
-from radixkv.engine.weights import ModelSpec, random_checkpoint
+from radixkv.engine.model_config import ModelSpec
+from radixkv.engine.weights import random_checkpoint
 
 from .test_model_forward import ARCHS, ContiguousAttention
 from .tiny_models import tiny_config
