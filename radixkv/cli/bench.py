@@ -32,7 +32,7 @@ def add_bench_parser(sub: Any) -> None:
 def _cmd_bench(a: argparse.Namespace) -> int:
     from radixkv.engine import bench
     from radixkv.engine.llm import pick_device
-    from radixkv.engine.weights import config_errors, error_detail
+    from radixkv.engine.model_config import config_errors, error_detail
 
     check_output("--json", a.json)
     try:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from radixkv.engine.model import rope_inv_freq
-from radixkv.engine.weights import Arch, ModelSpec, RopeKind, load_checkpoint
+from radixkv.engine.model_config import Arch, ModelSpec, RopeKind
+from radixkv.engine.weights import load_checkpoint
 
 from .tiny_models import hf_model, tiny_config
 
