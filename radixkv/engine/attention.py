@@ -35,6 +35,7 @@ from radixkv.kernels import dispatch, reference_attention
 from radixkv.kernels.cascade_plan import CascadePlan, plan_cascade
 from radixkv.scheduler.cascade_groups import OUTER_RULE, CascadeRule, outer_level_pays
 
+from .device import host_to_device
 from .kv_store import KVStore
 
 if TYPE_CHECKING:
@@ -90,13 +91,6 @@ def window_plan(page_table: Tensor, seq_lens: Tensor, q_start: Tensor, q_lens: T
     table = page_table[:, min(sink // page_size, page_table.shape[1] - 1):].contiguous()  # once, not per layer
     return WindowPlan(token_rows, table, torch.clamp(seq_lens - sink - window, min=0), q_start + skip,
                       q_lens - skip)
-
-
-def host_to_device(values: np.ndarray | list, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A host array or list as a tensor on device, through pinned memory on CUDA: a copy from pageable
-    memory may wait for the stream, which would stall a step launched ahead (async scheduling)."""
-    t = torch.from_numpy(values) if isinstance(values, np.ndarray) else torch.tensor(values, dtype=dtype)
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
 def _resolve(backend: Backend, device: torch.device) -> Backend:

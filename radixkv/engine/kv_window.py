@@ -38,7 +38,7 @@ from radixkv.batch import Batch
 from radixkv.kernels import reference_attention
 from radixkv.plan import window_pages_per_row
 
-from .attention import host_to_device
+from .device import host_to_device
 from .kv_store import KVStore
 
 
