@@ -14,7 +14,7 @@ from .config import Policy, SchedulerConfig
 _LAZY = {
     "LLM": "radixkv.engine.llm",
     "Session": "radixkv.engine.session",
-    "SamplingParams": "radixkv.engine.sampling",
+    "SamplingParams": "radixkv.sampling_params",
     "RequestOutput": "radixkv.request",
     "Scheduler": "radixkv.scheduler",
 }

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+
+from radixkv.sampling_params import RequestSampling
 
 
 class Status(enum.Enum):
@@ -31,7 +32,7 @@ class Request:
     num_computed: leading tokens of prompt + output whose K/V sit in `pages`.
     cached_tokens: prompt tokens served from the prefix cache at first admission.
     pages: physical pages this request holds a reference on, one per block of its computed tokens.
-    sampling: opaque per-request data for the engine (sampling params); the scheduler never reads it.
+    sampling: the sampler's per-request state (params, seed); the scheduler never reads it.
     """
 
     rid: int
@@ -40,7 +41,7 @@ class Request:
     arrival_s: float = 0.0
     namespace: str | None = None
     stop_token_ids: frozenset[int] = frozenset()
-    sampling: Any = None
+    sampling: RequestSampling | None = None
     output: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: FinishReason | None = None

@@ -39,14 +39,14 @@ def step_times(llm: LLM, shared: list[int], batch: int, private: int, new: int, 
                seed: int) -> tuple[float, int]:
     """Median ms of the decode-only steps of `batch` requests (shared + own tokens), and how many steps
     took the cascade path."""
-    llm.scheduler.config = dataclasses.replace(llm.scheduler.config, cascade=cascade)
+    llm.core.scheduler.config = dataclasses.replace(llm.core.scheduler.config, cascade=cascade)
     g = torch.Generator().manual_seed(seed)
-    V = llm.spec.vocab_size
+    V = llm.runner.spec.vocab_size
     prime = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     llm.generate([shared + [5]], prime)  # the shared prefix is cached: every row below hits it
     reqs = llm.add_requests([shared + torch.randint(3, V, (private,), generator=g).tolist() for _ in range(batch)],
                             SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True))
-    before = llm.attention.cascade_steps
+    before = llm.runner.attention.cascade_steps
     times = []
     with torch.inference_mode():
         while llm.has_work():
@@ -57,7 +57,7 @@ def step_times(llm: LLM, shared: list[int], batch: int, private: int, new: int, 
                 times.append(time.perf_counter() - t)
     assert all(r.cached_tokens >= len(shared) // PAGE * PAGE - PAGE for r in reqs), "the prefix was not shared"
     llm.reset_prefix_cache()
-    return statistics.median(times[3:] or times) * 1e3, llm.attention.cascade_steps - before
+    return statistics.median(times[3:] or times) * 1e3, llm.runner.attention.cascade_steps - before
 
 
 def check_graphs(dev: torch.device, smoke: bool) -> dict:
@@ -73,10 +73,10 @@ def check_graphs(dev: torch.device, smoke: bool) -> dict:
     outs, replays = {}, {}
     for name, more in (("graphs", {}), ("eager", {"enforce_eager": True}), ("plain", {"cascade": False})):
         llm = LLM(cfg, dtype=dtype, device=dev, num_pages=512, **{"cascade": True, **more})
-        llm.scheduler.cascade_rule = RULE_ALWAYS
+        llm.core.scheduler.cascade_rule = RULE_ALWAYS
         llm.generate([p[:-1] for p in prompts], SamplingParams(temperature=0.0, max_tokens=1))  # cache prefixes
         outs[name] = [o.token_ids for o in llm.generate(prompts, params)]
-        replays[name] = (llm.attention.cascade_steps, 0 if llm.graphs is None else llm.graphs.cascade_replays)
+        replays[name] = (llm.runner.attention.cascade_steps, 0 if llm.runner.graphs is None else llm.runner.graphs.cascade_replays)
         del llm
     same = lambda a, b: sum(x == y for p, q in zip(outs[a], outs[b]) for x, y in zip(p, q)) / (24 * len(prompts))  # noqa: E731
     row = {"check": "cascade graphs", "tokens_graphs_eq_eager": same("graphs", "eager"),
@@ -116,19 +116,19 @@ def main() -> int:
               # keeps its bucket over the timed steps (a shrinking batch would capture new graphs then)
               max_batch_tokens=max(a.batch) * (max(a.private) + 1) + 64)
     if a.smoke:  # 3 rows over 64 shared tokens are below the measured rule: take the path anyway
-        llm.scheduler.cascade_rule = RULE_ALWAYS
+        llm.core.scheduler.cascade_rule = RULE_ALWAYS
     print(f"device {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}; pool {llm.num_pages} pages; "
-          f"graphs {llm.graphs is not None}; async {llm.async_scheduling}", flush=True)
+          f"graphs {llm.runner.graphs is not None}; async {llm.core.async_scheduling}", flush=True)
     rows = []
     g = torch.Generator().manual_seed(0)
     for shared_n in a.shared:
-        shared = torch.randint(3, llm.spec.vocab_size, (shared_n,), generator=g).tolist()
+        shared = torch.randint(3, llm.runner.spec.vocab_size, (shared_n,), generator=g).tolist()
         for batch in a.batch:
             for private in a.private:
                 plain_ms, n_plain = step_times(llm, shared, batch, private, a.new, False, batch + private)
-                before = 0 if llm.graphs is None else llm.graphs.cascade_replays
+                before = 0 if llm.runner.graphs is None else llm.runner.graphs.cascade_replays
                 cascade_ms, n_cascade = step_times(llm, shared, batch, private, a.new, True, batch + private)
-                replays = 0 if llm.graphs is None else llm.graphs.cascade_replays - before
+                replays = 0 if llm.runner.graphs is None else llm.runner.graphs.cascade_replays - before
                 k = kernels.get((batch, shared_n, private, a.kv_dtype), {})
                 r = {"batch": batch, "shared_tokens": shared_n, "private_tokens": private, "kv_dtype": a.kv_dtype,
                      "attention_us_plain": k.get("attention_us_plain"),
@@ -138,7 +138,7 @@ def main() -> int:
                      "step_speedup": round(plain_ms / cascade_ms, 3), "flashinfer_us": k.get("flashinfer_us"),
                      "cascade_steps": n_cascade, "plain_cascade_steps": n_plain,
                      "cascade_graph_replays": replays,
-                     "rule_takes_it": llm.scheduler.cascade_rule.worth_it(batch, shared_n)}
+                     "rule_takes_it": llm.core.scheduler.cascade_rule.worth_it(batch, shared_n)}
                 rows.append(r)
                 print(json.dumps(r), flush=True)
                 if a.json:

@@ -69,15 +69,15 @@ def read_bandwidth(device: torch.device, smoke: bool) -> float:
 
 def weight_bytes(llm: LLM) -> int:
     """Bytes a decode step reads of the weights: every layer, the final norm and the LM head."""
-    m = llm.model
+    m = llm.runner.model
     layer = sum(t.numel() * t.element_size() for L in m.layers for t in vars(L).values()
                 if isinstance(t, torch.Tensor))
     return layer + m.norm.numel() * m.norm.element_size() + m.lm_head.numel() * m.lm_head.element_size()
 
 
 def kv_bytes_per_token(llm: LLM) -> int:
-    s = llm.spec
-    return llm.kv.bytes_per_page(1, s.num_layers, s.num_kv_heads, s.head_dim, llm.kv_dtype)
+    s = llm.runner.spec
+    return llm.runner.kv.bytes_per_page(1, s.num_layers, s.num_kv_heads, s.head_dim, llm.runner.kv_dtype)
 
 
 def check_graph_equals_eager(device: torch.device, kv: str, smoke: bool) -> dict:
@@ -92,20 +92,20 @@ def check_graph_equals_eager(device: torch.device, kv: str, smoke: bool) -> dict
     a = [o.token_ids for o in llm.generate(prompts, params)]
     b = [o.token_ids for o in eager.generate(prompts, params)]
     out["generate_equal"] = a == b
-    out["graph_replays"] = 0 if llm.graphs is None else llm.graphs.replays
-    if llm.graphs is not None:  # one decode step, both ways, on the same state
+    out["graph_replays"] = 0 if llm.runner.graphs is None else llm.runner.graphs.replays
+    if llm.runner.graphs is not None:  # one decode step, both ways, on the same state
         llm.add_requests(prompts, params)
         while True:
-            batch = llm.scheduler.schedule(llm._now())
+            batch = llm.core.scheduler.schedule(llm.core.now())
             if batch.is_decode_only:
                 break
-            llm.forward_logits(batch, use_graphs=False)
-            llm.scheduler.update(batch, [1 if s else None for s in batch.sample], llm._now())
-        graph = llm.graphs.run(batch).clone()
-        ref = llm.forward_logits(batch, use_graphs=False)
+            llm.runner.forward_logits(batch, use_graphs=False)
+            llm.core.scheduler.update(batch, [1 if s else None for s in batch.sample], llm.core.now())
+        graph = llm.runner.graphs.run(batch).clone()
+        ref = llm.runner.forward_logits(batch, use_graphs=False)
         out["logits_bit_identical"] = bool(torch.equal(graph, ref))
         out["logits_max_abs_diff"] = float((graph - ref).abs().max())
-        llm.scheduler.update(batch, graph.argmax(-1).tolist(), llm._now())
+        llm.core.scheduler.update(batch, graph.argmax(-1).tolist(), llm.core.now())
     out["ok"] = out["generate_equal"] and out.get("logits_bit_identical", True)
     return out
 
@@ -124,7 +124,7 @@ def check_async_equals_sync(device: torch.device, smoke: bool) -> dict:
     for overlap in (True, False):
         llm = LLM(cfg, dtype="bfloat16", device=device, num_pages=512, async_scheduling=overlap)
         outs.append([o.token_ids for o in llm.generate(prompts, params)])
-        ahead.append(llm.steps_ahead)
+        ahead.append(llm.core.steps_ahead)
         del llm
     return dict(check="async == sync", tokens_equal=outs[0] == outs[1], steps_ahead=ahead[0],
                 ok=outs[0] == outs[1] and ahead[0] > 0 and ahead[1] == 0)
@@ -162,11 +162,11 @@ def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, grap
                  smoke: bool, overlap: bool = False) -> dict:
     """Median whole-step time of decode-only steps for `batch` rows of `prompt` + up to 128 tokens.
     overlap: async scheduling (the host plans step N+1 while the GPU runs step N)."""
-    saved, saved_async, ahead0 = llm.graphs, llm.async_scheduling, llm.steps_ahead
-    llm.graphs = saved if graphs else None
-    llm.async_scheduling = overlap
+    saved, saved_async, ahead0 = llm.runner.graphs, llm.core.async_scheduling, llm.core.steps_ahead
+    llm.runner.graphs = saved if graphs else None
+    llm.core.async_scheduling = overlap
     g = torch.Generator().manual_seed(batch)
-    reqs = llm.add_requests([torch.randint(3, llm.spec.vocab_size, (prompt,), generator=g).tolist()
+    reqs = llm.add_requests([torch.randint(3, llm.runner.spec.vocab_size, (prompt,), generator=g).tolist()
                              for _ in range(batch)], params)
     times, ctx = [], []
     with torch.inference_mode():
@@ -178,16 +178,16 @@ def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, grap
             if decode:
                 times.append(dt)
                 ctx.append(sum(r.num_tokens for r in reqs))
-    llm.graphs, llm.async_scheduling = saved, saved_async
+    llm.runner.graphs, llm.core.async_scheduling = saved, saved_async
     llm.reset_prefix_cache()
     steps = times[4:] or times  # the first decode steps capture graphs
     ms = statistics.median(steps) * 1e3
     kv_read = statistics.median(ctx[4:] or ctx) * kv_bytes_per_token(llm)
     floor_ms = (weight_bytes(llm) + kv_read) / bw * 1e3
-    config = "cache-on-fp8" if llm.kv_dtype.value.startswith("fp8") else f"cache-on-{llm.kv_dtype.value}"
+    config = "cache-on-fp8" if llm.runner.kv_dtype.value.startswith("fp8") else f"cache-on-{llm.runner.kv_dtype.value}"
     return full_row(dict(workload="decode-sweep", config=config, batch=batch,
                 graphs=graphs, sampled=not params.greedy, async_scheduling=overlap,
-                steps_ahead=llm.steps_ahead - ahead0, step_ms=round(ms, 3), floor_ms=round(floor_ms, 3),
+                steps_ahead=llm.core.steps_ahead - ahead0, step_ms=round(ms, 3), floor_ms=round(floor_ms, 3),
                 fraction_of_floor=round(floor_ms / ms, 3), output_tokens_per_s=round(batch / ms * 1e3, 1),
                 steps_timed=len(steps), max_concurrency=batch, pool_pages=llm.num_pages))
 
@@ -273,13 +273,13 @@ def run_workload(llm: LLM, name: str, config: str, arrivals: list[Arrival],
     follow(req, key): called as a request finishes; an Arrival it returns is sent at once (a
     conversation's next turn). TTFT = first token's time after the request was sent."""
     llm.reset_prefix_cache()
-    sched = llm.scheduler
+    sched = llm.core.scheduler
     schedule, update = _Timed(sched.schedule), _Timed(sched.update)
     sched.schedule, sched.update = schedule, update
     m0 = (sched.metrics.prompt_tokens, sched.metrics.hit_tokens)
-    c0 = llm.attention.cascade_steps  # decode steps through the cascade kernels (cascade=True)
-    g0 = llm.graphs.num_graphs if llm.graphs is not None else 0
-    win = llm.attention.window  # the recent-token window (int4 by default): pages filled by dequantising
+    c0 = llm.runner.attention.cascade_steps  # decode steps through the cascade kernels (cascade=True)
+    g0 = llm.runner.graphs.num_graphs if llm.runner.graphs is not None else 0
+    win = llm.runner.attention.window  # the recent-token window (int4 by default): pages filled by dequantising
     f0 = win.fills if win is not None else 0
     pending = deque(sorted(arrivals, key=lambda a: a.due_s))
     sent: dict[int, tuple[float, Any]] = {}  # rid -> (time sent, key)
@@ -295,7 +295,7 @@ def run_workload(llm: LLM, name: str, config: str, arrivals: list[Arrival],
             sent[r.rid] = (now, a.key)
         no_token.extend(reqs)
 
-    _sync(llm.device)
+    _sync(llm.runner.device)
     t0 = time.perf_counter()
     try:
         while pending or llm.has_work():
@@ -319,7 +319,7 @@ def run_workload(llm: LLM, name: str, config: str, arrivals: list[Arrival],
                     else:
                         still.append(r)
                 no_token = still
-            peak = max(peak, llm.pool.num_used)
+            peak = max(peak, llm.core.pool.num_used)
             concurrency = max(concurrency, sched.num_running)
             nxt = []
             for r in finished:
@@ -342,8 +342,8 @@ def run_workload(llm: LLM, name: str, config: str, arrivals: list[Arrival],
         ttft_p50_s=_pct(ttft, 0.5), ttft_p99_s=_pct(ttft, 0.99),
         hit_rate=round((sched.metrics.hit_tokens - m0[1]) / max(1, prompt_tokens), 4), prompt_tokens=prompt_tokens,
         peak_pages=peak, pool_pages=llm.num_pages, cpu_frac_per_step=round((schedule.total + update.total) / wall, 4),
-        max_concurrency=concurrency, cascade_steps=llm.attention.cascade_steps - c0,
-        graphs_captured=(llm.graphs.num_graphs if llm.graphs is not None else 0) - g0,
+        max_concurrency=concurrency, cascade_steps=llm.runner.attention.cascade_steps - c0,
+        graphs_captured=(llm.runner.graphs.num_graphs if llm.runner.graphs is not None else 0) - g0,
         window_fills=win.fills - f0 if win is not None else None, **extra))
 
 
@@ -551,7 +551,7 @@ def workloads_part(device: torch.device, a: argparse.Namespace, emit: Any, done:
         llm.generate([w[:-3] + [5, 6, 7] for w in warm], SamplingParams(temperature=0.0, max_tokens=4,
                                                                           ignore_eos=True))  # cached-prefix extends
         warm_shared_prefix(llm, vocab, g)
-        graphs = llm.graphs.num_graphs if llm.graphs is not None else 0
+        graphs = llm.runner.graphs.num_graphs if llm.runner.graphs is not None else 0
         print(f"# {config}: built and warmed in {time.perf_counter() - t:.1f} s, {num_pages} pages, "
               f"{graphs} graphs", flush=True)
         for w in names:
@@ -568,11 +568,11 @@ def warm_shared_prefix(llm: LLM, vocab: int, g: torch.Generator) -> None:
 
     shared = torch.randint(3, vocab, (CASCADE_MIN_SHARED_TOKENS_16BIT,), generator=g).tolist()
     llm.generate([shared], SamplingParams(temperature=0.0, max_tokens=1))  # the prefix enters the tree
-    c0 = llm.attention.cascade_steps
+    c0 = llm.runner.attention.cascade_steps
     llm.generate([shared + torch.randint(3, vocab, (8,), generator=g).tolist() for _ in range(CASCADE_MIN_ROWS_16BIT)],
                  SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-    if llm.config.scheduler.cascade and not llm.kv_dtype.is_int:
-        print(f"#   warm-up cascade steps: {llm.attention.cascade_steps - c0}", flush=True)
+    if llm.config.scheduler.cascade and not llm.runner.kv_dtype.is_int:
+        print(f"#   warm-up cascade steps: {llm.runner.attention.cascade_steps - c0}", flush=True)
     llm.reset_prefix_cache()
 
 
@@ -582,23 +582,23 @@ def profile_steps(llm: LLM, batch: int, prompt: int, out: str | None, sampled: b
     from torch.profiler import ProfilerActivity, profile
 
     g = torch.Generator().manual_seed(7)
-    reqs = llm.add_requests([torch.randint(3, llm.spec.vocab_size, (prompt,), generator=g).tolist()
+    reqs = llm.add_requests([torch.randint(3, llm.runner.spec.vocab_size, (prompt,), generator=g).tolist()
                              for _ in range(batch)], SamplingParams(temperature=0.8 if sampled else 0.0, top_p=0.95,
                                                                      max_tokens=16 + steps, ignore_eos=True))
     while not all(r.num_computed >= len(r.prompt) for r in reqs):
         llm.step()
     for _ in range(4):
         llm.step()  # graphs captured
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if llm.device.type == "cuda" else [])
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if llm.runner.device.type == "cuda" else [])
     with profile(activities=acts) as prof:
         for _ in range(steps):
             llm.step()
     while llm.has_work():
         llm.step()
     llm.reset_prefix_cache()
-    text = [f"== batch {batch}, {steps} decode steps, graphs {llm.graphs is not None}, sampled {sampled}"]
+    text = [f"== batch {batch}, {steps} decode steps, graphs {llm.runner.graphs is not None}, sampled {sampled}"]
     text.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
-    if llm.device.type == "cuda":
+    if llm.runner.device.type == "cuda":
         text.append(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12))
     print("\n".join(text))
     if out:
@@ -636,9 +636,9 @@ def part_a(device: torch.device, a: argparse.Namespace, rows: list[dict], emit: 
     per_row = -(-(prompt + 128) // 16) + 1
     llm = LLM(llama3_8b_config(a.smoke), dtype="bfloat16", device=device, num_pages=max(batches) * per_row + 64)
     emit(dict(check="8B model", weight_gb=round(weight_bytes(llm) / 1e9, 3), pool_pages=llm.num_pages,
-              graphs=llm.graphs is not None))
+              graphs=llm.runner.graphs is not None))
     for b, graphs, sampled, overlap in points:
-        if graphs and llm.graphs is None:
+        if graphs and llm.runner.graphs is None:
             continue
         emit(decode_sweep(llm, b, prompt, SAMPLED if sampled else GREEDY, graphs, bw, a.smoke, overlap))
     if a.profile:
@@ -662,7 +662,7 @@ def long_decode(device: torch.device, a: argparse.Namespace, rows: list[dict], e
             continue
         llm = LLM(llama3_8b_config(a.smoke), dtype="bfloat16", device=device, kv_dtype=kv,
                   num_pages=batch * (-(-(prompt + 128) // 16) + 1) + 64, max_model_len=prompt + 256)
-        row = decode_sweep(llm, batch, prompt, GREEDY, llm.graphs is not None, bw, a.smoke)
+        row = decode_sweep(llm, batch, prompt, GREEDY, llm.runner.graphs is not None, bw, a.smoke)
         emit({**row, "workload": "decode-long", "prompt": prompt})
         del llm
         _free(device)

@@ -47,11 +47,11 @@ def main() -> None:
         llm = LLM(cfg, dtype="bfloat16", device="cuda", kv_dtype="int4", num_pages=pages, kv_window=window)
         llm.generate(prompts[:4], params)  # compiles and captures outside the timing
         t1, outs = timed(llm, prompts, params)
-        win = llm.attention.window
+        win = llm.runner.attention.window
         f0 = win.fills if win is not None else 0
         t2, _ = timed(llm, [p + o.token_ids + [5, 6, 7] * 10 for p, o in zip(prompts, outs)], params)
-        rows.append((llm.kv_window, t1, t2, win.fills - f0 if win is not None else None))
-        print(f"window {llm.kv_window}: turn 1 {t1:.2f} s, turn 2 {t2:.2f} s, fills in turn 2 {rows[-1][3]}",
+        rows.append((llm.runner.kv_window, t1, t2, win.fills - f0 if win is not None else None))
+        print(f"window {llm.runner.kv_window}: turn 1 {t1:.2f} s, turn 2 {t2:.2f} s, fills in turn 2 {rows[-1][3]}",
               flush=True)
         if a.profile and win is not None:
             from torch.profiler import ProfilerActivity, profile

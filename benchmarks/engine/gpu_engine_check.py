@@ -109,7 +109,7 @@ def _parity_row(folder: str, arch: str, prompts: list[list[int]], want: list[lis
     nxt = [o.token_ids[0] for o in llm.generate(forced, one)]
     target = [w[t] for w in want for t in range(n)]
     prefix = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), n) for x, y in zip(got, want)]
-    return dict(arch=arch, page_size=page_size, kv_dtype=llm.kv_dtype.value, tokens=n,
+    return dict(arch=arch, page_size=page_size, kv_dtype=llm.runner.kv_dtype.value, tokens=n,
                 exact_prefix_min=min(prefix),
                 free_agreement=sum(a == b for x, y in zip(got, want) for a, b in zip(x, y)) / (n * len(want)),
                 forced_agreement=sum(a == b for a, b in zip(nxt, target)) / len(target))
@@ -164,7 +164,7 @@ def throughput(args: argparse.Namespace, device: str, dtype: torch.dtype) -> dic
         if name == "shared_prefix_warm":  # put the shared prefix in the cache first
             llm.generate([shared + [7]], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
         _sync(device)
-        steps0 = llm.num_steps
+        steps0 = llm.core.num_steps
         t = time.perf_counter()
         reqs = llm.add_requests(prompts, params)
         t_first = None
@@ -177,7 +177,7 @@ def throughput(args: argparse.Namespace, device: str, dtype: torch.dtype) -> dic
         end = time.perf_counter()
         dt = end - t
         cached = sum(r.cached_tokens for r in reqs)
-        result[name] = dict(wall_s=round(dt, 3), steps=llm.num_steps - steps0,
+        result[name] = dict(wall_s=round(dt, 3), steps=llm.core.num_steps - steps0,
                             prefill_s=round(t_first - t, 3), decode_tok_s=round(B * (N - 1) / (end - t_first), 1),
                             output_tok_s=round(B * N / dt, 1), total_tok_s=round(B * (P + N) / dt, 1),
                             cached_prompt_tokens=cached, prompt_tokens=B * P)

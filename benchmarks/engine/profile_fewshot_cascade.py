@@ -52,12 +52,12 @@ def main() -> int:
         llm.generate(warm, SamplingParams(temperature=0.0, max_tokens=sz.new, ignore_eos=True))
         warm_shared_prefix(llm, cfg.vocab_size, torch.Generator().manual_seed(5))  # resets the prefix cache
         print(f"# cascade={cascade}: built and warmed in {time.perf_counter() - t0:.1f} s, "
-              f"{llm.graphs.num_graphs if llm.graphs is not None else 0} graphs", flush=True)
+              f"{llm.runner.graphs.num_graphs if llm.runner.graphs is not None else 0} graphs", flush=True)
         t = time.perf_counter()
         with profile(activities=acts) as prof:
             row = run_engine_workload(llm, "few-shot", f"cascade={cascade}", inp, sz)
         wall = time.perf_counter() - t
-        replays = llm.graphs.cascade_replays if llm.graphs is not None else 0
+        replays = llm.runner.graphs.cascade_replays if llm.runner.graphs is not None else 0
         print(f"== cascade={cascade}: {wall:.2f} s (profiled), {row['steps']} steps, cascade steps "
               f"{row['cascade_steps']}, cascade graph replays {replays}, graphs captured {row['graphs_captured']}, "
               f"{row['output_tokens_per_s']} tok/s")

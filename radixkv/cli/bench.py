@@ -31,7 +31,7 @@ def add_bench_parser(sub: Any) -> None:
 
 def _cmd_bench(a: argparse.Namespace) -> int:
     from radixkv.engine import bench
-    from radixkv.engine.llm import pick_device
+    from radixkv.engine.runner import pick_device
     from radixkv.engine.model_config import config_errors, error_detail
 
     check_output("--json", a.json)
@@ -53,7 +53,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
             raise CliError(f"out of memory for the default random model (--hidden {a.hidden}, --layers "
                            f"{a.layers}) and a KV pool of {pool_words(vars(a))}") from None
     try:
-        prompts = bench.few_shot_prompts(llm.spec.vocab_size, a.shots, a.prompts, a.max_tokens, a.gsm8k)
+        prompts = bench.few_shot_prompts(llm.runner.spec.vocab_size, a.shots, a.prompts, a.max_tokens, a.gsm8k)
     except UnicodeDecodeError as e:
         raise CliError(not_utf8("--gsm8k", a.gsm8k, e)) from None
     except OSError as e:  # missing, a folder where a file belongs
@@ -72,7 +72,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     except ValueError as e:  # a prompt the engine refuses
         raise CliError(one_line(e)) from None
     print(f"{len(prompts)} {a.shots}-shot prompts (2 templates, mean {sum(map(len, prompts)) / len(prompts):.0f} "
-          f"tokens), {a.max_tokens} new tokens each, page {a.page_size}, {llm.device}")
+          f"tokens), {a.max_tokens} new tokens each, page {a.page_size}, {llm.runner.device}")
     print(bench.format_table(rows))
     print("greedy tokens identical across modes: True")
     if a.json:

@@ -29,7 +29,7 @@ def add_generate_parser(sub: Any) -> None:
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
-    from radixkv.engine.sampling import SamplingParams
+    from radixkv.sampling_params import SamplingParams
 
     llm = build_engine(a.model, page_size=a.page_size, dtype=a.dtype, kv_dtype=a.kv_dtype, device=a.device)
     prompts: list = []

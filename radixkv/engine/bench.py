@@ -107,5 +107,5 @@ def format_table(rows: list[BenchRow]) -> str:
 
 
 def _sync(llm: LLM) -> None:
-    if llm.device.type == "cuda":
+    if llm.runner.device.type == "cuda":
         torch.cuda.synchronize()

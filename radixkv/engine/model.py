@@ -51,7 +51,7 @@ def rope_inv_freq(rope: RopeSpec, head_dim: int) -> torch.Tensor:
 
 class LayerOps(NamedTuple):
     """The elementwise steps of a layer: Triton kernels on the GPU, their PyTorch twins on the CPU
-    (radixkv.kernels.reference; the same semantics, transformers' numerics)."""
+    (radixkv.kernels.reference_layers; the same semantics, transformers' numerics)."""
 
     rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]  # (x, w, eps, residual=None, *, out=None)
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]  # [T, 2I] -> [T, I]
@@ -64,7 +64,7 @@ def layer_ops(fused: bool) -> LayerOps:
         from radixkv import kernels
 
         return LayerOps(kernels.rms_norm, kernels.silu_and_mul, kernels.apply_rope_)
-    from radixkv.kernels import reference
+    from radixkv.kernels import reference_layers as reference
 
     return LayerOps(reference.rms_norm_ref, reference.silu_and_mul_ref, reference.apply_rope_ref)
 

@@ -1,4 +1,4 @@
-"""SamplingParams (validated) and the batched sampler.
+"""The batched sampler (SamplingParams live in radixkv/sampling_params.py).
 
 temperature below GREEDY_BELOW is greedy (argmax). Otherwise logits are scaled by 1 / temperature,
 cut to the `top_k` largest, the smallest set whose probability reaches `top_p` and the tokens at
@@ -13,121 +13,13 @@ and recomputation included, and no per-row Python loop, generator or host sync i
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-GREEDY_BELOW = 1e-5  # vLLM's epsilon: smaller temperatures overflow logits / T, so they mean greedy
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to generate for one prompt.
-
-    temperature: 0 (or below GREEDY_BELOW) means greedy. top_p in (0, 1]; top_k None (or -1,
-    vLLM's spelling) keeps the whole vocabulary; min_p in [0, 1]. max_tokens: tokens to generate
-    at most. stop_token_ids: generation ends after any of them (the model's EOS is added unless
-    ignore_eos). seed: per-request RNG seed (None: drawn from the engine's seed).
-
-    vLLM's fields: n completions per prompt (RequestOutput.outputs; with a seed, completion j
-    draws with seed + j). stop: strings; generation ends once the detokenised output contains
-    one (cut before it, or kept with include_stop_str_in_output). min_tokens: EOS and
-    stop_token_ids are suppressed (and stop strings not looked for) until that many tokens are
-    generated. presence_penalty / frequency_penalty in [-2, 2] (on generated tokens) and
-    repetition_penalty > 0 (on prompt and generated tokens), as vLLM applies them, before
-    temperature. logprobs: k >= 0 returns, per generated token, the log-probabilities (of the
-    model's raw distribution) of the sampled token and the k most likely ones. skip_special_tokens:
-    how the text is decoded. cache_salt: the request's prefix-cache namespace: requests with
-    different salts never share KV pages, the same salt (or none) shares.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    min_p: float = 0.0
-    max_tokens: int = 16
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    seed: int | None = None
-    n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    stop: str | Sequence[str] | None = None
-    include_stop_str_in_output: bool = False
-    min_tokens: int = 0
-    logprobs: int | None = None
-    skip_special_tokens: bool = True
-    cache_salt: str | None = None
-
-    def __post_init__(self) -> None:
-        if not _is_int(self.n) or self.n < 1:
-            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
-        _check_finite("presence_penalty", self.presence_penalty, -2.0, 2.0)
-        _check_finite("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        _check_finite("repetition_penalty", self.repetition_penalty, 0.0, math.inf)
-        if not self.repetition_penalty > 0.0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
-        stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else self.stop
-        if isinstance(stop, (bytes, dict)) or not isinstance(stop, Sequence):
-            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
-        for x in stop:
-            if not isinstance(x, str) or not x:
-                raise ValueError(f"stop must hold non-empty strings, got {x!r}")
-        object.__setattr__(self, "stop", tuple(stop))
-        for name in ("include_stop_str_in_output", "skip_special_tokens", "ignore_eos"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
-        if _is_int(self.max_tokens) and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
-            raise ValueError(f"logprobs must be an int >= 0 or None, got {self.logprobs!r}")
-        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
-            raise ValueError(f"cache_salt must be a non-empty string or None, got {self.cache_salt!r}")
-        _check_finite("temperature", self.temperature, 0.0, math.inf)
-        _check_finite("top_p", self.top_p, 0.0, 1.0)
-        if not self.top_p > 0.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        _check_finite("min_p", self.min_p, 0.0, 1.0)
-        if self.top_k == -1:
-            object.__setattr__(self, "top_k", None)
-        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
-            raise ValueError(f"top_k must be an int >= 1, -1 or None, got {self.top_k!r}")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        for t in self.stop_token_ids:
-            if not _is_int(t) or t < 0:
-                raise ValueError(f"stop_token_ids must be non-negative ints, got {t!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < GREEDY_BELOW
-
-    @property
-    def penalized(self) -> bool:
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _check_finite(name: str, x: object, lo: float, hi: float) -> None:
-    try:
-        v = float(x)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{name} must be a finite number, got {x!r}") from None
-    if isinstance(x, bool) or not math.isfinite(v) or not lo <= v <= hi:
-        raise ValueError(f"{name} must be a finite number in [{lo}, {hi}], got {x!r}")
+from radixkv.sampling_params import GREEDY_BELOW, SamplingParams
 
 
 class SamplingRows(NamedTuple):
@@ -182,13 +74,13 @@ def sample(logits: Tensor, rows: SamplingRows) -> Tensor:
         if cuda:
             from radixkv.kernels import gumbel_argmax as draw
         else:
-            from radixkv.kernels.reference import gumbel_argmax_ref as draw
+            from radixkv.kernels.reference_sampling import gumbel_argmax_ref as draw
         return torch.where(is_greedy, greedy, draw(logits, inv_temperature, rows.seed, rows.counter))
     x = _top_k(logits, rows.top_k, rows.max_top_k)  # [S, V]
     if cuda:
         from radixkv.kernels import nucleus_draw as nucleus
     else:
-        from radixkv.kernels.reference import nucleus_draw_ref as nucleus
+        from radixkv.kernels.reference_sampling import nucleus_draw_ref as nucleus
     return torch.where(is_greedy, greedy, nucleus(x, inv_temperature, rows.top_p, rows.min_p, rows.seed, rows.counter))
 
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol, Sequence
 
 from radixkv.request import RequestOutput
 
-from .sampling import SamplingParams
+from radixkv.sampling_params import SamplingParams
 
 
 class ChatEngine(Protocol):

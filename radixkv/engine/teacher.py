@@ -1,7 +1,7 @@
 """Teacher-forced scoring through an LLM's own paged KV: per-position next-token figures.
 
-`teacher_forced(llm, rows)` runs whole token sequences through `llm.model` and `llm.attention`
-over pages taken from `llm.pool`, and returns, for every position t of every row, the argmax
+`teacher_forced(llm, rows)` runs whole token sequences through `llm.runner.model` and `llm.runner.attention`
+over pages taken from `llm.core.pool`, and returns, for every position t of every row, the argmax
 of the logits there and the log-probability of the row's actual token t + 1. Nothing is
 sampled, nothing enters the prefix cache; the pages go back to the pool afterwards.
 
@@ -13,7 +13,7 @@ dtype, its own K/V included. The two regimes differ only in which kernel reads t
   most `max_step_tokens`, as chunked prefill does): `paged_prefill`.
 - decode (`decode_from=P`): positions 0..P-1 as above, then positions P.. one token per step,
   every row a decode row: `paged_decode` (split-KV on the GPU), as generation reads its KV.
-On the CPU both are radixkv.kernels.reference's twins. CUDA graphs are not used (eager steps).
+On the CPU both are the twins in radixkv.kernels.reference_*. CUDA graphs are not used (eager steps).
 """
 from __future__ import annotations
 
@@ -55,15 +55,15 @@ def teacher_forced(llm: LLM, rows: Sequence[Sequence[int]], decode_from: int | N
         raise ValueError(f"decode_from {decode_from} must be in [1, {min(map(len, rows))})")
     if max(map(len, rows)) > llm.max_model_len:
         raise ValueError(f"a row of {max(map(len, rows))} tokens exceeds the context of {llm.max_model_len}")
-    V = llm.vocab_size
+    V = llm.runner.vocab_size
     if any(not 0 <= t < V for r in rows for t in r):
         raise ValueError(f"a token id is outside the vocabulary [0, {V})")
     ps = llm.config.page_size
     need = [-(-len(r) // ps) for r in rows]
-    short = sum(need) - llm.pool.num_free
+    short = sum(need) - llm.core.pool.num_free
     if short > 0:
-        llm.cache.evict(short)
-    pages = llm.pool.alloc(sum(need))  # OutOfPages when the pool is too small
+        llm.core.cache.evict(short)
+    pages = llm.core.pool.alloc(sum(need))  # OutOfPages when the pool is too small
     reqs, at = [], 0
     for i, (r, n) in enumerate(zip(rows, need)):
         req = Request(rid=i, prompt=r, max_tokens=1)
@@ -88,7 +88,7 @@ def teacher_forced(llm: LLM, rows: Sequence[Sequence[int]], decode_from: int | N
                         b.add(reqs[i], t, 1)
                     _score(llm, b.build(), [(i, t) for i in live], rows, argmax, logprob)
     finally:
-        llm.pool.decref(pages)
+        llm.core.pool.decref(pages)
     return [Forced(a, lp, decode_from) for a, lp in zip(argmax, logprob)]
 
 
@@ -116,13 +116,13 @@ def _prefill_chunks(ends: list[int], cap: int) -> list[list[tuple[int, int, int]
 def _score(llm: LLM, batch: Batch, where: list[tuple[int, int]], rows: list[list[int]],
            argmax: list[torch.Tensor], logprob: list[torch.Tensor]) -> None:
     """Run one step with logits at every new token; write row i's figures from position start on."""
-    dev = llm.device
-    llm.attention.plan(batch)
+    dev = llm.runner.device
+    llm.runner.attention.plan(batch)
     T = batch.num_tokens
-    logits = llm.model.forward(torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
+    logits = llm.runner.model.forward(torch.tensor(batch.input_ids, dtype=torch.int64, device=dev),
                                torch.tensor(batch.positions, dtype=torch.int64, device=dev),
-                               llm.attention, torch.arange(T, dtype=torch.int64, device=dev))  # [T, V] fp32
-    logits = logits[:, :llm.vocab_size]
+                               llm.runner.attention, torch.arange(T, dtype=torch.int64, device=dev))  # [T, V] fp32
+    logits = logits[:, :llm.runner.vocab_size]
     top = logits.argmax(dim=-1).cpu()  # [T]
     # targets: the token after each position (0 at a row's final position, whose figure is dropped)
     targets = []

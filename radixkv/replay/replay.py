@@ -341,14 +341,14 @@ def replay_real(requests: Sequence[TraceRequest], cfg: ReplayConfig, engine: LLM
     (`rejected`) are skipped. Hit tokens, waits, peak pages and the timeline come from the
     engine's scheduler metrics (wall seconds).
     """
-    from radixkv.engine.sampling import SamplingParams
+    from radixkv.sampling_params import SamplingParams
 
     if engine.config.page_size != cfg.page_size:
         raise ValueError(f"engine page_size {engine.config.page_size} != replay page_size {cfg.page_size}")
     t0 = time.perf_counter()
     llm = engine
-    vocab = llm.spec.vocab_size
-    window = llm.spec.sliding_window  # windowed attention is not implemented: sequences stay within it
+    vocab = llm.runner.spec.vocab_size
+    window = llm.runner.spec.sliding_window  # windowed attention is not implemented: sequences stay within it
     context = llm.max_model_len if window is None else min(llm.max_model_len, window)
     ok, rejected, too_long = admit(requests, cfg.page_size, llm.num_pages, context)
     if progress is not None and rejected + too_long:
@@ -371,13 +371,13 @@ def replay_real(requests: Sequence[TraceRequest], cfg: ReplayConfig, engine: LLM
                              [SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in due])
         if llm.has_work():
             finished = llm.step()
-            frag.observe(llm.scheduler, finished)
+            frag.observe(llm.core.scheduler, finished)
             if progress is not None and finished:
                 progress(len(finished))
         elif i < len(order):
             time.sleep(min(max(order[i].arrival_s - now, 0.0), 0.05))
-    llm.cache.evict(llm.pool.num_pages)
-    return ReplayResult.build(ReplayMode.REAL, cfg, requests=len(requests), metrics=llm.scheduler.metrics,
-                              pool=llm.pool, started=t0, clock_s=time.monotonic() - start,
+    llm.core.cache.evict(llm.core.pool.num_pages)
+    return ReplayResult.build(ReplayMode.REAL, cfg, requests=len(requests), metrics=llm.core.scheduler.metrics,
+                              pool=llm.core.pool, started=t0, clock_s=time.monotonic() - start,
                               output_tokens=sum(r.max_tokens for r in ok), rejected=rejected,
                               too_long=too_long, model_context=context, fragmentation=frag)

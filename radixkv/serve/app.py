@@ -30,6 +30,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from radixkv.engine.llm import LLM
+
 from .async_engine import AsyncLLM, EngineDeadError, EngineStepError, RequestStream, StreamOutput
 from .metrics import ServeMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, UnsupportedField, error_body
@@ -47,15 +49,20 @@ class APIError(Exception):
                             status_code=self.status)
 
 
-def create_app(llm: Any, *, served_model_name: str | list[str] | None = None, api_key: str | None = None,
-               log_interval_s: float | None = 10.0, engine: AsyncLLM | None = None) -> FastAPI:
-    """The app serving `llm` (a radixkv.LLM). It starts an AsyncLLM (unless `engine` is given)
-    and shuts it down when the app's lifespan ends. app.state: engine, metrics, model_names."""
+def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = None, api_key: str | None = None,
+               log_interval_s: float | None = 10.0, engine: AsyncLLM | None = None,
+               metrics: ServeMetrics | None = None) -> FastAPI:
+    """The app serving `engine` (an AsyncLLM, whose core may run in another process: `radixkv serve`),
+    or `llm` through an in-process AsyncLLM it starts. An engine it started, or one given with its
+    `metrics`, is shut down when the app's lifespan ends. app.state: engine, metrics, model_names."""
     names = ([served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])) \
         or ["radixkv"]
-    metrics = ServeMetrics(names[0])
-    own = engine is None
-    engine = engine if engine is not None else AsyncLLM(llm, stats=metrics, log_interval_s=log_interval_s)
+    own = engine is None or metrics is not None
+    metrics = metrics if metrics is not None else ServeMetrics(names[0])
+    if engine is None:
+        if llm is None:
+            raise ValueError("create_app needs an LLM or an AsyncLLM (engine=...)")
+        engine = AsyncLLM(llm, stats=metrics, log_interval_s=log_interval_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -92,8 +99,6 @@ def create_app(llm: Any, *, served_model_name: str | list[str] | None = None, ap
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        if engine.is_running:
-            await engine.run(metrics.update_gauges)
         return Response(metrics.render(), media_type=metrics.content_type)
 
     @app.get("/v1/models")
@@ -101,7 +106,7 @@ def create_app(llm: Any, *, served_model_name: str | list[str] | None = None, ap
         created = int(time.time())
         return {"object": "list", "data": [
             {"id": n, "object": "model", "created": created, "owned_by": "radixkv", "root": n,
-             "max_model_len": engine.llm.max_model_len} for n in names]}
+             "max_model_len": engine.inputs.limits.max_model_len} for n in names]}
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> dict[str, Any]:
@@ -177,7 +182,7 @@ class _Handlers:
 
     def __init__(self, engine: AsyncLLM, names: list[str], metrics: ServeMetrics) -> None:
         self.engine, self.names, self.metrics = engine, names, metrics
-        self.llm = engine.llm
+        self.inputs = engine.inputs
 
     # ---- request building --------------------------------------------------------------------
     def _check_model(self, model: str | None) -> str:
@@ -187,18 +192,18 @@ class _Handlers:
 
     def _encode(self, prompt: Any, param: str) -> list[int]:
         try:
-            return self.llm.encode(prompt)
+            return self.inputs.encode(prompt)
         except (TypeError, ValueError) as err:
             raise APIError(400, str(err), param=param) from None
 
     def _params(self, body: Any, prompt_len: int, max_tokens: int | None, index: int) -> Any:
-        from radixkv.engine.sampling import SamplingParams
+        from radixkv.sampling_params import SamplingParams
 
         if max_tokens is None:  # the rest of the context
-            max_tokens = min(self.llm.max_model_len, self.llm.num_pages * self.llm.config.page_size) - prompt_len
+            max_tokens = self.inputs.limits.max_tokens_room - prompt_len
             if max_tokens < 1:
                 raise APIError(400, f"the prompt's {prompt_len} tokens leave no room to generate in the "
-                                    f"context of {self.llm.max_model_len} tokens", param="max_tokens")
+                                    f"context of {self.inputs.limits.max_model_len} tokens", param="max_tokens")
         seed = None if body.seed is None else body.seed + index
         try:
             return SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
@@ -224,7 +229,9 @@ class _Handlers:
             for i, ids in enumerate(prompts):
                 for j in range(body.n):
                     params = self._params(body, len(ids), max_tokens, j)
-                    streams.append(await self.engine.add_request(ids, params, f"{base_id}-{i * body.n + j}"))
+                    self.inputs.check_fits(ids, params)
+                    req = self.inputs.request(ids, params, self.engine.now())
+                    streams.append(self.engine.add(req, f"{base_id}-{i * body.n + j}"))
         except BaseException as err:
             for s in streams:
                 self.engine.abort(s.request_id)
@@ -272,7 +279,7 @@ class _Handlers:
         return JSONResponse(out)
 
     def _render(self, body: ChatCompletionRequest) -> list[int]:
-        tok = self.llm.tokenizer
+        tok = self.engine.tokenizer
         if tok is None:
             raise APIError(400, "this model has no tokenizer, so it cannot chat; use /v1/completions with "
                                 "token ids", param="messages")
@@ -297,7 +304,7 @@ class _Handlers:
         if body.sampling_logprobs is None:
             return None
         chat = isinstance(body, ChatCompletionRequest)
-        return LogprobsFormat(self.llm.tokenizer, chat, body.sampling_logprobs, offset)
+        return LogprobsFormat(self.engine.tokenizer, chat, body.sampling_logprobs, offset)
 
     def _logprobs(self, body: Any, final: StreamOutput, offset: int = 0) -> dict[str, Any] | None:
         """A finished choice's logprobs in OpenAI's shape (None unless asked)."""
@@ -308,7 +315,7 @@ class _Handlers:
         return fmt.take()
 
     def _echo_text(self, ids: list[int]) -> str:
-        tok = self.llm.tokenizer
+        tok = self.engine.tokenizer
         return "" if tok is None else tok.decode(ids, skip_special_tokens=False)
 
     async def _stream(self, body: Any, streams: list[RequestStream], shape: "_Shape",

@@ -125,15 +125,16 @@ def llm_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_app(opts: dict[str, Any]) -> Any:
-    """The FastAPI app for resolved options (loads the model)."""
-    from radixkv.engine.llm import LLM
-
+    """The FastAPI app for resolved options: starts the engine-core process (loads the model there)."""
     from .app import create_app
+    from .async_engine import AsyncLLM
+    from .metrics import ServeMetrics
 
-    llm = LLM(opts["model"], **llm_kwargs(opts))
     names = opts["served_model_name"] or [str(opts["model"])]
-    return create_app(llm, served_model_name=names, api_key=opts["api_key"],
-                      log_interval_s=None if opts["disable_log_stats"] else 10.0)
+    metrics = ServeMetrics(names[0])
+    engine = AsyncLLM.start(opts["model"], stats=metrics, log_interval_s=None if opts["disable_log_stats"] else 10.0,
+                            log_level=str(opts["log_level"]), **llm_kwargs(opts))
+    return create_app(None, served_model_name=names, api_key=opts["api_key"], engine=engine, metrics=metrics)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -152,7 +153,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         app = build_app(opts)
-    except (OSError, ValueError, TypeError) as err:
+    except (OSError, ValueError, TypeError, RuntimeError) as err:
         print(f"radixkv: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     logging.getLogger("radixkv.serve").info("serving %s on http://%s:%s", opts["model"], opts["host"], opts["port"])

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from radixkv.engine.core import EngineStats
 
 
 @dataclass
@@ -18,21 +19,18 @@ class LogWindow:
         self.prompt_tokens += prompt_tokens
         self.generation_tokens += generation_tokens
 
-    def roll(self, now: float, interval: float, llm: Any) -> str | None:
-        """The log line when `interval` has passed (None when idle twice in a row)."""
+    def roll(self, now: float, interval: float, s: EngineStats) -> str | None:
+        """The log line when `interval` has passed (None when idle twice in a row). s: the core's latest stats."""
         if now - self.start < interval:
             return None
         dt = now - self.start
-        s = llm.scheduler
-        idle = not (self.prompt_tokens or self.generation_tokens or s.has_work())
+        idle = not (self.prompt_tokens or self.generation_tokens or s.num_running or s.num_waiting)
         line = None
         if not (idle and self.quiet):
-            pool, cache = llm.pool, llm.cache
-            usage = (pool.num_pages - pool.num_free - cache.num_evictable_pages) / pool.num_pages
             line = (f"Avg prompt throughput: {self.prompt_tokens / dt:.1f} tokens/s, "
                     f"Avg generation throughput: {self.generation_tokens / dt:.1f} tokens/s, "
                     f"Running: {s.num_running} reqs, Waiting: {s.num_waiting} reqs, "
-                    f"KV cache usage: {100 * usage:.1f}%, Prefix cache hit rate: {100 * s.metrics.hit_rate:.1f}%")
+                    f"KV cache usage: {100 * s.kv_usage:.1f}%, Prefix cache hit rate: {100 * s.hit_rate:.1f}%")
         self.quiet = idle
         self.start, self.prompt_tokens, self.generation_tokens = now, 0, 0
         return line

@@ -19,6 +19,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from radixkv.engine.core import EngineStats
+
 PREFIX = "radixkv:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -36,6 +38,7 @@ class ServeMetrics:
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = reg = registry if registry is not None else CollectorRegistry()
         self.model_name = model_name
+        self._last = EngineStats(0, 0, 1, 0, 0, 0, 0, 0)  # the core's counters at the last step
         lab = ["model_name"]
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
@@ -72,26 +75,22 @@ class ServeMetrics:
         self.e2e_request_latency = histogram("e2e_request_latency_seconds", "End-to-end request latency.",
                                              E2E_BUCKETS)
 
-    # ---- called by AsyncLLM on its loop thread ----------------------------------------------
-    def on_step(self, llm: Any, *, prompt_tokens: int, hit_tokens: int, generation_tokens: int,
-                preemptions: int) -> None:
-        if prompt_tokens:
-            self.prompt_tokens.inc(prompt_tokens)
-            self.prefix_cache_queries.inc(prompt_tokens)
-        if hit_tokens:
-            self.prefix_cache_hits.inc(hit_tokens)
+    # ---- called by AsyncLLM after each engine step ---------------------------------------------
+    def on_step(self, stats: EngineStats, generation_tokens: int) -> None:
+        """stats: the core's snapshot after the step (counters are totals: the increase is counted)."""
+        last = self._last
+        for counter, now, before in ((self.prompt_tokens, stats.prompt_tokens, last.prompt_tokens),
+                                     (self.prefix_cache_queries, stats.prompt_tokens, last.prompt_tokens),
+                                     (self.prefix_cache_hits, stats.hit_tokens, last.hit_tokens),
+                                     (self.num_preemptions, stats.preemptions, last.preemptions)):
+            if now > before:
+                counter.inc(now - before)
         if generation_tokens:
             self.generation_tokens.inc(generation_tokens)
-        if preemptions:
-            self.num_preemptions.inc(preemptions)
-        self.update_gauges(llm)
-
-    def update_gauges(self, llm: Any) -> None:
-        s, pool = llm.scheduler, llm.pool
-        self.num_requests_running.set(s.num_running)
-        self.num_requests_waiting.set(s.num_waiting)
-        used = pool.num_pages - pool.num_free - llm.cache.num_evictable_pages
-        self.kv_cache_usage_perc.set(used / pool.num_pages)
+        self._last = stats
+        self.num_requests_running.set(stats.num_running)
+        self.num_requests_waiting.set(stats.num_waiting)
+        self.kv_cache_usage_perc.set(stats.kv_usage)
 
     def on_finish(self, stats: Any, reason: str, num_generated: int) -> None:
         """stats: the request's StreamStats (arrival, first_token, finished: monotonic seconds)."""

@@ -1,9 +1,14 @@
 """What an AsyncLLM caller holds: a request's stream of StreamOutputs, and the engine's errors."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from radixkv.engine.core import EngineStats
+from radixkv.engine.outputs import RequestState
+
+from . import wire
 
 
 class EngineStepError(RuntimeError):
@@ -12,6 +17,21 @@ class EngineStepError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop is not running (shut down, or stopped by an unrecoverable error)."""
+
+
+class CoreEvents(Protocol):
+    """What a core client (inproc.InprocCore, core_proc.ProcessCore) tells its AsyncLLM, from its thread."""
+
+    def on_step(self, states: Sequence[RequestState] | None, failed: Sequence[wire.Failed],
+                stats: EngineStats) -> None:
+        """A step's updated requests (None: any live request may have changed) and the ones it failed."""
+
+    def on_result(self, result: wire.Result) -> None: ...
+
+    def on_idle(self, stats: EngineStats) -> None: ...
+
+    def on_dead(self, reason: str) -> None:
+        """The core stopped for good: every open stream ends with EngineDeadError naming `reason`."""
 
 
 @dataclass(frozen=True)

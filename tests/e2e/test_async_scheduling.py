@@ -23,9 +23,9 @@ def _llm(overlap: bool, **more) -> LLM:
 
 
 def _whole(llm: LLM) -> None:
-    llm.cache.check_invariants()
+    llm.core.cache.check_invariants()
     llm.reset_prefix_cache()
-    assert llm.pool.num_free == llm.pool.num_pages
+    assert llm.core.pool.num_free == llm.core.pool.num_pages
 
 
 def _outputs(outs):
@@ -46,7 +46,7 @@ def test_async_equals_sync_for_every_kind_of_request() -> None:
     want = _outputs(_llm(False).generate(prompts, params))
     llm = _llm(True)
     assert _outputs(llm.generate(prompts, params)) == want
-    assert want[1][0][1] == "stop" and llm.steps_ahead > 5
+    assert want[1][0][1] == "stop" and llm.core.steps_ahead > 5
     _whole(llm)
 
 
@@ -59,7 +59,7 @@ def test_stop_strings_end_rows_of_the_step_ahead_without_harm() -> None:
     outs = {}
     for overlap in (False, True):
         llm = _llm(overlap)
-        llm.tokenizer = Tok()
+        llm.tokenizer = llm.inputs.tokenizer = llm.outputs.tokenizer = Tok()
         first = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
         params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, stop=[f"<{first[0].token_ids[2]}>"])
         outs[overlap] = [(o.token_ids, o.outputs[0].finish_reason, o.outputs[0].stop_reason)
@@ -77,8 +77,8 @@ def test_rows_finishing_every_step_keep_the_overlap() -> None:
     llm = _llm(True)
     outs = [o.token_ids for o in llm.generate(prompts, params)]
     assert outs == [t[: t.index(t[2 + i]) + 1] for i, t in enumerate(full)]
-    decode_steps = llm.num_steps - 1  # the first step prefills every prompt
-    assert llm.steps_ahead >= decode_steps - 2, (llm.steps_ahead, llm.num_steps)
+    decode_steps = llm.core.num_steps - 1  # the first step prefills every prompt
+    assert llm.core.steps_ahead >= decode_steps - 2, (llm.core.steps_ahead, llm.core.num_steps)
 
 
 def test_abort_between_steps_drops_the_row_of_the_step_ahead() -> None:
@@ -89,8 +89,8 @@ def test_abort_between_steps_drops_the_row_of_the_step_ahead() -> None:
     reqs = llm.add_requests(prompts, params)
     for _ in range(3):
         llm.step()
-    assert llm.scheduler.in_flight is not None and llm.scheduler.in_flight.follows is not None
-    assert llm.scheduler.abort(reqs[1].rid) is reqs[1]
+    assert llm.core.scheduler.in_flight is not None and llm.core.scheduler.in_flight.follows is not None
+    assert llm.core.scheduler.abort(reqs[1].rid) is reqs[1]
     while llm.has_work():
         llm.step()
     assert reqs[1].output == want[1][: len(reqs[1].output)] and len(reqs[1].output) < 10
@@ -122,7 +122,7 @@ def test_a_failing_event_publisher_loses_its_event_not_the_step(overlap) -> None
     sink.armed = True  # a's last token: its blocks go into the tree, whose event raises
     while llm.has_work():
         llm.step()
-    assert [a.output, b.output] == want and llm.cache._chains.dropped == 1
+    assert [a.output, b.output] == want and llm.core.cache._chains.dropped == 1
     _whole(llm)
 
 
@@ -136,18 +136,18 @@ def test_a_step_failing_midway_leaves_the_engine_able_to_go_on(monkeypatch, stag
     reqs = llm.add_requests(_prompts(3, seed=7), params)
     for _ in range(3):
         llm.step()
-    real = getattr(llm.scheduler, stage)
+    real = getattr(llm.core.scheduler, stage)
 
     def fails(*args, **kwargs):
         if stage == "update":
             real(*args, **kwargs)  # applied, then the caller is interrupted
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(llm.scheduler, stage, fails)
+    monkeypatch.setattr(llm.core.scheduler, stage, fails)
     with pytest.raises(KeyboardInterrupt):
         llm.step()
     monkeypatch.undo()
-    assert llm.scheduler.in_flight is None and llm._ahead is None
+    assert llm.core.scheduler.in_flight is None and llm.core._ahead is None
     while llm.has_work():
         llm.step()
     assert [r.output for r in reqs] == want

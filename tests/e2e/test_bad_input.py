@@ -29,7 +29,7 @@ def test_bad_prompt_raises_and_in_flight_request_finishes(llm: LLM, prompt, exc,
     alone = llm.generate([good], GREEDY)[0].token_ids
     (inflight,) = llm.add_requests([good], GREEDY)
     llm.step()  # the good request is now running, its prefill done
-    queued = llm.scheduler.has_work()
+    queued = llm.core.scheduler.has_work()
     with pytest.raises(exc, match=words):
         llm.add_requests([[3, 4, 5], prompt], GREEDY)  # all or nothing: [3, 4, 5] is not queued either
     assert queued and llm.has_work()
@@ -75,7 +75,7 @@ def test_kv_dtype_spellings_from_vllm_and_torch() -> None:
 
     cfg = tiny_config("llama")
     for given, kind in (("fp8", "fp8_e4m3"), ("bfloat16", "bf16"), (torch.float16, "fp16"), ("float32", "fp32")):
-        assert LLM(cfg, kv_dtype=given, num_pages=4).kv_dtype.value == kind
+        assert LLM(cfg, kv_dtype=given, num_pages=4).runner.kv_dtype.value == kind
 
 
 def test_bare_prompt_of_numpy_ints_is_one_prompt(llm: LLM) -> None:
@@ -96,4 +96,4 @@ def test_bad_generate_leaks_nothing(llm: LLM) -> None:
         assert not llm.has_work()
     assert [o.token_ids for o in llm.generate(good, GREEDY)] == want
     assert llm.reset_prefix_cache()
-    assert llm.pool.num_free == llm.num_pages
+    assert llm.core.pool.num_free == llm.num_pages

@@ -42,9 +42,9 @@ def _run(kv_dtype: str, cascade: bool, outer_rule: CascadeRule | None = None) ->
     llm = LLM(tiny_config("llama"), dtype="float32", kv_dtype=kv_dtype, page_size=4, num_pages=512,
               cascade=cascade)
     if cascade:
-        llm.scheduler.cascade_rule = RULE_ALWAYS  # any shared page of any 2 rows: the tiny batch groups
+        llm.core.scheduler.cascade_rule = RULE_ALWAYS  # any shared page of any 2 rows: the tiny batch groups
     if outer_rule is not None:
-        llm.attention.cascade_outer_rule = outer_rule
+        llm.runner.attention.cascade_outer_rule = outer_rule
     blocks, questions = _few_shot()
     llm.generate(blocks, SamplingParams(temperature=0.0, max_tokens=1))  # the blocks enter the radix tree
     return llm, [o.token_ids for o in llm.generate(questions, GREEDY)]
@@ -60,9 +60,9 @@ def test_cascade_greedy_equals_plain_decode(kv_dtype: str) -> None:
     plain, want = _plain(kv_dtype)
     llm, got = _run(kv_dtype, cascade=True)
     assert got == want
-    assert plain.attention.cascade_steps == 0
-    assert llm.attention.cascade_steps >= GREEDY.max_tokens - 1  # every decode step of the batch grouped
-    assert llm.attention.two_level_steps == 0  # two units over a 24-token system prompt: OUTER_RULE says no
+    assert plain.runner.attention.cascade_steps == 0
+    assert llm.runner.attention.cascade_steps >= GREEDY.max_tokens - 1  # every decode step of the batch grouped
+    assert llm.runner.attention.two_level_steps == 0  # two units over a 24-token system prompt: OUTER_RULE says no
 
 
 def test_two_level_cascade_greedy_equals_plain_decode() -> None:
@@ -71,13 +71,13 @@ def test_two_level_cascade_greedy_equals_plain_decode() -> None:
     _, want = _plain("fp32")
     llm, got = _run("fp32", cascade=True, outer_rule=RULE_ALWAYS)
     assert got == want
-    assert llm.attention.two_level_steps >= GREEDY.max_tokens - 1
+    assert llm.runner.attention.two_level_steps >= GREEDY.max_tokens - 1
 
 
 def test_cascade_rule_follows_the_kv_dtype() -> None:
     cfg = tiny_config("llama")
     for kv_dtype, rule in (("fp32", RULE_16BIT), ("fp8_e4m3", RULE_FP8), ("int4", RULE_NEVER)):
-        assert LLM(cfg, dtype="float32", kv_dtype=kv_dtype, num_pages=16, cascade=True).scheduler.cascade_rule == rule
+        assert LLM(cfg, dtype="float32", kv_dtype=kv_dtype, num_pages=16, cascade=True).core.scheduler.cascade_rule == rule
 
 
 def test_cascade_steps_fit_cuda_graphs_only_with_cascade_buffers_and_few_groups() -> None:

@@ -26,7 +26,7 @@ def test_padding_rows_and_columns_point_at_the_scratch_page() -> None:
 
 
 def test_cpu_and_enforce_eager_build_no_graphs() -> None:
-    assert LLM(tiny_config("llama"), dtype="float32").graphs is None
+    assert LLM(tiny_config("llama"), dtype="float32").runner.graphs is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (checked on the H200)")
@@ -40,5 +40,5 @@ def test_graph_replay_gives_the_eager_tokens(kv_dtype: str) -> None:
         llm = LLM(tiny_config("llama"), dtype="bfloat16", kv_dtype=kv_dtype, device="cuda", num_pages=128,
                   enforce_eager=eager)
         outs.append([o.token_ids for o in llm.generate(prompts, params)])
-        assert (llm.graphs is None) == eager and (eager or llm.graphs.replays > 0)
+        assert (llm.runner.graphs is None) == eager and (eager or llm.runner.graphs.replays > 0)
     assert outs[0] == outs[1]

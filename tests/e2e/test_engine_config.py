@@ -39,8 +39,8 @@ def test_prefix_caching_off_computes_everything_with_the_same_output() -> None:
     again = [llm.generate([prompt, prompt], GREEDY) for llm in (on, off)]
     assert first[0].token_ids == first[1].token_ids == again[1][0].token_ids == again[1][1].token_ids
     assert [o.cached_tokens for o in again[0]] == [36, 36]  # the last prompt token is always computed
-    assert [o.cached_tokens for o in again[1]] == [0, 0] and off.cache.num_cached_pages == 0
-    assert off.pool.num_free == off.pool.num_pages  # nothing kept, nothing leaked
+    assert [o.cached_tokens for o in again[1]] == [0, 0] and off.core.cache.num_cached_pages == 0
+    assert off.core.pool.num_free == off.core.pool.num_pages  # nothing kept, nothing leaked
 
 
 def test_max_model_len_caps_the_context() -> None:
@@ -54,8 +54,8 @@ def test_max_model_len_caps_the_context() -> None:
 def test_kv_sink_defaults_and_bad_values() -> None:
     """INT pages take a window of 16 and a sink of 16 by default; a sink must be whole pages and needs a window."""
     llm = LLM(tiny_config("llama"), dtype="float32", kv_dtype="int4", page_size=8, num_pages=16)
-    assert (llm.kv_window, llm.kv_sink, llm.attention.window.sink) == (16, 16, 16)
-    assert LLM(tiny_config("llama"), dtype="float32", kv_dtype="int4", num_pages=16, kv_sink=0).kv_sink == 0
+    assert (llm.runner.kv_window, llm.runner.kv_sink, llm.runner.attention.window.sink) == (16, 16, 16)
+    assert LLM(tiny_config("llama"), dtype="float32", kv_dtype="int4", num_pages=16, kv_sink=0).runner.kv_sink == 0
     from radixkv.config import EngineConfig
 
     for kwargs, word in ((dict(kv_sink=12), "multiple of page_size 16"), (dict(kv_sink=-16), "kv_sink"),

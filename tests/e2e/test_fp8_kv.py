@@ -38,7 +38,7 @@ def forced():
 def test_low_precision_kv_agrees_with_fp32(forced, kv_dtype: str, torch_dtype, min_agree: float) -> None:
     cfg, prompts, want = forced
     llm = LLM(cfg, kv_dtype=kv_dtype, page_size=16, num_pages=256)
-    assert llm.kv.k_cache[0].dtype == torch_dtype and llm.dtype == torch.float32
+    assert llm.runner.kv.k_cache[0].dtype == torch_dtype and llm.runner.dtype == torch.float32
     got = [o.token_ids[0] for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1,
                                                                         ignore_eos=True))]
     agree = sum(a == b for a, b in zip(got, want)) / len(want)

@@ -37,10 +37,10 @@ def test_chunked_prefill_mixed_batches_and_preemption_keep_greedy_output() -> No
     llm = LLM(cfg, page_size=4, num_pages=14, scheduler=sched)
     outs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == want
-    assert llm.scheduler.metrics.preemptions > 0
-    assert llm.num_steps > 12
-    llm.cache.evict(llm.num_pages)
-    assert llm.pool.num_free == llm.num_pages
+    assert llm.core.scheduler.metrics.preemptions > 0
+    assert llm.core.num_steps > 12
+    llm.core.cache.evict(llm.num_pages)
+    assert llm.core.pool.num_free == llm.num_pages
 
 
 def test_stop_tokens_and_eos() -> None:

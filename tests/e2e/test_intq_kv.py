@@ -44,8 +44,8 @@ def test_int_kv_agrees_with_fp32(forced, kv_dtype: str, min_agree: float) -> Non
     cfg, prompts, conts = forced
     llm = LLM(cfg, kv_dtype=kv_dtype, page_size=16, num_pages=16)
     bits = 4 if kv_dtype == "int4" else 2
-    assert llm.kv_dtype.value == kv_dtype and llm.kv.k_cache[0].dtype == torch.uint8 and llm.kv_window == 16
-    assert llm.kv.k_cache[0].shape[-1] == 16 * bits // 8 and llm.kv.k_scale[0].shape[-2:] == (1, 2)
+    assert llm.runner.kv_dtype.value == kv_dtype and llm.runner.kv.k_cache[0].dtype == torch.uint8 and llm.runner.kv_window == 16
+    assert llm.runner.kv.k_cache[0].shape[-1] == 16 * bits // 8 and llm.runner.kv.k_scale[0].shape[-2:] == (1, 2)
     windowed = _agreement(cfg, prompts, conts, kv_dtype=kv_dtype)
     plain = _agreement(cfg, prompts, conts, kv_dtype=kv_dtype, kv_window=0)
     print(f"{kv_dtype}: teacher-forced greedy agreement with fp32 KV {windowed:.3f} (window 16), {plain:.3f} "
@@ -64,12 +64,12 @@ def test_int_kv_greedy_generation_runs_and_hits_the_cache(forced, kv_dtype: str,
     for window in (0, None):
         llm = LLM(cfg, kv_cache_dtype=kv_dtype, block_size=page_size, num_pages=512, kv_window=window)
         first = llm.generate(prompts, params)
-        fills = llm.attention.window.fills if window is None else 0
+        fills = llm.runner.attention.window.fills if window is None else 0
         again = llm.generate(prompts, params)
         assert all(len(o.token_ids) == 8 for o in first + again)
         if window == 0:
-            assert llm.attention.window is None
+            assert llm.runner.attention.window is None
             assert [o.token_ids for o in again] == [o.token_ids for o in first]
         else:
-            assert llm.attention.window.fills > fills
+            assert llm.runner.attention.window.fills > fills
         assert [o.cached_tokens for o in again] == [(len(p) - 1) // page_size * page_size for p in prompts]

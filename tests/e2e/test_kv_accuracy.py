@@ -149,7 +149,7 @@ def test_teacher_forced_regimes_agree_with_each_other_and_with_greedy_generate()
         torch.testing.assert_close(p.next_logprob, d.next_logprob, atol=1e-4, rtol=0)
         torch.testing.assert_close(p.next_logprob, c.next_logprob, atol=1e-4, rtol=0)
         assert bool((p.next_logprob <= 0).all())
-    assert llm.pool.num_free == llm.num_pages  # every page given back
+    assert llm.core.pool.num_free == llm.num_pages  # every page given back
     greedy = llm.generate(rows, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     assert [g.token_ids[0] for g in greedy] == [int(p.argmax[-1]) for p in pre]
     with pytest.raises(ValueError, match="decode_from"):

@@ -40,7 +40,7 @@ def expected(model_folder):
 def test_greedy_matches_transformers_cold_then_warm(expected, arch: str, page_size: int) -> None:
     folder, prompts, want = expected(arch)
     llm = LLM(folder, page_size=page_size, num_pages=512 // page_size)
-    assert llm.dtype == torch.float32
+    assert llm.runner.dtype == torch.float32
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     cold = llm.generate(prompts, params)
     assert [o.token_ids for o in cold] == want
@@ -51,8 +51,8 @@ def test_greedy_matches_transformers_cold_then_warm(expected, arch: str, page_si
         assert o.cached_tokens == (len(p) - 1) // page_size * page_size
         assert o.cached_tokens > 0
         assert o.finish_reason.value == "length"
-    llm.cache.check_invariants()
-    assert llm.pool.num_free + llm.cache.num_cached_pages == llm.num_pages  # nothing leaked
+    llm.core.cache.check_invariants()
+    assert llm.core.pool.num_free + llm.core.cache.num_cached_pages == llm.num_pages  # nothing leaked
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
@@ -76,4 +76,4 @@ def test_greedy_stops_at_eos_like_transformers(expected, model_folder, arch: str
         assert outs[0].finish_reason.value == "stop"
         if round_:
             assert sum(o.cached_tokens for o in outs) > 0
-    assert llm.reset_prefix_cache() and llm.pool.num_free == llm.num_pages
+    assert llm.reset_prefix_cache() and llm.core.pool.num_free == llm.num_pages

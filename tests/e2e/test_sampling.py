@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from radixkv.engine.sampling import SamplingParams, sample, sampling_rows
+from radixkv.engine.sampling import sample, sampling_rows
+from radixkv.sampling_params import SamplingParams
 from radixkv.kernels.reference_sampling import gumbel, uniform_bits
 
 

@@ -44,8 +44,8 @@ def test_converted_folder_is_a_plain_llama_checkpoint(smol) -> None:
     assert sorted(f for f in os.listdir(folder) if f.endswith((".json", ".safetensors"))) == [
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     assert getattr(ref, "hf_quantizer", None) is None and not hasattr(ref.config, "quantization_config")
-    assert (llm.spec.arch.value, llm.spec.num_layers, llm.spec.vocab_size) == ("llama", 30, 49152)
-    assert llm.dtype == torch.float32 and llm.tokenizer.chat_template is not None
+    assert (llm.runner.spec.arch.value, llm.runner.spec.num_layers, llm.runner.spec.vocab_size) == ("llama", 30, 49152)
+    assert llm.runner.dtype == torch.float32 and llm.tokenizer.chat_template is not None
     assert not any(n.startswith(".tmp-") for n in os.listdir(os.path.dirname(folder)))  # renamed into place
 
 

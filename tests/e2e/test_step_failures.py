@@ -33,8 +33,8 @@ def _expected(prompts: list[list[int]], num_pages: int = 64) -> list[list[int]]:
 
 
 def _assert_whole(llm: LLM) -> None:
-    llm.cache.check_invariants()
-    assert llm.reset_prefix_cache() and llm.pool.num_free == llm.pool.num_pages  # 0 leaked pages
+    llm.core.cache.check_invariants()
+    assert llm.reset_prefix_cache() and llm.core.pool.num_free == llm.core.pool.num_pages  # 0 leaked pages
 
 
 def _fail_once(monkeypatch: pytest.MonkeyPatch, obj: object, name: str, exc: BaseException, after: int = 0) -> None:
@@ -68,16 +68,16 @@ def _inject(monkeypatch: pytest.MonkeyPatch, llm: LLM, stage: str, exc: BaseExce
     model.forward, the sampler (greedy steps take the argmax of the logits: a trap raises there) or
     scheduler.update."""
     if stage == "sample":
-        real, calls = llm.model.forward, [0]
+        real, calls = llm.runner.model.forward, [0]
 
         def trapped(*args, **kwargs):
             calls[0] += 1
             out = real(*args, **kwargs)
             return _Trap(out, exc) if calls[0] == after + 1 else out
 
-        monkeypatch.setattr(llm.model, "forward", trapped)
+        monkeypatch.setattr(llm.runner.model, "forward", trapped)
     else:
-        obj = {"schedule": llm.scheduler, "plan": llm.attention, "forward": llm.model, "update": llm.scheduler}[stage]
+        obj = {"schedule": llm.core.scheduler, "plan": llm.runner.attention, "forward": llm.runner.model, "update": llm.core.scheduler}[stage]
         _fail_once(monkeypatch, obj, stage, exc, after)
 
 
@@ -94,14 +94,14 @@ def test_a_failed_step_keeps_other_callers_requests(monkeypatch, stage, exc, num
     with pytest.raises(type(exc)):
         llm.generate(ours, GREEDY)
     monkeypatch.undo()
-    assert llm.scheduler.in_flight is None
-    assert {e.req.rid for e in llm.scheduler.running + llm.scheduler.waiting} == {r.rid for r in other}
+    assert llm.core.scheduler.in_flight is None
+    assert {e.req.rid for e in llm.core.scheduler.running + llm.core.scheduler.waiting} == {r.rid for r in other}
     while llm.has_work():  # the other caller carries on
         llm.step()
     assert [r.output for r in other] == want_theirs
     assert [o.token_ids for o in llm.generate(ours, GREEDY)] == want_ours  # and the same LLM serves again
     if num_pages == 14:
-        assert llm.scheduler.metrics.preemptions > 0
+        assert llm.core.scheduler.metrics.preemptions > 0
     _assert_whole(llm)
 
 
@@ -119,20 +119,20 @@ def test_a_failed_step_call_loses_nothing(monkeypatch, stage, num_pages) -> None
     for _ in range(3):
         llm.step()
     before = [(list(r.output), r.num_computed, r.status) for r in reqs]
-    steps = llm.num_steps
+    steps = llm.core.num_steps
     exc = torch.OutOfMemoryError("injected: CUDA out of memory")
     _inject(monkeypatch, llm, stage, exc)
     with pytest.raises(torch.OutOfMemoryError):
         llm.step()
     monkeypatch.undo()
-    assert llm.scheduler.in_flight is None and llm.num_steps == steps
+    assert llm.core.scheduler.in_flight is None and llm.core.num_steps == steps
     assert [(list(r.output), r.num_computed, r.status) for r in reqs] == before
-    llm.cache.check_invariants()
+    llm.core.cache.check_invariants()
     while llm.has_work():
         llm.step()
     assert [r.output for r in reqs] == want
     if num_pages == 14:
-        assert llm.scheduler.metrics.preemptions > 0
+        assert llm.core.scheduler.metrics.preemptions > 0
     _assert_whole(llm)
 
 
@@ -158,7 +158,7 @@ def test_a_failed_session_turn_keeps_the_chat(monkeypatch, stage, num_pages) -> 
         chat.send(turns[1])
     monkeypatch.undo()
     assert chat.history == history and len(chat.outputs) == sent  # the turn never happened
-    assert llm.scheduler.in_flight is None
+    assert llm.core.scheduler.in_flight is None
     assert chat.send(turns[1]) == want_replies[1]  # steps the other caller's requests too
     assert chat.history == fresh.history
     while llm.has_work():
@@ -173,11 +173,11 @@ def test_an_interrupt_inside_schedule_loses_nothing(monkeypatch) -> None:
     want = _expected(theirs, 14)
     llm = _llm(14)
     other = llm.add_requests(theirs, GREEDY)
-    _fail_once(monkeypatch, llm.pool, "alloc", KeyboardInterrupt())
+    _fail_once(monkeypatch, llm.core.pool, "alloc", KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         llm.step()
     monkeypatch.undo()
-    assert llm.scheduler.in_flight is None
+    assert llm.core.scheduler.in_flight is None
     while llm.has_work():
         llm.step()
     assert [r.output for r in other] == want
@@ -195,11 +195,11 @@ def test_bad_sampling_params_are_refused_before_anything_runs() -> None:
 
 def test_nan_logits_still_give_a_token_in_the_vocabulary(monkeypatch) -> None:
     llm = _llm()
-    real = llm.model.forward
-    monkeypatch.setattr(llm.model, "forward", lambda *a, **k: real(*a, **k) * float("nan"))
+    real = llm.runner.model.forward
+    monkeypatch.setattr(llm.runner.model, "forward", lambda *a, **k: real(*a, **k) * float("nan"))
     for params in (GREEDY, SamplingParams(temperature=0.7, top_p=0.9, max_tokens=4, ignore_eos=True)):
         out = llm.generate([[5, 6, 7, 8]], params)[0]
-        assert all(0 <= t < llm.vocab_size for t in out.token_ids)
+        assert all(0 <= t < llm.runner.vocab_size for t in out.token_ids)
     _assert_whole(llm)
 
 
@@ -228,14 +228,14 @@ def test_dict_prompts_take_vllm_keys() -> None:
 def test_a_second_caller_is_refused_while_one_runs(monkeypatch) -> None:
     llm = _llm()
     inside, release = threading.Event(), threading.Event()
-    real = llm.model.forward
+    real = llm.runner.model.forward
 
     def slow(*args, **kwargs):
         inside.set()
         release.wait(30)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(llm.model, "forward", slow)
+    monkeypatch.setattr(llm.runner.model, "forward", slow)
     result: dict[str, object] = {}
     worker = threading.Thread(target=lambda: result.update(out=llm.generate([[5, 6, 7]], GREEDY)))
     worker.start()
@@ -252,7 +252,7 @@ def test_a_second_caller_is_refused_while_one_runs(monkeypatch) -> None:
 
 def test_a_reentrant_call_is_refused(monkeypatch) -> None:
     llm = _llm()
-    real, seen = llm.model.forward, []
+    real, seen = llm.runner.model.forward, []
 
     def reenter(*args, **kwargs):
         try:
@@ -261,6 +261,6 @@ def test_a_reentrant_call_is_refused(monkeypatch) -> None:
             seen.append(str(e))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(llm.model, "forward", reenter)
+    monkeypatch.setattr(llm.runner.model, "forward", reenter)
     assert llm.generate([[5, 6, 7]], GREEDY)[0].token_ids == _expected([[5, 6, 7]])[0]
     assert seen and "busy" in seen[0]

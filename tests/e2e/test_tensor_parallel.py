@@ -42,7 +42,7 @@ def test_tp2_greedy_equals_tp1_and_close_leaves_no_process() -> None:
     want = one.generate(PROMPTS, GREEDY)
     again = one.generate(PROMPTS[:2], GREEDY)  # hits the cached prefixes
     with _llm(config, 2) as two:
-        pids = two.tp.worker_pids
+        pids = two.runner.tp.worker_pids
         assert len(pids) == 1 and not _gone(pids[0])
         got = two.generate(PROMPTS, GREEDY)
         got_again = two.generate(PROMPTS[:2], GREEDY)
@@ -61,24 +61,24 @@ def _fails_fast(llm: LLM, match: str, within_s: float) -> TensorParallelError:
         llm.generate([[1, 2, 3]], GREEDY)
     assert time.monotonic() - t0 < within_s
     assert info.value.rank == 1
-    assert not llm.scheduler.has_work()  # generate withdrew its request
+    assert not llm.core.scheduler.has_work()  # generate withdrew its request
     return info.value
 
 
 @pytest.mark.parametrize("fault", ["raise", "kill", "hang"])
 def test_a_failing_worker_is_reported_not_a_hang(fault) -> None:
     llm = _llm(tiny_config("llama"), 2, dist_timeout_s=2.0)
-    pid = llm.tp.worker_pids[0]
+    pid = llm.runner.tp.worker_pids[0]
     assert len(llm.generate([[1, 2, 3]], GREEDY)[0].token_ids) == 8
     if fault == "kill":
         os.kill(pid, signal.SIGKILL)
         err = _fails_fast(llm, "rank 1 was killed by SIGKILL", 5)
     elif fault == "raise":
-        llm.tp.inject_fault(1, Fault.RAISE)
+        llm.runner.tp.inject_fault(1, Fault.RAISE)
         err = _fails_fast(llm, "rank 1 failed in step 9: RuntimeError: fault injected into rank 1", 5)
         assert "Traceback" in str(err)  # the worker's own traceback
     else:
-        llm.tp.inject_fault(1, Fault.HANG)
+        llm.runner.tp.inject_fault(1, Fault.HANG)
         _fails_fast(llm, r"rank\(s\) \[1\] did not answer in step 9 within dist_timeout_s=2s", 12)
     assert _gone(pid), "the failed engine's worker is still running"
     assert llm.dead  # a server ends its loop on this (serve/async_engine.py)
@@ -91,8 +91,8 @@ def test_an_interrupt_after_the_step_was_sent_shuts_the_ranks_down() -> None:
     """A Ctrl-C in rank 0 once a worker has the step (here: raised by the send itself) must not leave the
     worker a step ahead: later collectives would pair silently with the wrong step. The engine is shut down."""
     llm = _llm(tiny_config("llama"), 2)
-    pid = llm.tp.worker_pids[0]
-    conn = llm.tp.workers[0].conn
+    pid = llm.runner.tp.worker_pids[0]
+    conn = llm.runner.tp.workers[0].conn
     real = conn.send_bytes
 
     def send_then_interrupt(data):
@@ -114,7 +114,7 @@ def test_a_worker_that_stops_reading_is_reported_not_a_hang() -> None:
     itself would block forever; it is bounded by dist_timeout_s and blamed on that rank."""
     llm = LLM(tiny_config("llama"), dtype="float32", device="cpu", page_size=16, num_pages=4200,
               tensor_parallel_size=2, max_num_batched_tokens=65536, dist_timeout_s=2.0)
-    pid = llm.tp.worker_pids[0]
+    pid = llm.runner.tp.worker_pids[0]
     llm.add_requests([[3 + i % 100] * 480 for i in range(128)], GREEDY)  # ~61k prefill tokens in one step
     os.kill(pid, signal.SIGSTOP)
     t = time.monotonic()

@@ -45,7 +45,7 @@ def test_request_output_has_vllms_shape_and_keeps_radixkvs(llm: LLM) -> None:
 # ------------------------------------------------------------------ (b) cache_salt
 
 def _pages_of(llm: LLM, tokens: list[int], salt: str | None) -> list[int]:
-    return llm.cache.match(tokens, namespace=salt).pages
+    return llm.core.cache.match(tokens, namespace=salt).pages
 
 
 def test_cache_salt_isolates_tenants_and_the_same_salt_shares() -> None:
@@ -59,7 +59,7 @@ def test_cache_salt_isolates_tenants_and_the_same_salt_shares() -> None:
     assert pa and pb and pn and not (pa & pb) and not (pa & pn) and not (pb & pn)
     a2 = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, cache_salt="a"))[0]
     assert a2.num_cached_tokens > 0 and a2.token_ids == a.token_ids
-    llm.cache.check_invariants()
+    llm.core.cache.check_invariants()
 
 
 def test_a_session_with_a_cache_salt_stays_in_its_namespace() -> None:
@@ -241,13 +241,13 @@ def test_stop_strings_cut_the_text(smol: LLM) -> None:
     full = smol.generate(prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
     assert full.prompt == prompt and "Paris" in full.text
     stop = "Paris"
-    completed = smol.scheduler.metrics.completed
+    completed = smol.core.scheduler.metrics.completed
     cut = smol.generate(prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=[stop]))[0]
     c = cut.outputs[0]
     assert c.finish_reason == "stop" and c.stop_reason == stop
     assert c.text == full.text[: full.text.index(stop)] and stop not in c.text
     assert len(c.token_ids) < len(full.token_ids) and c.token_ids == full.token_ids[: len(c.token_ids)]
-    assert smol.scheduler.metrics.completed == completed + 1  # a stop string is a natural finish
+    assert smol.core.scheduler.metrics.completed == completed + 1  # a stop string is a natural finish
     kept = smol.generate({"prompt": prompt}, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
                                                             stop=stop, include_stop_str_in_output=True))[0]
     assert kept.text == full.text[: full.text.index(stop) + len(stop)]

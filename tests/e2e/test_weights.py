@@ -124,7 +124,7 @@ def test_cached_hub_id_resolves_to_its_snapshot(tmp_path, monkeypatch) -> None:
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0" * 40)
     llm = LLM("radixkv-test/tiny", page_size=4, num_pages=64)
-    assert llm.spec.num_layers == 2 and llm.spec.vocab_size == tiny_config("llama").vocab_size
+    assert llm.runner.spec.num_layers == 2 and llm.runner.spec.vocab_size == tiny_config("llama").vocab_size
 
 
 def test_existing_path_wins_over_hub_id(tmp_path, monkeypatch) -> None:
@@ -132,7 +132,7 @@ def test_existing_path_wins_over_hub_id(tmp_path, monkeypatch) -> None:
 
     hf_model(tiny_config("qwen2")).save_pretrained(tmp_path / "org" / "name")
     monkeypatch.chdir(tmp_path)
-    assert LLM("org/name", page_size=4, num_pages=64).spec.arch is Arch.QWEN2
+    assert LLM("org/name", page_size=4, num_pages=64).runner.spec.arch is Arch.QWEN2
 
 
 def test_unsupported_architecture_is_refused_before_weights(tmp_path) -> None:

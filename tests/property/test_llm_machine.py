@@ -48,7 +48,7 @@ from hypothesis.stateful import (
 )
 
 from radixkv import LLM, Policy, SamplingParams
-from radixkv.engine import llm as llm_module
+from radixkv.engine import runner as runner_module
 from radixkv.request import FinishReason
 
 VOCAB = 160
@@ -91,7 +91,7 @@ def _reference_tokens(ps: int, prompt: list[int], n: int, seed: int | None = Non
                                        enable_prefix_caching=False)
         want = max(n, 8)
         have = ref.generate([prompt], _sampling(seed, max_tokens=want, ignore_eos=True))[0].token_ids
-        assert ref.pool.num_free == ref.pool.num_pages and ref.cache.num_cached_pages == 0
+        assert ref.core.pool.num_free == ref.core.pool.num_pages and ref.core.cache.num_cached_pages == 0
         _REF_OUT[key] = have
     return have[:n]
 
@@ -134,15 +134,15 @@ def fault_at(llm: LLM, stage: str, exc: BaseException, after: int) -> Iterator[l
         return calls[0] == after + 1
 
     if stage == "sample":
-        target, name = llm.model, "forward"
+        target, name = llm.runner.model, "forward"
         real = target.forward
 
         def patched(*args: Any, **kwargs: Any) -> Any:
             out = real(*args, **kwargs)
             return _Trap(out, exc) if fires() else out
     else:
-        target = {"schedule": llm.scheduler, "plan": llm.attention, "forward": llm.model,
-                  "update": llm.scheduler}[stage]
+        target = {"schedule": llm.core.scheduler, "plan": llm.runner.attention, "forward": llm.runner.model,
+                  "update": llm.core.scheduler}[stage]
         name = stage
         real = getattr(target, name)
 
@@ -155,29 +155,29 @@ def fault_at(llm: LLM, stage: str, exc: BaseException, after: int) -> Iterator[l
     setattr(target, name, patched)
     ahead = stage == "schedule"  # with async scheduling a step schedules through schedule_ahead too
     if ahead:
-        real_ahead = llm.scheduler.schedule_ahead
+        real_ahead = llm.core.scheduler.schedule_ahead
 
         def patched_ahead(*args: Any, **kwargs: Any) -> Any:
             if fires():
                 raise exc
             return real_ahead(*args, **kwargs)
 
-        llm.scheduler.schedule_ahead = patched_ahead
-    real_sample = llm_module.sample  # sampled steps: the sampler raises on the trap
+        llm.core.scheduler.schedule_ahead = patched_ahead
+    real_sample = runner_module.sample  # sampled steps: the sampler raises on the trap
 
     def sample(logits: Any, *args: Any) -> Any:
         if isinstance(logits, _Trap):
             raise logits.exc
         return real_sample(logits, *args)
 
-    llm_module.sample = sample
+    runner_module.sample = sample
     try:
         yield calls
     finally:
         delattr(target, name)  # the class's method again
         if ahead:
-            del llm.scheduler.schedule_ahead
-        llm_module.sample = real_sample
+            del llm.core.scheduler.schedule_ahead
+        runner_module.sample = real_sample
 
 
 # ---- strategies ---------------------------------------------------------------------------------
@@ -388,7 +388,7 @@ class LLMMachine(RuleBasedStateMachine):
             self.next_rid += 1
             self.pending[r.rid] = (r, sp)
         ours = prompts[theirs:]
-        preempted = self.llm.scheduler.metrics.preemptions
+        preempted = self.llm.core.scheduler.metrics.preemptions
         with contextlib.ExitStack() as stack:
             err = calls = None
             if fault is not None:
@@ -407,7 +407,7 @@ class LLMMachine(RuleBasedStateMachine):
         else:
             for out, p in zip(outs, ours):
                 self.check_output(out, p, sp)
-        if self.llm.scheduler.metrics.preemptions > preempted:
+        if self.llm.core.scheduler.metrics.preemptions > preempted:
             event("crowd: preempted")
         self.collect_pending()
 
@@ -454,7 +454,7 @@ class LLMMachine(RuleBasedStateMachine):
         self.last = None  # other work may evict its blocks
         err = _exception(exc)
         before = {rid: (len(r.output), r.num_computed) for rid, (r, _) in self.pending.items()}
-        ahead = self.llm._ahead is not None
+        ahead = self.llm.core._ahead is not None
         with fault_at(self.llm, stage, err, 0) as calls:
             try:
                 self.llm.step()
@@ -467,7 +467,7 @@ class LLMMachine(RuleBasedStateMachine):
             assert ahead and calls[0] == 0 and stage != "update", f"{stage} ran and did not raise"
             event("step_fails: a step ahead only read")
         else:
-            assert self.llm.scheduler.in_flight is None and self.llm._ahead is None
+            assert self.llm.core.scheduler.in_flight is None and self.llm.core._ahead is None
             for rid, (r, _) in self.pending.items():
                 assert not r.finished and len(r.output) == before[rid][0]
         self.llm.step()  # and serves on
@@ -485,13 +485,13 @@ class LLMMachine(RuleBasedStateMachine):
         if req.finished:  # finished in the last step: check it, then abort is a no-op
             self.pending[rid] = (req, params)
             self.collect_pending()
-            assert self.llm.scheduler.abort(rid) is None
+            assert self.llm.core.scheduler.abort(rid) is None
             return
-        assert self.llm.scheduler.abort(rid) is req
+        assert self.llm.core.scheduler.abort(rid) is req
         assert req.finish_reason is FinishReason.ABORT and not req.pages
         want = expected(self.ps, req.prompt, params)
         assert req.output == want[: len(req.output)] and len(req.output) < len(want)
-        assert self.llm.scheduler.abort(rid) is None  # no longer live
+        assert self.llm.core.scheduler.abort(rid) is None  # no longer live
         event("abort")
 
     @precondition(lambda self: self.pending)
@@ -543,21 +543,21 @@ class LLMMachine(RuleBasedStateMachine):
         self.last = None  # other work may evict its blocks
         emptied = self.llm.reset_prefix_cache()
         if not self.live_requests():
-            assert emptied and self.llm.pool.num_free == self.llm.pool.num_pages
+            assert emptied and self.llm.core.pool.num_free == self.llm.core.pool.num_pages
         else:  # only what running requests lock stays
-            assert self.llm.cache.num_evictable_pages == 0
+            assert self.llm.core.cache.num_evictable_pages == 0
 
     # ---- invariants ---------------------------------------------------------------------------
     def live_requests(self) -> list[Any]:
-        s = self.llm.scheduler
+        s = self.llm.core.scheduler
         return [e.req for e in s.running] + [e.req for e in s.waiting]
 
     def no_plain_batch_in_flight(self) -> None:
         """Between calls nothing is in flight but, with async scheduling, a step scheduled ahead."""
-        s = self.llm.scheduler
+        s = self.llm.core.scheduler
         assert s.ahead is None and (s.in_flight is None or s.in_flight.follows is not None)
         if s.in_flight is not None:
-            assert self.llm.async_scheduling and self.llm._ahead.batch is s.in_flight
+            assert self.llm.core.async_scheduling and self.llm.core._ahead.batch is s.in_flight
             event("a step ahead in flight between calls")
 
     @invariant()
@@ -570,23 +570,23 @@ class LLMMachine(RuleBasedStateMachine):
     @invariant()
     def cache_invariants(self) -> None:
         if self.llm is not None:
-            self.llm.cache.check_invariants()
+            self.llm.core.cache.check_invariants()
 
     @invariant()
     def pages_accounted(self) -> None:
         """Pool references = the tree's pages + the running requests' pages; nothing else."""
         if self.llm is None:
             return
-        llm, s = self.llm, self.llm.scheduler
+        llm, s = self.llm, self.llm.core.scheduler
         assert all(not e.req.pages for e in s.waiting), "a waiting request holds pages"
         held = [p for e in s.running for p in e.req.pages]
-        refs = llm.pool.refcounts(range(llm.pool.num_pages))
-        assert int(refs.sum()) == llm.cache.num_cached_pages + len(held), "page references leaked"
-        assert all(llm.pool.refcount(p) >= 1 for p in held)
+        refs = llm.core.pool.refcounts(range(llm.core.pool.num_pages))
+        assert int(refs.sum()) == llm.core.cache.num_cached_pages + len(held), "page references leaked"
+        assert all(llm.core.pool.refcount(p) >= 1 for p in held)
         for e in s.running:
             assert len(e.req.pages) * self.ps >= e.req.num_computed
         if not held:
-            assert llm.pool.num_used == llm.cache.num_cached_pages, "pages used that nobody holds"
+            assert llm.core.pool.num_used == llm.core.cache.num_cached_pages, "pages used that nobody holds"
 
     @invariant()
     def live_requests_are_the_models(self) -> None:
@@ -603,10 +603,10 @@ class LLMMachine(RuleBasedStateMachine):
             return
         try:
             self.drain()
-            self.llm.cache.check_invariants()
+            self.llm.core.cache.check_invariants()
             assert self.llm.reset_prefix_cache()
-            assert self.llm.pool.num_free == self.llm.pool.num_pages, "leaked pages"
-            if self.llm.scheduler.metrics.preemptions:
+            assert self.llm.core.pool.num_free == self.llm.core.pool.num_pages, "leaked pages"
+            if self.llm.core.scheduler.metrics.preemptions:
                 event("preempted")
         finally:
             torch.set_num_threads(self.threads)

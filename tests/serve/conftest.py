@@ -36,9 +36,9 @@ class Server:
             time.sleep(0.02)
 
         def whole(llm: Any) -> bool:
-            llm.cache.check_invariants()
+            llm.core.cache.check_invariants()
             llm.reset_prefix_cache()
-            return llm.pool.num_free == llm.pool.num_pages and not llm.has_work()
+            return llm.core.pool.num_free == llm.core.pool.num_pages and not llm.has_work()
 
         return self.engine.call(whole).result(timeout)
 

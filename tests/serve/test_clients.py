@@ -125,7 +125,7 @@ def test_smollm2_chat_template() -> None:
         assert '"cached_tokens"' not in again.text  # no usage unless stream_options asks for it
         texts = [line for line in again.text.splitlines() if line.startswith("data: {")]
         assert "".join(json.loads(t[6:])["choices"][0]["delta"].get("content", "") for t in texts) == "The capital"
-        assert app.state.engine.call(lambda m: m.scheduler.metrics.hit_tokens).result(30) > 0
+        assert app.state.engine.call(lambda m: m.core.scheduler.metrics.hit_tokens).result(30) > 0
     finally:
         uv.should_exit = True
         thread.join(10)

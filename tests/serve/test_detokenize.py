@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from radixkv.serve.detokenize import TextStream
+from radixkv.engine.outputs import TextStream
 
 TEXT = "Héllo wörld! 日本語のテキスト 🎉 emoji and  double  spaces\n\nnew lines, café."
 

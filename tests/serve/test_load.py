@@ -37,7 +37,7 @@ def test_32_concurrent_streams(server) -> None:
     got = asyncio.run(run())
     assert all(len(t) == 4 for t in got)
     assert all(got[i] == w for i, w in want.items())
-    hits = server.engine.call(lambda llm: llm.scheduler.metrics.hit_tokens).result(30)
+    hits = server.engine.call(lambda llm: llm.core.scheduler.metrics.hit_tokens).result(30)
     assert hits > 0
     text = httpx.get(f"{server.url}/metrics").text
     line = next(x for x in text.splitlines() if x.startswith("radixkv:prefix_cache_hits_total{"))

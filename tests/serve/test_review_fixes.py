@@ -28,7 +28,7 @@ def _idle_and_whole(eng, timeout: float = 10.0) -> bool:
 
     def whole(llm) -> bool:
         llm.reset_prefix_cache()
-        return llm.pool.num_free == llm.pool.num_pages and not llm.has_work()
+        return llm.core.pool.num_free == llm.core.pool.num_pages and not llm.has_work()
 
     return eng.call(whole).result(timeout)
 
@@ -50,7 +50,7 @@ def test_a_closed_caller_loop_abandons_its_request_only(engine) -> None:
 
 
 def test_failing_admission_fails_the_waiting_head_not_the_running(engine) -> None:
-    sch = engine.llm.scheduler
+    sch = engine.llm.core.scheduler
     real = sch._admit_all
     calls = [0]
 
@@ -86,7 +86,7 @@ def test_failing_admission_fails_the_waiting_head_not_the_running(engine) -> Non
 
 def test_a_step_failing_with_no_suspect_backs_off(engine) -> None:
     llm = engine.llm
-    real = llm.scheduler.schedule
+    real = llm.core.scheduler.schedule
     calls = [0]
 
     def failing(now):
@@ -96,19 +96,19 @@ def test_a_step_failing_with_no_suspect_backs_off(engine) -> None:
     async def main():
         gate = threading.Event()
         engine.call(lambda _: gate.wait(10))
-        llm.scheduler.schedule = failing
+        llm.core.scheduler.schedule = failing
         s = await engine.add_request("abc", SamplingParams(temperature=0.0, max_tokens=2))
         gate.set()
         await asyncio.sleep(0.5)
         n = calls[0]
-        llm.scheduler.schedule = real
+        llm.core.scheduler.schedule = real
         engine.abort(s.request_id)
         return n
 
     try:
         n = asyncio.run(main())
     finally:
-        llm.scheduler.__dict__.pop("schedule", None)
+        llm.core.scheduler.__dict__.pop("schedule", None)
     assert 1 <= n < 40, n  # backed off, not thousands of retries
     assert _idle_and_whole(engine)
 
@@ -125,7 +125,7 @@ def test_a_step_failing_on_a_dead_engine_stops_the_loop(engine) -> None:
         raise RuntimeError("rank 1 died")
 
     async def main():
-        llm.scheduler.schedule = failing
+        llm.core.scheduler.schedule = failing
         s = await engine.add_request("abc", SamplingParams(temperature=0.0, max_tokens=2))
         with pytest.raises(EngineDeadError):
             async for _ in s:
@@ -140,7 +140,7 @@ def test_a_step_failing_on_a_dead_engine_stops_the_loop(engine) -> None:
         assert not engine.is_running and "rank 1 died" in repr(engine._dead)
     finally:
         type(llm).dead = real_dead
-        llm.scheduler.__dict__.pop("schedule", None)
+        llm.core.scheduler.__dict__.pop("schedule", None)
 
 
 def test_n_above_one_is_refused_before_anything_is_queued(engine) -> None:
@@ -196,9 +196,9 @@ def test_add_request_racing_shutdown_never_hangs(tiny_folder: str) -> None:
         with pytest.raises(EngineDeadError):
             eng.call(lambda _: None)
     # posting after the last drain raises, it is never left unread
-    eng._thread.join(5)
+    eng.core._thread.join(5)
     with pytest.raises(EngineDeadError):
-        eng._post(("call", lambda _: None, None))
+        eng.core.call(lambda _: None)
 
 
 # ---- the app -----------------------------------------------------------------------------------

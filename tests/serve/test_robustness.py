@@ -89,13 +89,13 @@ def test_disconnect_aborts_and_frees_pages(server) -> None:
     assert server.pool_whole(timeout=10)  # aborted, not run to its 400 tokens
     assert time.monotonic() - t0 < 10
     # a non-streaming client that gives up aborts too (steps slowed: 400 tokens outlast its timeout)
-    real = server.llm.forward_logits
+    real = server.llm.runner.forward_logits
 
     def slow(*args, **kwargs):
         time.sleep(0.01)
         return real(*args, **kwargs)
 
-    server.llm.forward_logits = slow
+    server.llm.runner.forward_logits = slow
     try:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{server.url}/v1/completions", json={**body, "stream": False}, timeout=1.0)
@@ -109,14 +109,14 @@ def test_disconnect_aborts_and_frees_pages(server) -> None:
 def _poison(server, token: int):
     """Make every step whose batch holds a prompt with `token` raise; returns the undo."""
     llm = server.llm
-    real = llm.forward_logits
+    real = llm.runner.forward_logits
 
     def failing(batch, *args, **kwargs):
         if any(token in r.prompt for r in batch.requests):
             raise RuntimeError("injected kernel failure")
         return real(batch, *args, **kwargs)
 
-    llm.forward_logits = failing
+    llm.runner.forward_logits = failing
     return lambda: llm.__dict__.pop("forward_logits", None)
 
 
@@ -154,7 +154,7 @@ def test_concurrent_requests_share_steps(server) -> None:
     want = [offline(server, p, 6, ignore_eos=True).token_ids for p in prompts]
     llm, engine = server.llm, server.engine
     sizes: list[int] = []
-    real = llm.forward_logits
+    real = llm.runner.forward_logits
 
     def recording(batch, *args, **kwargs):
         sizes.append(len(batch.requests))
@@ -162,7 +162,7 @@ def test_concurrent_requests_share_steps(server) -> None:
 
     gate = threading.Event()
     blocked = engine.call(lambda _: gate.wait(30))  # hold the loop between steps
-    llm.forward_logits = recording
+    llm.runner.forward_logits = recording
     results: dict[int, list[int]] = {}
 
     def client(i: int) -> None:

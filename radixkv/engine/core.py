@@ -1,0 +1,261 @@
+"""EngineCore: the scheduler, the radix tree and the pool over one ModelRunner; one step at a time.
+
+Both front ends drive it: the offline LLM in its own process, the server's engine-core process
+(serve/core_proc.py). It never sees text: requests come in validated (engine/inputs.py), and each
+step returns what it did to each request as RequestDeltas, which the front end's OutputProcessor
+turns into text, stop strings and outputs.
+
+One step: the scheduler picks work (prefix matches give cached pages, so only uncached tokens are
+computed) -> the runner queues the forward pass and the sampler -> `scheduler.update` appends the
+tokens; finished requests are inserted into the radix tree (prompt + output) and release their pages.
+
+Async scheduling (on by default on CUDA): before reading a step's tokens, the next decode step of the
+same rows is scheduled ahead and queued behind it, its input ids taken from those tokens on the device.
+So the host's work between steps (reading tokens, update, the front end's output processing,
+scheduling and planning the step after) runs while the GPU computes, and step() returns with the next
+step in flight. Rows that finished meanwhile are dropped from the step ahead; a step that cannot be
+planned ahead (admissions, prefill chunks, penalties, min_tokens, logprobs, pages short) runs after
+the update, as without async scheduling.
+
+Failure: a step is failure-atomic. If anything raises before its tokens are applied, the batch goes
+back to the scheduler as if it never ran and the next step recomputes the same work. An Exception
+comes out as StepFailed naming the stage and the suspect requests (those admitted in the failed
+step, else the head of the waiting queue when admission raised, else every running request); a
+KeyboardInterrupt or SystemExit propagates as it is.
+
+One caller at a time: a second thread, or a re-entrant call, is refused before it touches any state.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from radixkv.cache import PagePool, RadixCache
+from radixkv.cache.events import KVEventPublisher
+from radixkv.config import EngineConfig
+from radixkv.request import FinishReason, Request
+from radixkv.scheduler import Scheduler
+
+from .runner import Launched, ModelRunner
+
+
+@dataclass(frozen=True)
+class RequestDelta:
+    """What one step did to one request: the tokens it appended, and how it ended if it did."""
+
+    rid: int
+    new_token_ids: list[int]
+    finish_reason: str | None  # a FinishReason value once the request finished
+    cached_tokens: int  # prompt tokens served from the prefix cache (known from its first admission)
+    logprobs: list[dict[int, float]] | None = None  # one per new token, when the request asked for them
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A torch-free snapshot of the core for metrics and log lines (EngineCore.stats())."""
+
+    num_running: int
+    num_waiting: int
+    num_pages: int
+    pages_used: int  # held by requests or by the tree and not evictable
+    prompt_tokens: int  # counted at first admission
+    hit_tokens: int  # prompt tokens served from the prefix cache
+    preemptions: int
+    num_steps: int
+
+    @property
+    def kv_usage(self) -> float:
+        return self.pages_used / self.num_pages
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class StepFailed(Exception):
+    """A step raised. stage: "schedule", "run" or "update"; suspects: the request ids most likely at
+    fault (the module docstring says which). The step was undone; `__cause__` is the original error."""
+
+    def __init__(self, stage: str, suspects: Sequence[int], cause: BaseException) -> None:
+        super().__init__(f"the engine step failed in {stage} ({cause!r}); suspect requests: {list(suspects)}")
+        self.stage, self.suspects, self.cause = stage, list(suspects), cause
+
+
+class EngineCore:
+    """Scheduler + runner (see the module docstring). kv_events: told of every block the prefix
+    cache stores or drops (radixkv.cache.events)."""
+
+    def __init__(self, runner: ModelRunner, cfg: EngineConfig, kv_events: KVEventPublisher | None = None) -> None:
+        self.runner, self.config = runner, cfg
+        self.pool = PagePool(runner.num_pages)
+        self.cache = RadixCache(self.pool, page_size=cfg.page_size, events=kv_events)
+        self.scheduler = Scheduler(self.pool, self.cache, cfg.scheduler, cfg.page_size,
+                                   cascade_rule=runner.cascade_rule)
+        # tensor parallel workers read each step's input ids from the host batch: no steps ahead there
+        self.async_scheduling = (runner.device.type == "cuda" and runner.tp is None if cfg.async_scheduling is None
+                                 else cfg.async_scheduling)
+        self.num_steps = 0
+        self.steps_ahead = 0  # steps that were scheduled ahead (for tests and benchmarks)
+        self._ahead: Launched | None = None  # the step queued behind the last one returned (async scheduling)
+        self._sent: dict[int, int] = {}  # rid -> output tokens already reported, for live requests
+        self._ran: set[int] = set()  # requests running after the last successful step
+        self.t0 = time.monotonic()  # the clock origin of arrivals (time.monotonic is one clock per machine)
+        self._busy = threading.Lock()
+
+    def now(self) -> float:
+        """Seconds since the core started: the clock arrivals and waits are measured on."""
+        return time.monotonic() - self.t0
+
+    # ------------------------------------------------------------------ requests
+
+    def add(self, reqs: Sequence[Request]) -> None:
+        """Queue validated requests, all or nothing (ValueError for a duplicate id)."""
+        with self.exclusive("add"):
+            added: list[Request] = []
+            try:
+                for r in reqs:
+                    self.scheduler.add(r, r.arrival_s)
+                    added.append(r)
+            except BaseException:
+                for r in added:
+                    self.scheduler.abort(r.rid)
+                raise
+            for r in reqs:
+                self._sent[r.rid] = len(r.output)
+
+    def abort(self, rid: int) -> Request | None:
+        """Withdraw a request: pages released now, full blocks stay cached. None for an unknown or finished id."""
+        with self.exclusive("abort"):
+            self._sent.pop(rid, None)
+            return self.scheduler.abort(rid)
+
+    def finish(self, rid: int, reason: FinishReason = FinishReason.STOP) -> Request | None:
+        """End a running request as a natural finish (a stop string found in its text): counted as
+        completed, its computed blocks cached. None when it is no longer running."""
+        with self.exclusive("finish"):
+            self._sent.pop(rid, None)
+            try:
+                return self.scheduler.finish(rid, reason)
+            except ValueError:  # not running (any more)
+                return None
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def reset_prefix_cache(self) -> bool:
+        """Evict every cached prefix no running request holds (vLLM's name); True when the tree is now empty."""
+        with self.exclusive("reset_prefix_cache"):
+            self.cache.evict(self.pool.num_pages)
+            return self.cache.num_cached_pages == 0
+
+    def stats(self) -> EngineStats:
+        s, pool, m = self.scheduler, self.pool, self.scheduler.metrics
+        return EngineStats(s.num_running, s.num_waiting, pool.num_pages,
+                           pool.num_pages - pool.num_free - self.cache.num_evictable_pages,
+                           m.prompt_tokens, m.hit_tokens, m.preemptions, self.num_steps)
+
+    # ------------------------------------------------------------------ the step
+
+    def step(self) -> list[RequestDelta]:
+        """Run one scheduler step; returns a delta for every request that gained tokens or finished."""
+        with self.exclusive("step"):
+            return self._step()
+
+    @torch.inference_mode()
+    def _step(self) -> list[RequestDelta]:
+        self._drop_finished_ahead()
+        stage, launched = "schedule", None
+        try:
+            launched, self._ahead = self._ahead, None
+            if launched is None:
+                batch = self.scheduler.schedule(self.now())
+                if batch is None:
+                    return []
+                stage = "run"
+                launched = self.runner.launch(batch)
+            stage = "run"
+            if self.async_scheduling and self._may_run_ahead(launched):
+                nxt = self.scheduler.schedule_ahead(self.now())
+                if nxt is not None:
+                    self._ahead = self.runner.launch(nxt, launched)
+                    self.steps_ahead += 1
+            tokens = self.runner.collect(launched)  # the step's one wait on the device
+            stage = "update"
+            before = [len(r.output) for r in launched.batch.requests]
+            self.scheduler.update(launched.batch, tokens, self.now())
+        except BaseException as err:
+            self._ahead = None
+            # what was not updated never happened: abandoning the oldest batch in flight drops the one
+            # scheduled ahead of it too (update() refuses a bad call before it changes anything; one that
+            # raises midway has made the step ahead the one in flight)
+            if self.scheduler.in_flight is not None:
+                self.scheduler.abandon(self.scheduler.in_flight)
+            if isinstance(err, Exception):
+                raise StepFailed(stage, self._suspects(stage, launched), err) from err
+            raise
+        self.num_steps += 1
+        deltas = self._deltas(launched, before)
+        self._ran = {e.req.rid for e in self.scheduler.running}
+        self._drop_finished_ahead()
+        return deltas
+
+    def _deltas(self, launched: Launched, before: list[int]) -> list[RequestDelta]:
+        out: list[RequestDelta] = []
+        for b, r in enumerate(launched.batch.requests):
+            sent = self._sent.get(r.rid)
+            if sent is None:  # finished or aborted before this step was read: reported already
+                continue
+            new = r.output[sent:]
+            if not new and not r.finished:
+                continue
+            lp = launched.logprobs.get(b)
+            lps = [lp] if lp is not None and len(r.output) > before[b] else None
+            reason = r.finish_reason.value if r.finished else None
+            if r.finished:
+                del self._sent[r.rid]
+            else:
+                self._sent[r.rid] = len(r.output)
+            out.append(RequestDelta(r.rid, new, reason, r.cached_tokens, lps))
+        return out
+
+    def _suspects(self, stage: str, launched: Launched | None) -> list[int]:
+        if stage == "schedule" or launched is None:
+            return [e.req.rid for e in self.scheduler.waiting[:1]]  # admission puts its requests back
+        rids = [r.rid for r in launched.batch.requests]
+        new = [rid for rid in rids if rid not in self._ran]
+        return new or rids
+
+    def _drop_finished_ahead(self) -> None:
+        if self._ahead is not None and all(r.finished for r in self._ahead.batch.requests):
+            self.scheduler.abandon(self._ahead.batch)  # nothing left to read from it
+            self._ahead = None
+
+    def _may_run_ahead(self, launched: Launched) -> bool:
+        """Whether the step after `launched` may be scheduled before its tokens are read: every row
+        samples, and none needs its own latest token on the host to sample the next (penalties,
+        min_tokens) or asks for logprobs (read when the step is launched)."""
+        batch = launched.batch
+        if not all(batch.sample):
+            return False
+        for r in batch.requests:
+            p = r.sampling.params if r.sampling is not None else None
+            if p is None or p.penalized or p.min_tokens or p.logprobs is not None:
+                return False
+        return True
+
+    @contextlib.contextmanager
+    def exclusive(self, what: str) -> Iterator[None]:
+        """One caller at a time: a second thread, or a re-entrant call, is refused before it
+        touches any state. (Many callers share an engine through one loop that owns it.)"""
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(f"{what}() refused: this engine is busy with another call (another thread, "
+                               f"or a call from inside one of its own); an engine serves one caller at a time")
+        try:
+            yield
+        finally:
+            self._busy.release()

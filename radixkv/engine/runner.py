@@ -1,0 +1,225 @@
+"""ModelRunner: one rank's model, KV store, recent-token window, attention, CUDA graphs and sampler.
+
+It turns a Batch into sampled tokens: `launch(batch)` queues the forward pass, the sampler and the
+copy of the tokens to a pinned host buffer; `collect(launched)` waits for them. It knows nothing of
+the scheduler, the radix tree or any request's text. With tensor parallelism, rank 0's runner starts
+the worker ranks (tp_workers.py), each of which builds a runner of its own and runs `forward_local`
+over its shard every step; only rank 0 samples.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from radixkv.batch import Batch
+from radixkv.config import EngineConfig, KVDtype
+from radixkv.plan import kv_sink_for, kv_window_for
+from radixkv.scheduler.cascade_groups import RULE_NEVER, CascadeRule, rule_for
+
+from .attention import Backend, PagedAttention, host_to_device
+from .cuda_graphs import DecodeGraphs
+from .inputs import ModelLimits
+from .kv_store import KVStore, default_num_pages
+from .kv_window import KVWindow
+from .model import LlamaModel
+from .parallel import TPGroup
+from .sampling import penalize, sample, sampling_rows, top_logprobs
+from .tp_workers import TensorParallel
+from .weights import LoadedModel, load_model
+
+
+class Launched(NamedTuple):
+    """A step whose forward and sampler are queued on the device; its tokens not read yet."""
+
+    batch: Batch
+    rows: list[int]  # [S] the batch rows that sample, in the sampler's order
+    drawn: Tensor  # int64 [S] sampled tokens, on the device
+    host: Tensor | None  # int64 [S] pinned copy of drawn, valid once `ready` has fired (CUDA); None on CPU
+    ready: torch.cuda.Event | None
+    logprobs: dict[int, dict[int, float]]  # by row, for rows that asked for them
+
+
+class ModelRunner:
+    """One rank's share of the engine's device work (see the module docstring).
+
+    Built from a loaded model (`load`): the pool's size (`num_pages`) is decided here, from the
+    memory the weights leave, and agreed over the tensor-parallel ranks.
+    """
+
+    def __init__(self, loaded: LoadedModel, cfg: EngineConfig, device: torch.device,
+                 attention_backend: Backend = Backend.AUTO, tp: TensorParallel | None = None,
+                 tp_group: TPGroup | None = None) -> None:
+        self.config, self.device, self.tp = cfg, device, tp
+        self.spec, self.dtype = loaded.spec, loaded.dtype
+        triton = attention_backend is Backend.TRITON or (attention_backend is Backend.AUTO and device.type == "cuda")
+        group = tp.group if tp is not None else tp_group
+        self.model = LlamaModel(loaded.spec, loaded.state_dict, loaded.dtype, device, fused=triton, tp=group)
+        # token ids must index the embedding (a config may claim more rows than the checkpoint holds)
+        self.vocab_size = min(self.spec.vocab_size, self.model.embed.shape[0], self.model.vocab_rows)
+        self.kv_dtype = (KVDtype.for_compute(str(self.dtype).removeprefix("torch.")) if cfg.kv_dtype == "auto"
+                         else KVDtype(cfg.kv_dtype))
+        s = self.model.shard_spec  # this rank's heads (all of them without tensor parallelism)
+        num_pages = cfg.num_pages or default_num_pages(s, cfg, self.kv_dtype, self.dtype, device)
+        if group is not None:
+            num_pages = group.min_over_ranks(num_pages)  # every rank's pool has the same page ids
+        self.num_pages = num_pages
+        use_graphs = triton and device.type == "cuda" and not cfg.enforce_eager
+        # with CUDA graphs one more page, never in the pool, takes the padding rows' K/V
+        self.kv = KVStore(s.num_layers, num_pages + use_graphs, cfg.page_size, s.num_kv_heads, s.head_dim,
+                          self.kv_dtype, device, self.dtype)
+        # KIVI's recent-token window (INT pages by default): shadow pages for every running row's latest tokens
+        self.kv_window = kv_window_for(self.kv_dtype, cfg.kv_window)
+        self.kv_sink = kv_sink_for(self.kv_dtype, self.kv_window, cfg.page_size, cfg.kv_sink)
+        window = (KVWindow(self.kv, self.kv_window, cfg.scheduler.max_running, self.kv_sink) if self.kv_window
+                  else None)
+        self.attention = PagedAttention(self.kv, s.num_q_heads, s.head_dim, s.head_dim ** -0.5, attention_backend,
+                                        window=window)
+        # the KV dtype's rule says when a cascade group is worth it (INT4/INT2 or a window: never)
+        self.cascade_rule: CascadeRule = RULE_NEVER if window is not None else rule_for(self.kv_dtype)
+        self.graphs = (DecodeGraphs(self.model, self.attention, cfg.scheduler.max_running,
+                                    -(-self.limits.max_model_len // cfg.page_size), scratch_page=num_pages,
+                                    cascade=cfg.scheduler.cascade and self.cascade_rule is not RULE_NEVER)
+                       if use_graphs else None)
+        if self.graphs is not None:
+            self.graphs.capture_all()
+            floor = self.cascade_rule.floor if cfg.scheduler.cascade else None
+            if floor is not None:  # cascade graphs too, so a workload's cascade steps neither compile nor capture
+                self.graphs.warm_cascade(*floor)
+        if device.type == "cuda":  # two pinned token buffers, alternate steps (one may still be filling)
+            rows = cfg.scheduler.max_running
+            self._token_hosts = [torch.zeros(rows, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+            self._token_events = [torch.cuda.Event(), torch.cuda.Event()]
+            self._token_turn = 0
+
+    @classmethod
+    def load(cls, model: Any, cfg: EngineConfig, attention_backend: Backend = Backend.AUTO,
+             tp_group: TPGroup | None = None) -> tuple[ModelRunner, LoadedModel]:
+        """Load `model` (weights.load_model's sources) and build its runner; with tensor_parallel_size > 1
+        (and no tp_group: this is rank 0) start the worker ranks first. Returns the runner and what was
+        loaded (its tokenizer and EOS ids are the front end's; the weights now live in the runner)."""
+        device = pick_device(cfg.device)
+        loaded = load_model(model, cfg.dtype, device, cfg.seed)
+        tp = (TensorParallel.launch(cls, model, dict(cfg=cfg, attention_backend=attention_backend), loaded.spec,
+                                    cfg.tensor_parallel_size, device, cfg.dist_timeout_s)
+              if cfg.tensor_parallel_size > 1 and tp_group is None else None)
+        runner = cls(loaded, cfg, device, attention_backend, tp, tp_group)
+        return runner, loaded._replace(state_dict={})
+
+    @property
+    def limits(self) -> ModelLimits:
+        """What validating a request needs to know of this engine (torch-free)."""
+        cap, ctx = self.config.max_model_len, self.spec.max_position
+        return ModelLimits(vocab_size=self.vocab_size, max_model_len=ctx if cap is None else min(cap, ctx),
+                           sliding_window=self.spec.sliding_window, page_size=self.config.page_size,
+                           num_pages=self.num_pages)
+
+    @property
+    def dead(self) -> bool:
+        """True once nothing more can run here (the tensor-parallel ranks were shut down after a failure)."""
+        return self.tp is not None and self.tp.failed
+
+    def close(self) -> None:
+        """Stop the tensor-parallel worker ranks, if any (idempotent)."""
+        if self.tp is not None:
+            self.tp.close()
+
+    # ------------------------------------------------------------------ forward
+
+    def forward_logits(self, batch: Batch, use_graphs: bool = True, input_ids: Tensor | None = None) -> Tensor:
+        """Logits [S, V] float32 of the batch's sampling rows: from a CUDA graph when the step fits
+        one (and use_graphs), else eagerly. Stores the step's K/V either way (on every rank). input_ids:
+        int64 [T] on the device in place of batch.input_ids (a step scheduled ahead; not with tensor
+        parallelism, whose workers read the batch's host ids: async scheduling is off there)."""
+        if self.tp is not None:  # tensor parallel: the workers run the same forward over their shards
+            if input_ids is not None:
+                raise RuntimeError("a step scheduled ahead cannot run tensor parallel (its ids are on rank 0's device)")
+            return self.tp.run_step(batch, use_graphs, self.forward_local)
+        return self.forward_local(batch, use_graphs, input_ids)
+
+    def forward_local(self, batch: Batch, use_graphs: bool = True, input_ids: Tensor | None = None) -> Tensor:
+        """forward_logits on this process's shard only (a tensor-parallel worker runs this each step)."""
+        if use_graphs and self.graphs is not None and self.graphs.fits(batch):
+            return self.graphs.run(batch, input_ids)  # every decode row samples
+        dev = self.device
+        self.attention.plan(batch)
+        last = [batch.q_start[b] + batch.q_lens[b] - 1 for b, s in enumerate(batch.sample) if s]
+        if input_ids is None:
+            input_ids = host_to_device(batch.input_ids, torch.int64, dev)
+        return self.model.forward(input_ids, host_to_device(batch.positions, torch.int64, dev), self.attention,
+                                  host_to_device(last, torch.int64, dev))
+
+    # ------------------------------------------------------------------ sampling
+
+    def launch(self, batch: Batch, prev: Launched | None = None) -> Launched:
+        """Queue the forward pass and the sampler of `batch` (one token per sampling row) and the copy
+        of the tokens to the host; read the logprobs of the rows that asked for them. prev: the step
+        `batch` was scheduled ahead of (its tokens are batch's inputs). Changes no request."""
+        dev = self.device
+        rows = [b for b, s in enumerate(batch.sample) if s]
+        ids = None
+        if batch.follows is not None:
+            # every row of prev samples (EngineCore runs ahead only then), so follows indexes prev.drawn
+            ids = (prev.drawn if batch.follows == prev.rows
+                   else prev.drawn.index_select(0, host_to_device(batch.follows, torch.int64, dev)))
+        raw = logits = self.forward_logits(batch, input_ids=ids)
+        reqs = [batch.requests[b] for b in rows]
+        params = [r.sampling.params for r in reqs]
+        if any(p.penalized or p.min_tokens for p in params):
+            logits = penalize(logits, params, [r.prompt for r in reqs], [r.output for r in reqs],
+                              [r.stop_token_ids for r in reqs])
+        if all(p.greedy for p in params):
+            drawn = logits.argmax(dim=-1)
+        else:
+            # the index in its request's output of the token each row draws (one past the host's
+            # output for a step scheduled ahead)
+            counters = [batch.seq_lens[b] - len(r.prompt) for b, r in zip(rows, reqs)]
+            drawn = sample(logits, sampling_rows(params, [r.sampling.seed for r in reqs], counters,
+                                                 logits.shape[1], dev))
+        want = [i for i, p in enumerate(params) if p.logprobs is not None]
+        logprobs: dict[int, dict[int, float]] = {}
+        if want:
+            idx = torch.tensor(want, dtype=torch.int64, device=dev)
+            lps = top_logprobs(raw.index_select(0, idx), drawn.index_select(0, idx),
+                               [params[i].logprobs for i in want])
+            logprobs = {rows[i]: lp for i, lp in zip(want, lps)}
+        host = ready = None
+        if dev.type == "cuda":
+            turn = self._token_turn
+            self._token_turn ^= 1
+            if len(rows) > self._token_hosts[turn].numel():
+                self._token_hosts[turn] = torch.zeros(len(rows), dtype=torch.int64, pin_memory=True)
+            host, ready = self._token_hosts[turn][:len(rows)], self._token_events[turn]
+            host.copy_(drawn, non_blocking=True)
+            ready.record()
+        return Launched(batch, rows, drawn, host, ready, logprobs)
+
+    def collect(self, launched: Launched) -> list[int | None]:
+        """The launched step's tokens by row (None for rows that do not sample): waits for them."""
+        if launched.ready is not None:
+            launched.ready.synchronize()
+            drawn = launched.host.tolist()
+        else:
+            drawn = launched.drawn.tolist()
+        tokens: list[int | None] = [None] * len(launched.batch.requests)
+        for b, t in zip(launched.rows, drawn):
+            tokens[b] = t
+        return tokens
+
+
+def pick_device(name: str | None) -> torch.device:
+    """The device `name` names (CUDA when None and available), checked to exist in this torch build."""
+    try:
+        device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as e:
+        raise ValueError(f"invalid device {name!r}: {e}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r} asked for, but this torch build ({torch.__version__}) has no "
+                             f"usable CUDA GPU; use device='cpu'")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    elif device.type != "cpu":
+        raise ValueError(f"device {name!r} is not supported; use 'cuda', 'cuda:N' or 'cpu'")
+    return device
