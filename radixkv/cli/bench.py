@@ -31,7 +31,7 @@ def add_bench_parser(sub: Any) -> None:
 
 def _cmd_bench(a: argparse.Namespace) -> int:
     from radixkv.engine import bench
-    from radixkv.engine.runner import pick_device
+    from radixkv.engine.device import pick_device
     from radixkv.engine.model_config import config_errors, error_detail
 
     check_output("--json", a.json)

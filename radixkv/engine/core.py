@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixkv.batch import Batch
 from radixkv.cache import PagePool, RadixCache
 from radixkv.cache.events import KVEventPublisher
 from radixkv.config import EngineConfig
@@ -169,7 +170,7 @@ class EngineCore:
     @torch.inference_mode()
     def _step(self) -> list[RequestDelta]:
         self._drop_finished_ahead()
-        stage, launched = "schedule", None
+        stage, batch = "schedule", None
         try:
             launched, self._ahead = self._ahead, None
             if launched is None:
@@ -178,7 +179,7 @@ class EngineCore:
                     return []
                 stage = "run"
                 launched = self.runner.launch(batch)
-            stage = "run"
+            batch, stage = launched.batch, "run"
             if self.async_scheduling and self._may_run_ahead(launched):
                 nxt = self.scheduler.schedule_ahead(self.now())
                 if nxt is not None:
@@ -186,8 +187,8 @@ class EngineCore:
                     self.steps_ahead += 1
             tokens = self.runner.collect(launched)  # the step's one wait on the device
             stage = "update"
-            before = [len(r.output) for r in launched.batch.requests]
-            self.scheduler.update(launched.batch, tokens, self.now())
+            before = [len(r.output) for r in batch.requests]
+            self.scheduler.update(batch, tokens, self.now())
         except BaseException as err:
             self._ahead = None
             # what was not updated never happened: abandoning the oldest batch in flight drops the one
@@ -196,7 +197,7 @@ class EngineCore:
             if self.scheduler.in_flight is not None:
                 self.scheduler.abandon(self.scheduler.in_flight)
             if isinstance(err, Exception):
-                raise StepFailed(stage, self._suspects(stage, launched), err) from err
+                raise StepFailed(stage, self._suspects(batch), err) from err
             raise
         self.num_steps += 1
         deltas = self._deltas(launched, before)
@@ -223,12 +224,11 @@ class EngineCore:
             out.append(RequestDelta(r.rid, new, reason, r.cached_tokens, lps))
         return out
 
-    def _suspects(self, stage: str, launched: Launched | None) -> list[int]:
-        if stage == "schedule" or launched is None:
-            return [e.req.rid for e in self.scheduler.waiting[:1]]  # admission puts its requests back
-        rids = [r.rid for r in launched.batch.requests]
-        new = [rid for rid in rids if rid not in self._ran]
-        return new or rids
+    def _suspects(self, batch: Batch | None) -> list[int]:
+        if batch is None:  # admission raised (it puts its requests back): the head of the queue
+            return [e.req.rid for e in self.scheduler.waiting[:1]]
+        rids = [r.rid for r in batch.requests]
+        return [rid for rid in rids if rid not in self._ran] or rids
 
     def _drop_finished_ahead(self) -> None:
         if self._ahead is not None and all(r.finished for r in self._ahead.batch.requests):

@@ -32,7 +32,7 @@ from torch import Tensor
 from radixkv import plan
 from radixkv.config import EngineConfig, KVDtype
 
-from .weights import ModelSpec
+from .model_config import ModelSpec
 
 
 _TORCH = {

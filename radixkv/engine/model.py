@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .parallel import TPGroup, shard_spec, shard_vocab
-from .weights import ModelSpec, RopeKind, RopeSpec
+from .model_config import ModelSpec, RopeKind, RopeSpec
 
 
 class LayerAttention(Protocol):

@@ -18,8 +18,9 @@ from radixkv.config import EngineConfig, KVDtype
 from radixkv.plan import kv_sink_for, kv_window_for
 from radixkv.scheduler.cascade_groups import RULE_NEVER, CascadeRule, rule_for
 
-from .attention import Backend, PagedAttention, host_to_device
+from .attention import Backend, PagedAttention
 from .cuda_graphs import DecodeGraphs
+from .device import host_to_device, pick_device
 from .inputs import ModelLimits
 from .kv_store import KVStore, default_num_pages
 from .kv_window import KVWindow
@@ -207,19 +208,3 @@ class ModelRunner:
             tokens[b] = t
         return tokens
 
-
-def pick_device(name: str | None) -> torch.device:
-    """The device `name` names (CUDA when None and available), checked to exist in this torch build."""
-    try:
-        device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except RuntimeError as e:
-        raise ValueError(f"invalid device {name!r}: {e}") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r} asked for, but this torch build ({torch.__version__}) has no "
-                             f"usable CUDA GPU; use device='cpu'")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    elif device.type != "cpu":
-        raise ValueError(f"device {name!r} is not supported; use 'cuda', 'cuda:N' or 'cpu'")
-    return device

@@ -67,8 +67,8 @@ def test_failing_admission_fails_the_waiting_head_not_the_running(engine) -> Non
                                                                           ignore_eos=True))
             it = good.__aiter__()
             await it.__anext__()  # running now
-            poison = await engine.add_request("abc", SamplingParams(temperature=0.0, max_tokens=4),
-                                              namespace="poison")
+            poison = await engine.add_request("abc", SamplingParams(temperature=0.0, max_tokens=4,
+                                                                    cache_salt="poison"))
             with pytest.raises(Exception, match="admission fault"):
                 await poison.final()
             last = None
@@ -121,7 +121,7 @@ def test_a_step_failing_on_a_dead_engine_stops_the_loop(engine) -> None:
     llm = engine.llm
 
     def failing(now):
-        type(llm).dead = property(lambda self: True)  # the failure killed the engine
+        type(llm.runner).dead = property(lambda self: True)  # the failure killed the engine
         raise RuntimeError("rank 1 died")
 
     async def main():
@@ -131,7 +131,7 @@ def test_a_step_failing_on_a_dead_engine_stops_the_loop(engine) -> None:
             async for _ in s:
                 pass
 
-    real_dead = type(llm).dead
+    real_dead = type(llm.runner).dead
     try:
         asyncio.run(main())
         deadline = time.monotonic() + 5
@@ -139,7 +139,7 @@ def test_a_step_failing_on_a_dead_engine_stops_the_loop(engine) -> None:
             time.sleep(0.02)
         assert not engine.is_running and "rank 1 died" in repr(engine._dead)
     finally:
-        type(llm).dead = real_dead
+        type(llm.runner).dead = real_dead
         llm.core.scheduler.__dict__.pop("schedule", None)
 
 

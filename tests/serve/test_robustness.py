@@ -101,7 +101,7 @@ def test_disconnect_aborts_and_frees_pages(server) -> None:
             httpx.post(f"{server.url}/v1/completions", json={**body, "stream": False}, timeout=1.0)
         assert server.pool_whole(timeout=10)
     finally:
-        server.llm.__dict__.pop("forward_logits", None)
+        server.llm.runner.__dict__.pop("forward_logits", None)
     text = httpx.get(f"{server.url}/metrics").text
     assert 'finished_reason="abort"' in text
 
@@ -117,7 +117,7 @@ def _poison(server, token: int):
         return real(batch, *args, **kwargs)
 
     llm.runner.forward_logits = failing
-    return lambda: llm.__dict__.pop("forward_logits", None)
+    return lambda: llm.runner.__dict__.pop("forward_logits", None)
 
 
 def test_failing_step_fails_only_its_request(server) -> None:
@@ -175,7 +175,7 @@ def test_concurrent_requests_share_steps(server) -> None:
         for t in threads:
             t.start()
         deadline = time.monotonic() + 20
-        while engine._inbox.qsize() < 4 and time.monotonic() < deadline:  # all four posted
+        while engine.core._inbox.qsize() < 4 and time.monotonic() < deadline:  # all four posted
             time.sleep(0.01)
         gate.set()
         blocked.result(30)
@@ -183,6 +183,6 @@ def test_concurrent_requests_share_steps(server) -> None:
             t.join(60)
     finally:
         gate.set()
-        llm.__dict__.pop("forward_logits", None)
+        llm.runner.__dict__.pop("forward_logits", None)
     assert [results[i] for i in range(4)] == want
     assert sizes[0] == 4 and len(sizes) == 6  # one prefill step for all four, then 5 batched decodes
