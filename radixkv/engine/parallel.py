@@ -11,7 +11,8 @@ Megatron's split of a Llama layer over `world` ranks (LlamaModel slices its weig
     embedding, norms replicated: the residual stream is whole on every rank.
 
 Each rank keeps its share of KV heads in its own KVStore, with the same page ids as every other rank:
-the scheduler and the radix tree live on rank 0 only (tp_workers.py sends each step's Batch to the others).
+the scheduler and the radix tree live on rank 0 only (tp_workers.py sends each step's Batch to the others,
+as raw int arrays: tp_frames.py).
 
 One default process group a process (torch.distributed.init_process_group; tp_workers.py starts and
 destroys it): gloo on CPU, NCCL on CUDA. The collectives are plain `dist` calls on tensors of the

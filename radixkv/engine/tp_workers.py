@@ -3,20 +3,24 @@
 Processes. Rank 0 is the caller's process: scheduler, radix tree, sampler, and its own shard. Ranks
 1..N-1 are started with torch.multiprocessing's "forkserver" context (CUDA-safe like "spawn"; the server
 preloads torch and radixkv once, so later engines start in a fraction of the time; a script that builds
-an LLM at import time needs the usual `if __name__ == "__main__":` guard). Each worker builds the same engine class
-rank 0 is, with the same arguments and its TPGroup, so construction runs the same code on every rank and
-its collectives (agreeing on num_pages, capturing CUDA graphs) pair up in order. On CUDA rank r uses GPU
-`index(device) + r`; NCCL_NVLS_ENABLE defaults to 0 (NVLink multicast off).
+an LLM at import time needs the usual `if __name__ == "__main__":` guard). Each worker builds the same
+runner class rank 0 does (engine/runner.py: model, KV store, graphs; no scheduler, tree or sampler state;
+the class arrives as an argument, so no worker module imports runner.py), with the same config and its
+TPGroup, so construction runs the same code on every rank and its collectives (agreeing on num_pages,
+capturing CUDA graphs) pair up in order. On CUDA rank r uses GPU `index(device) + r`; NCCL_NVLS_ENABLE
+defaults to 0 (NVLink multicast off).
 
 Channels.
     store        TCPStore on 127.0.0.1 (port picked by the OS): the process group's rendezvous
-    pipes        one duplex Pipe a worker. Down: _Step (the Batch, its Request objects left behind),
-                 _Stop, _Fault (tests). Up: _Hello at start-up, _Failed(rank, traceback) before a
-                 worker exits on an error
+    pipes        one duplex Pipe a worker (messages: tp_frames.py). Down: each step as one buffer of raw
+                 arrays (a header, then the Batch's int arrays; its Request objects left behind; no
+                 pickle), Stop, InjectFault (tests). Up: Hello at start-up, Failed(rank, traceback)
+                 before a worker exits on an error (pickled, like Stop and InjectFault)
     collectives  torch.distributed (gloo on CPU, NCCL on CUDA), inside a step's forward and construction
 
 Step. `run_step(batch, use_graphs, local)` sends the step to every worker, then runs `local` (rank 0's
-forward); each worker runs `engine.forward_local(batch, use_graphs)` over its shard. Only rank 0 samples.
+forward); each worker (tp_worker_main.py) decodes the step's Batch over its receive buffer and runs
+`runner.forward_local(batch, use_graphs)` over its shard. Only rank 0 samples.
 
 Failure semantics (every case ends with all workers stopped and the process group left; the LLM then
 raises TensorParallelError at every step, close() still works; the failed step went back to the
@@ -39,14 +43,11 @@ when a worker process exits, so rank 0 does not hang. (Not run here: no multi-GP
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 import pickle
 import signal
-import sys
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -60,52 +61,25 @@ from torch import Tensor
 
 from radixkv.batch import Batch
 
-from .parallel import CollectiveError, TensorParallelError, TPGroup, check_shardable
+from .parallel import TensorParallelError, TPGroup, check_shardable
+from .tp_frames import (
+    Failed,
+    Fault,
+    Hello,
+    InjectFault,
+    PageTables,
+    Stop,
+    encode_step,
+    line,
+)
+from .tp_worker_main import START_TIMEOUT_S, worker_main
 from .weights import ModelSpec
+
+__all__ = ["Fault", "TensorParallel", "rank_devices"]
 
 _STOP_GRACE_S = 10.0  # a worker asked to stop gets this long to exit before it is terminated
 _REPORT_GRACE_S = 3.0  # after a failed collective, how long rank 0 waits for the workers' reports
-_START_TIMEOUT_S = 600.0  # start-up (imports, weights, CUDA graphs) gets at least this long, whatever dist_timeout_s
 _DIRECT_SEND_BYTES = 64 << 10  # a step this small fits a pipe's buffer: sent without a deadline thread
-
-
-class Fault(enum.Enum):
-    """Test-only faults a worker acts out at its next step (TensorParallel.inject_fault)."""
-
-    RAISE = "raise"  # raise RuntimeError before the forward
-    EXIT = "exit"  # os._exit(7) without a word
-    HANG = "hang"  # sleep past any timeout
-
-
-@dataclasses.dataclass(frozen=True)
-class _Step:
-    number: int
-    use_graphs: bool
-    batch: Batch  # requests: [None] * B (workers have no Request objects)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Stop:
-    pass
-
-
-@dataclasses.dataclass(frozen=True)
-class _FaultMsg:
-    kind: Fault
-
-
-@dataclasses.dataclass(frozen=True)
-class _Hello:
-    rank: int
-    pid: int
-
-
-@dataclasses.dataclass(frozen=True)
-class _Failed:
-    rank: int
-    error: str  # "Type: message", one line
-    traceback: str
-    collective: bool  # it was a collective failing (a consequence of another rank's failure, usually)
 
 
 @dataclasses.dataclass
@@ -113,7 +87,7 @@ class _Worker:
     rank: int
     proc: Any  # multiprocessing Process (forkserver context)
     conn: connection.Connection
-    report: _Failed | None = None
+    report: Failed | None = None
 
 
 def rank_devices(device: torch.device, world: int) -> list[torch.device]:
@@ -134,35 +108,37 @@ class TensorParallel:
         self.workers, self._store, self.timeout_s = workers, store, timeout_s
         self.group: TPGroup | None = None
         self.steps = 0
+        self._tables = PageTables()  # the rows' page ids as int32, converted once a request (tp_frames.py)
         self._error: TensorParallelError | None = None
         self._closing = threading.Event()
         # stops the workers on close(), when this object is collected, or at interpreter exit
         self._finalizer = weakref.finalize(self, _shut_down, workers, self._closing)
 
     @classmethod
-    def launch(cls, engine_cls: type, model: Any, ctor: dict[str, Any], spec: ModelSpec, world: int,
+    def launch(cls, runner_cls: type, model: Any, ctor: dict[str, Any], spec: ModelSpec, world: int,
                device: torch.device, timeout_s: float) -> TensorParallel:
-        """Start ranks 1..world-1 (each builds `engine_cls(model, **ctor, _tp_group=...)` on its device), then
-        join the process group as rank 0. ValueError before anything starts when the model cannot be split."""
+        """Start ranks 1..world-1 (each builds `runner_cls.load(model, **ctor, tp_group=...)`, ctor["cfg"] moved to
+        its device), then join the process group as rank 0. ValueError before anything starts when the model cannot be split."""
         check_shardable(spec, world)
         devices = rank_devices(device, world)
         if dist.is_initialized():
             raise RuntimeError("torch.distributed is already initialised in this process; a tensor-parallel "
                                "LLM starts its own process group (one such LLM a process)")
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-        start_s = max(timeout_s, _START_TIMEOUT_S)
+        start_s = max(timeout_s, START_TIMEOUT_S)
         store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timedelta(seconds=start_s),
                               wait_for_workers=False)
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["radixkv.engine.llm"])
+        ctx.set_forkserver_preload(["radixkv.engine.runner"])
         workers: list[_Worker] = []
         tp = cls(workers, store, timeout_s)
         try:
             for r in range(1, world):
                 ours, theirs = ctx.Pipe(duplex=True)
-                args = (r, world, store.port, theirs, engine_cls, model, {**ctor, "device": str(devices[r])},
+                cfg = dataclasses.replace(ctor["cfg"], device=str(devices[r]))
+                args = (r, world, store.port, theirs, runner_cls, model, {**ctor, "cfg": cfg},
                         timeout_s, str(devices[r]), dict(os.environ))
-                proc = ctx.Process(target=_worker_main, args=args, name=f"radixkv-tp-rank{r}", daemon=True)
+                proc = ctx.Process(target=worker_main, args=args, name=f"radixkv-tp-rank{r}", daemon=True)
                 proc.start()
                 theirs.close()
                 workers.append(_Worker(r, proc, ours))
@@ -190,9 +166,8 @@ class TensorParallel:
     def run_step(self, batch: Batch, use_graphs: bool, local: Callable[[Batch, bool], Tensor]) -> Tensor:
         """Send the step to every worker, then return `local(batch, use_graphs)` (rank 0's forward)."""
         self._check()
+        payload = encode_step(self.steps + 1, use_graphs, batch, self._tables)  # raises before anything is sent
         self.steps += 1
-        remote = dataclasses.replace(batch, requests=[None] * len(batch.requests))  # type: ignore[list-item]
-        payload = pickle.dumps(_Step(self.steps, use_graphs, remote), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             # from the first byte sent on, the workers may be in the step: anything that stops rank 0 before its
             # forward is done (a Ctrl-C in the send, an error in its forward) leaves them out of step with it,
@@ -208,7 +183,7 @@ class TensorParallel:
                 f"mid-step; they were shut down, build a new LLM", rank=0))
             raise
 
-    def _send(self, w: _Worker, payload: bytes) -> None:
+    def _send(self, w: _Worker, payload: bytes | bytearray) -> None:
         """Hand a step to worker w within dist_timeout_s. A payload larger than the pipe's buffer blocks until
         the worker reads it, so a worker stuck outside a collective (stopped, swapped out) would hang rank 0:
         such a send runs on a thread that rank 0 waits for with the deadline."""
@@ -239,7 +214,7 @@ class TensorParallel:
 
     def _await_hello(self) -> None:
         """Wait until every worker is up (imports done, about to join the group) or one of them failed."""
-        deadline = time.monotonic() + max(self.timeout_s, _START_TIMEOUT_S)
+        deadline = time.monotonic() + max(self.timeout_s, START_TIMEOUT_S)
         waiting = list(self.workers)
         while waiting:
             left = deadline - time.monotonic()
@@ -251,14 +226,14 @@ class TensorParallel:
                     msg = pickle.loads(w.conn.recv_bytes()) if w.conn.poll() else None
                 except (EOFError, OSError):
                     msg = None
-                if not isinstance(msg, _Hello):
-                    w.report = msg if isinstance(msg, _Failed) else None
+                if not isinstance(msg, Hello):
+                    w.report = msg if isinstance(msg, Failed) else None
                     raise self._failure(None)
                 waiting.remove(w)
 
     def inject_fault(self, rank: int, kind: Fault) -> None:
         """Tests: make worker `rank` act out `kind` at its next step."""
-        self.workers[rank - 1].conn.send_bytes(pickle.dumps(_FaultMsg(kind)))
+        self.workers[rank - 1].conn.send_bytes(pickle.dumps(InjectFault(kind)))
 
     @property
     def failed(self) -> bool:
@@ -312,7 +287,7 @@ def _read_report(w: _Worker) -> None:
     try:
         while w.report is None and w.conn.poll():
             msg = pickle.loads(w.conn.recv_bytes())
-            if isinstance(msg, _Failed):
+            if isinstance(msg, Failed):
                 w.report = msg
     except (EOFError, OSError):
         pass
@@ -322,7 +297,7 @@ def _blame(workers: Sequence[_Worker], step: int, timeout_s: float, cause: BaseE
     """The report: a worker's own error first, then one that died without a word, then one alive that never
     answered (a hang), then one whose collective failed; rank 0's own collective error at the end."""
     where = f"in step {step}" if step else "while starting"
-    tail = f" (rank 0: {type(cause).__name__}: {_line(cause)})" if cause is not None else ""
+    tail = f" (rank 0: {type(cause).__name__}: {line(cause)})" if cause is not None else ""
     for w in workers:
         if w.report is not None and not w.report.collective:
             return TensorParallelError(f"tensor-parallel rank {w.rank} failed {where}: {w.report.error}\n"
@@ -341,15 +316,10 @@ def _blame(workers: Sequence[_Worker], step: int, timeout_s: float, cause: BaseE
     return TensorParallelError(f"tensor-parallel rank {w.rank} failed {where}: {w.report.error}{tail}", w.rank)
 
 
-def _line(e: BaseException) -> str:
-    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-    return lines[0][:300] if lines else ""
-
-
 def _shut_down(workers: list[_Worker], closing: threading.Event) -> None:
     """Ask each live worker to stop, wait, then terminate and kill what is left; leave the process group."""
     closing.set()
-    stop = pickle.dumps(_Stop())
+    stop = pickle.dumps(Stop())
     for w in workers:
         if w.proc.exitcode is None:
             try:
@@ -389,61 +359,3 @@ def _watch(sentinels: list[int], closing: threading.Event) -> None:
             abort()
         except Exception:  # noqa: BLE001, S110 - best effort: the step still fails at the next check
             pass
-
-
-# ---------------------------------------------------------------------- worker process
-
-
-def _worker_main(rank: int, world: int, port: int, conn: connection.Connection, engine_cls: type, model: Any,
-                 ctor: dict[str, Any], timeout_s: float, device: str, env: dict[str, str]) -> None:
-    """A worker rank: join the group, build the engine's shard, then run every step rank 0 sends.
-    env: rank 0's environment at launch (a forkserver child inherits the server's, which may be older);
-    applied before anything reads NCCL_* or CUDA_VISIBLE_DEVICES."""
-    os.environ.clear()
-    os.environ.update(env)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if device == "cpu":  # the CPU's cores are shared by every rank
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    try:
-        conn.send_bytes(pickle.dumps(_Hello(rank, os.getpid())))
-        start_s = max(timeout_s, _START_TIMEOUT_S)
-        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=start_s))
-        group = TPGroup.init(rank, world, torch.device(device), store, timeout_s, start_s)
-        engine = engine_cls(model, **ctor, _tp_group=group)
-        _serve(engine, conn, rank)
-    except BaseException as e:  # noqa: BLE001 - every failure is reported to rank 0, then the process ends
-        report = _Failed(rank, f"{type(e).__name__}: {_line(e)}", traceback.format_exc(),
-                         isinstance(e, CollectiveError))
-        try:
-            conn.send_bytes(pickle.dumps(report))
-        except OSError:
-            pass
-        os._exit(1)
-    TPGroup.close()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(0)  # the group is left and nothing is buffered: skip seconds of interpreter teardown
-
-
-def _serve(engine: Any, conn: connection.Connection, rank: int) -> None:
-    """Run steps until _Stop, or until rank 0's end of the pipe closes (it is gone)."""
-    fault: Fault | None = None
-    while True:
-        try:
-            msg = pickle.loads(conn.recv_bytes())
-        except EOFError:
-            return
-        if isinstance(msg, _Stop):
-            return
-        if isinstance(msg, _FaultMsg):
-            fault = msg.kind
-            continue
-        assert isinstance(msg, _Step), f"rank {rank}: unexpected message {msg!r}"
-        if fault is Fault.RAISE:
-            raise RuntimeError(f"fault injected into rank {rank} (test)")
-        if fault is Fault.EXIT:
-            os._exit(7)
-        if fault is Fault.HANG:
-            time.sleep(3600)
-        with torch.inference_mode():
-            engine.forward_local(msg.batch, msg.use_graphs)

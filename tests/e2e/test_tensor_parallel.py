@@ -46,13 +46,28 @@ def test_tp2_greedy_equals_tp1_and_close_leaves_no_process() -> None:
         assert len(pids) == 1 and not _gone(pids[0])
         got = two.generate(PROMPTS, GREEDY)
         got_again = two.generate(PROMPTS[:2], GREEDY)
-        assert two.kv.num_kv_heads == one.kv.num_kv_heads // 2
+        assert two.runner.kv.num_kv_heads == one.runner.kv.num_kv_heads // 2
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert [o.token_ids for o in got_again] == [o.token_ids for o in again]
     assert [o.cached_tokens for o in got_again] == [o.cached_tokens for o in again] and again[0].cached_tokens > 0
     assert all(_gone(p) for p in pids), "a worker outlived close()"
     with pytest.raises(TensorParallelError, match="closed"):
         two.generate(PROMPTS[:1], GREEDY)
+
+
+def test_tp2_cascade_steps_reach_the_workers() -> None:
+    """Decode rows sharing cached pages as cascade groups (Batch.cascade, sent as a frame): the workers
+    plan the same groups over their heads; greedy output equals TP=1 plain decode."""
+    from radixkv.scheduler.cascade_groups import RULE_ALWAYS
+
+    prompts = [SHARED + [30 + i] * (1 + i) for i in range(4)] + [[50, 51, 52]]
+    want = _llm(tiny_config("llama"), 1).generate(prompts, GREEDY)
+    with _llm(tiny_config("llama"), 2, cascade=True) as two:
+        two.core.scheduler.cascade_rule = RULE_ALWAYS  # any shared page of any 2 rows: the tiny batch groups
+        two.generate([SHARED], SamplingParams(temperature=0.0, max_tokens=1))  # the shared pages enter the tree
+        got = two.generate(prompts, GREEDY)
+        assert two.runner.attention.cascade_steps >= GREEDY.max_tokens - 1
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
 
 
 def _fails_fast(llm: LLM, match: str, within_s: float) -> TensorParallelError:
