@@ -7,6 +7,10 @@ weights from a config.json unless --model) and the same engine flags. Rows:
   plus --suffix-len own tokens, --output-len out (ignore_eos, greedy), all sent at once.
 * random: --random-num-prompts requests of --input-len random tokens, --output-len out.
   ratio = server output tok/s (bench-serve, at --concurrency) / offline output tok/s (one generate).
+* prefix-repetition-open (diagnostic, server only; its ratio is against offline prefix-repetition): the same
+  prompts at concurrency = their number, as the offline engine takes them. Each bench-serve run prints the
+  CPU seconds of the API process, the engine-core process and the client: one near the wall time is the
+  bottleneck.
 * prefix-repetition@RATE: --latency-num-prompts of workload (a)'s mix as Poisson arrivals at --rate:
   the server's ITL p50 and the offline decode step (`llm.step()`, decode only) at the same batch: the
   mean of /metrics `radixkv:num_requests_running` sampled every 0.25 s while the engine was busy (> 0).
@@ -34,6 +38,7 @@ import itertools
 import json
 import os
 import random
+import resource
 import signal
 import socket
 import statistics
@@ -53,6 +58,7 @@ TINY = dict(LLAMA3_8B, num_hidden_layers=2, hidden_size=64, num_attention_heads=
             intermediate_size=128, vocab_size=1024, max_position_embeddings=4096, torch_dtype="float32",
             bos_token_id=1, eos_token_id=2)
 LOW_ID = 100
+OPEN = "prefix-repetition-open"  # workload (a)'s prompts sent all at once: the server without a closed loop
 # engine flags handed unchanged to `radixkv serve` and, as keyword arguments (vLLM's names), to LLM(...)
 ENGINE_FLAGS = [("--dtype", str), ("--device", str), ("--kv-cache-dtype", str), ("--block-size", int),
                 ("--max-num-seqs", int), ("--num-gpu-blocks-override", int), ("--max-model-len", int),
@@ -173,6 +179,24 @@ class Server:
         self.log.close()
 
 
+def cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of process `pid` and of each of its children, by name."""
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    kids = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout.split()
+    for name, p in [("api", pid)] + [(f"child{i}", int(k)) for i, k in enumerate(kids)]:
+        with contextlib.suppress(OSError):
+            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            out[name] = (int(f[11]) + int(f[12])) / tick
+    return out
+
+
+def print_cpu(before: tuple, after_server: dict, after_client, wall: float) -> None:
+    """Where the run's CPU went: a process near `wall` seconds is saturated (the profile of the run)."""
+    used = {k: v - before[0].get(k, 0.0) for k, v in after_server.items()}
+    used["client"] = after_client.ru_utime + after_client.ru_stime - before[1].ru_utime - before[1].ru_stime
+    print(f"  cpu over {wall:.2f} s: " + ", ".join(f"{k} {v:.2f} s" for k, v in used.items()), flush=True)
+
+
 def running_sampler(url: str, stop: threading.Event, out: list[float]) -> None:
     """Sample /metrics radixkv:num_requests_running every 0.25 s until `stop`."""
     while not stop.wait(0.25):
@@ -284,7 +308,11 @@ def run_server(a, model: str, vocab: int, work: dict, todo: list[str], log_dir: 
                           "sending the trace with return_token_ids instead", flush=True)
                     res[name] = asyncio.run(_stream_token_ids(server.url, work[name]))
                 else:
-                    r = bench_serve(server.url, work[name], vocab, a.concurrency, log_dir, name)
+                    cpu = cpu_seconds(server.proc.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
+                    conc = len(work[name]) if name == OPEN else a.concurrency
+                    r = bench_serve(server.url, work[name], vocab, conc, log_dir, name)
+                    print_cpu(cpu, cpu_seconds(server.proc.pid), resource.getrusage(resource.RUSAGE_CHILDREN),
+                              r["duration"])
                     ok = [q for q in r["requests"] if q["success"]]
                     res[name] = {"output_throughput": r["output_throughput"], "duration": r["duration"],
                                  "itl_s": [g for q in ok for g in q["itl"]], "latencies_s": [q["latency"] for q in ok]}
@@ -309,7 +337,7 @@ def run_offline(a, model: str, work: dict, todo: list[str], batch: int | None) -
     params = SamplingParams(max_tokens=a.output_len, ignore_eos=True, temperature=0)
     llm.generate([r["tokens"] for r in work["warmup"]], SamplingParams(max_tokens=8, ignore_eos=True, temperature=0))
     res: dict = {}
-    for name in (n for n in todo if n != "latency"):
+    for name in (n for n in todo if n not in ("latency", OPEN)):
         sync()
         t = time.perf_counter()
         outs = llm.generate([r["tokens"] for r in work[name]], params)
@@ -350,9 +378,10 @@ def main() -> int:
     if vocab is None or vocab <= LOW_ID:
         sys.exit(f"error: give --vocab-size (> {LOW_ID}) for {model}")
     todo = [w for w in a.workloads.split(",") if w]
-    if set(todo) - {"prefix-repetition", "random", "latency"}:
-        sys.exit(f"error: --workloads: expected some of prefix-repetition,random,latency, got {a.workloads}")
+    if set(todo) - {"prefix-repetition", "random", "latency", OPEN}:
+        sys.exit(f"error: --workloads: expected some of prefix-repetition,random,latency,{OPEN}, got {a.workloads}")
     work = make_workloads(a, vocab)
+    work[OPEN] = work["prefix-repetition"]  # the same prompts, all sent at once (no closed loop)
     print(f"model {model} (vocab {vocab}), engine flags: {' '.join(engine_argv(a)) or '(defaults)'}; logs in {log_dir}")
 
     server = run_server(a, model, vocab, work, todo, log_dir)
@@ -368,7 +397,7 @@ def main() -> int:
 
     rows = []
     for name in todo:
-        s, o = server[name], offline.get(name, {})
+        s, o = server[name], offline.get("prefix-repetition" if name == OPEN else name, {})
         itl = s["itl_s"] if name == "latency" else []
         rows.append({"workload": f"prefix-repetition@{a.rate:g}rps" if name == "latency" else name,
                      "server_output_tok_s": s["output_throughput"],

@@ -354,7 +354,7 @@ class _Handlers:
                     finals[k] = out
                 if lps[k] is not None:
                     lps[k].add(out)  # held until a chunk carries text (or the end)
-                if not (out.delta_text or out.finished or body.return_token_ids):
+                if not (out.delta_text or out.finished or body.return_token_ids or self.engine.tokenizer is None):
                     continue
                 delta: Any = {"content": out.delta_text} if shape.chat else out.delta_text
                 if shape.chat and out.finished and not out.delta_text:

@@ -87,6 +87,7 @@ class AsyncLLM:
         self._auto_ids = itertools.count()
         self._dead: str | None = None
         self._window = LogWindow(time.monotonic())
+        self._prompt_tokens = 0  # the core's prompt-token count at the last step (the log line's window)
         self.core.start(self)
 
     @classmethod
@@ -201,7 +202,8 @@ class AsyncLLM:
         for p, error in victims:
             self.core.outputs.end(p.state.rid, FinishReason.ABORT)
             self._end(p, EngineStepError(f"the engine step running request {p.request_id!r} failed: {error}"))
-        self._window.add(0, generated)
+        self._window.add(stats.prompt_tokens - self._prompt_tokens, generated)
+        self._prompt_tokens = stats.prompt_tokens
         if self.stats is not None:
             self.stats.on_step(stats, generated)
         self._maybe_log(stats)

@@ -94,7 +94,7 @@ def add_bench_serve(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def build_requests(args: argparse.Namespace) -> list:
-    from .bench_client import (prefix_repetition_dataset, random_dataset, sharegpt_dataset,
+    from .bench_datasets import (prefix_repetition_dataset, random_dataset, sharegpt_dataset,
                                trace_dataset)
 
     n = args.num_prompts
