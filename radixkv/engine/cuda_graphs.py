@@ -145,7 +145,7 @@ class DecodeGraphs:
 
     def cascade_graph_key(self, bucket: int, key: CascadeKey) -> CascadeGraphKey:
         """The graph key of a step of this shape: the split counts cascade_decode would choose for it."""
-        from radixkv.kernels.cascade import default_prefix_splits
+        from radixkv.kernels.cascade_plan import default_prefix_splits
 
         from .cascade_inputs import CascadeGraphKey
 

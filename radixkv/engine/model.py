@@ -64,9 +64,9 @@ def layer_ops(fused: bool) -> LayerOps:
         from radixkv import kernels
 
         return LayerOps(kernels.rms_norm, kernels.silu_and_mul, kernels.apply_rope_)
-    from radixkv.kernels import reference_layers as reference
+    from radixkv.kernels import reference_layers
 
-    return LayerOps(reference.rms_norm_ref, reference.silu_and_mul_ref, reference.apply_rope_ref)
+    return LayerOps(reference_layers.rms_norm_ref, reference_layers.silu_and_mul_ref, reference_layers.apply_rope_ref)
 
 
 class _Layer:

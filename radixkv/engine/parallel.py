@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .weights import ModelSpec
+from .model_config import ModelSpec
 
 
 class TensorParallelError(RuntimeError):

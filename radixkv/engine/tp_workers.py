@@ -73,7 +73,7 @@ from .tp_frames import (
     line,
 )
 from .tp_worker_main import START_TIMEOUT_S, worker_main
-from .weights import ModelSpec
+from .model_config import ModelSpec
 
 __all__ = ["Fault", "TensorParallel", "rank_devices"]
 

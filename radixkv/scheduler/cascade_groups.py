@@ -9,7 +9,7 @@ O(total pages of the rows) list comparisons, and picks
 
 - level one (always): an antichain of trie nodes, each a group of rows and the pages they all share
   from page 0, maximising the KV pages not re-read, sum over groups of (rows - 1) x pages, among the
-  groups the rule (`CascadeRule`) finds worth it. This is the one level `kernels.cascade.plan_cascade`
+  groups the rule (`CascadeRule`) finds worth it. This is the one level `kernels.cascade_plan.plan_cascade`
   takes (`CascadeLevels.plan_groups`).
 - an outer level (max_levels=2), when it pays: a shallower node above several chosen groups (a
   system prompt shared by all rows over a few-shot block shared by some). Its group reads the run
@@ -125,7 +125,7 @@ class CascadeLevels:
         return len(self.levels)
 
     def plan_groups(self) -> list[tuple[list[int], int]]:
-        """one_level as kernels.cascade.plan_cascade's `groups`: (rows, shared_tokens) pairs."""
+        """one_level as kernels.cascade_plan.plan_cascade's `groups`: (rows, shared_tokens) pairs."""
         return [(list(g.rows), g.tokens(self.page_size)) for g in self.one_level]
 
     def plan_outer(self) -> list[tuple[list[int], int]]:

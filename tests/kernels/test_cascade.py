@@ -1,5 +1,5 @@
 """Cascade (shared-prefix) decode kernels (kernels/cascade.py) under the interpreter vs their twins
-(kernels/reference.py) and vs plain paged_decode over the whole page tables.
+(kernels/reference_attention.py) and vs plain paged_decode over the whole page tables.
 
 Batches: groups of rows share their first pages (ragged group sizes and prefix lengths, groups of one),
 other rows are in no group; every row has its own tail pages. FP8 pages are quantised with torch

@@ -1,4 +1,4 @@
-"""reference.py against a dense fp64 oracle (scaled_dot_product_attention on contiguous K/V)."""
+"""The reference twins (reference_attention.py) against a dense fp64 oracle (scaled_dot_product_attention on contiguous K/V)."""
 import math
 
 import pytest
