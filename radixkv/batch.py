@@ -8,18 +8,72 @@ and the pages listed for a row cover all `seq_lens[b]` tokens.
 valid until `Scheduler.update`, and the model must not modify it.
 A batch scheduled ahead (`follows` set) reads its input tokens from the previous batch's sampled
 tokens on the device; its rows whose request has finished meanwhile are dropped by `update`.
+`cascade`: the step's cascade levels (CascadeLevels below; scheduler/cascade_groups.py finds them).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .request import Request
 
-if TYPE_CHECKING:  # annotation only: batch.py imports nothing from the scheduler at run time
-    from .scheduler.cascade_groups import CascadeLevels
+
+@dataclass(frozen=True)
+class CascadeGroup:
+    """Rows (batch indices, ascending) whose page tables all hold `pages` at page_start onwards."""
+
+    rows: tuple[int, ...]
+    page_start: int
+    pages: tuple[int, ...]
+
+    @property
+    def page_end(self) -> int:
+        return self.page_start + len(self.pages)
+
+    def tokens(self, page_size: int) -> int:
+        return len(self.pages) * page_size
+
+
+@dataclass(frozen=True)
+class CascadeLevels:
+    """The cascade of one decode step (module docstring): levels outermost first, each a tuple of groups
+    (a row in at most one group a level); suffix_start[b]: page index where row b's own pages begin
+    (0 for a row in no group); one_level: the best single level (runs from page 0), plan_cascade's input."""
+
+    levels: tuple[tuple[CascadeGroup, ...], ...]
+    suffix_start: tuple[int, ...]  # [B]
+    one_level: tuple[CascadeGroup, ...]
+    page_size: int
+
+    @property
+    def num_levels(self) -> int:
+        return len(self.levels)
+
+    def plan_groups(self) -> list[tuple[list[int], int]]:
+        """one_level as kernels.cascade_plan.plan_cascade's `groups`: (rows, shared_tokens) pairs."""
+        return [(list(g.rows), g.tokens(self.page_size)) for g in self.one_level]
+
+    def plan_outer(self) -> list[tuple[list[int], int]]:
+        """The outer level as plan_cascade's `outer` ((rows, shared tokens) pairs; plan_groups() is then
+        the inner level, its tokens also counted from token 0); [] with one level."""
+        if self.num_levels < 2:
+            return []
+        return [(list(g.rows), g.tokens(self.page_size)) for g in self.levels[0]]
+
+    def outer_units(self) -> tuple[int, ...]:
+        """Per outer group: the inner groups under it plus its rows in none (each would read the outer run
+        once on one level); () with one level."""
+        if self.num_levels < 2:
+            return ()
+        inner_of = {r: i for i, g in enumerate(self.levels[1]) for r in g.rows}
+        return tuple(len({inner_of.get(r, ("row", r)) for r in g.rows}) for g in self.levels[0])
+
+    @property
+    def pages_saved(self) -> int:
+        """Page reads a step saves over plain decode with all levels: sum of (rows - 1) x pages."""
+        return sum((len(g.rows) - 1) * len(g.pages) for level in self.levels for g in level)
+
 
 
 @dataclass

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from radixkv.batch import Batch
-from radixkv.scheduler.cascade_groups import CascadeGroup, CascadeLevels
+from radixkv.batch import CascadeGroup, CascadeLevels
 
 MAGIC = b"RKVS"
 _HEAD = struct.Struct("<4sq???xIII")  # magic, step number, use_graphs, has follows, has cascade, page_size, B, T

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from radixkv.batch import CascadeGroup, CascadeLevels
 from radixkv.config import KVDtype, canonical_kv_dtype_name
 
 # When a group is worth it, from benchmarks/RESULTS.md "Cascade decode kernels (issue 21 item 2)", H200,
@@ -91,62 +92,6 @@ def rule_for(kv_dtype: object) -> CascadeRule:
     if kv.is_int:
         return RULE_NEVER
     return RULE_FP8 if kv.is_fp8 else RULE_16BIT
-
-
-@dataclass(frozen=True)
-class CascadeGroup:
-    """Rows (batch indices, ascending) whose page tables all hold `pages` at page_start onwards."""
-
-    rows: tuple[int, ...]
-    page_start: int
-    pages: tuple[int, ...]
-
-    @property
-    def page_end(self) -> int:
-        return self.page_start + len(self.pages)
-
-    def tokens(self, page_size: int) -> int:
-        return len(self.pages) * page_size
-
-
-@dataclass(frozen=True)
-class CascadeLevels:
-    """The cascade of one decode step (module docstring): levels outermost first, each a tuple of groups
-    (a row in at most one group a level); suffix_start[b]: page index where row b's own pages begin
-    (0 for a row in no group); one_level: the best single level (runs from page 0), plan_cascade's input."""
-
-    levels: tuple[tuple[CascadeGroup, ...], ...]
-    suffix_start: tuple[int, ...]  # [B]
-    one_level: tuple[CascadeGroup, ...]
-    page_size: int
-
-    @property
-    def num_levels(self) -> int:
-        return len(self.levels)
-
-    def plan_groups(self) -> list[tuple[list[int], int]]:
-        """one_level as kernels.cascade_plan.plan_cascade's `groups`: (rows, shared_tokens) pairs."""
-        return [(list(g.rows), g.tokens(self.page_size)) for g in self.one_level]
-
-    def plan_outer(self) -> list[tuple[list[int], int]]:
-        """The outer level as plan_cascade's `outer` ((rows, shared tokens) pairs; plan_groups() is then
-        the inner level, its tokens also counted from token 0); [] with one level."""
-        if self.num_levels < 2:
-            return []
-        return [(list(g.rows), g.tokens(self.page_size)) for g in self.levels[0]]
-
-    def outer_units(self) -> tuple[int, ...]:
-        """Per outer group: the inner groups under it plus its rows in none (each would read the outer run
-        once on one level); () with one level."""
-        if self.num_levels < 2:
-            return ()
-        inner_of = {r: i for i, g in enumerate(self.levels[1]) for r in g.rows}
-        return tuple(len({inner_of.get(r, ("row", r)) for r in g.rows}) for g in self.levels[0])
-
-    @property
-    def pages_saved(self) -> int:
-        """Page reads a step saves over plain decode with all levels: sum of (rows - 1) x pages."""
-        return sum((len(g.rows) - 1) * len(g.pages) for level in self.levels for g in level)
 
 
 def outer_level_pays(levels: CascadeLevels | None, rule: CascadeRule = OUTER_RULE) -> bool:

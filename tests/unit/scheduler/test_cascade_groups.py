@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from radixkv import PagePool, RadixCache, SchedulerConfig
 from radixkv.request import Request
+from radixkv.batch import CascadeLevels
 from radixkv.scheduler.cascade_groups import (
     CASCADE_MIN_ROWS_16BIT,
     CASCADE_MIN_SHARED_TOKENS_16BIT,
@@ -18,7 +19,6 @@ from radixkv.scheduler.cascade_groups import (
     RULE_ALWAYS,
     RULE_FP8,
     RULE_NEVER,
-    CascadeLevels,
     CascadeRule,
     cascade_levels,
     find_cascade_groups,
