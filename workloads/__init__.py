@@ -1,4 +1,4 @@
-"""radixkv.workloads: trace formats (traces.py) and synthetic generators.
+"""radixkv.workloads: trace formats (traces.py; reading any of them: trace_loading.py) and synthetic generators.
 
 Generators return `TraceRequest` lists (write them with `traces.write_trace`):
 - multi_turn.multi_turn: chat sessions resending their history each turn (ShareGPT lengths)

@@ -25,7 +25,7 @@ from pathlib import Path
 from radixkv.replay.fleet import replay_fleet
 from radixkv.replay.replay import ReplayConfig, run_replay
 from radixkv.replay.router import RouterKind
-from radixkv.workloads.traces import load_trace
+from radixkv.workloads.trace_loading import load_trace
 
 SHARED = Path(os.environ.get("RADIXKV_SHARED", Path(__file__).resolve().parents[3] / "shared"))
 TRACES = {  # name -> (path, page size)

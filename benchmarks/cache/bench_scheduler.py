@@ -38,7 +38,7 @@ from radixkv.workloads.few_shot import FewShotConfig
 from radixkv.workloads.few_shot import few_shot as gen_few_shot
 from radixkv.workloads.multi_turn import MultiTurnConfig
 from radixkv.workloads.multi_turn import multi_turn as gen_multi_turn
-from radixkv.workloads.traces import load_trace
+from radixkv.workloads.trace_loading import load_trace
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 PAGE_SIZE = 16

@@ -100,7 +100,8 @@ class _PeerPages:
 
 
 def _requests(trace: str = "mooncake"):
-    from radixkv.workloads.traces import read_mooncake, read_weka
+    from radixkv.workloads.trace_loading import read_weka
+    from radixkv.workloads.traces import read_mooncake
 
     if trace == "weka":
         return read_weka(WEKA).requests

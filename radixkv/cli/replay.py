@@ -17,7 +17,8 @@ from radixkv.replay.replay import ReplayConfig, ReplayMode, run_replay
 from radixkv.replay.report import format_summary, nothing_completed
 from radixkv.replay.router import RouterKind
 from radixkv.workloads.data import BUNDLED, DEFAULT_TRACE, bundled_trace
-from radixkv.workloads.traces import TraceFormat, TraceRequest, load_trace
+from radixkv.workloads.trace_loading import load_trace
+from radixkv.workloads.traces import TraceFormat, TraceRequest
 
 
 def add_replay_parser(sub: Any) -> None:

@@ -26,7 +26,8 @@ from radixkv.scheduler.metrics import SchedulerMetrics, TimelinePoint, wait_stat
 from radixkv.workloads.few_shot import FewShotConfig, few_shot
 from radixkv.workloads.multi_turn import MultiTurnConfig, multi_turn
 from radixkv.workloads.shared_prefix import SharedPrefixConfig, shared_prefix
-from radixkv.workloads.traces import TraceRequest, load_trace
+from radixkv.workloads.trace_loading import load_trace
+from radixkv.workloads.traces import TraceRequest
 
 DATA = Path(__file__).resolve().parents[3] / "workloads" / "data" / "mooncake_sample.jsonl"
 MOONCAKE = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from radixkv.workloads.trace_records import MAX_REQUEST_TOKENS, TraceError
-from radixkv.workloads.traces import TraceFormat, detect_format, load_trace, read_weka
+from radixkv.workloads.trace_loading import detect_format, load_trace, read_weka
+from radixkv.workloads.traces import TraceFormat
 
 GOOD = {"arrival_s": 0, "tokens": [1, 2, 3], "max_tokens": 2}
 MOONCAKE = {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}

@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from radixkv.workloads.trace_loading import detect_format, load_trace, read_weka
 from radixkv.workloads.traces import (
-    HashedPrompt, TraceError, TraceFormat, TraceRequest, byte_tokenize, detect_format,
-    expand_hash_ids, load_trace, read_weka, record_requests, write_trace,
+    HashedPrompt, TraceError, TraceFormat, TraceRequest, byte_tokenize, expand_hash_ids, record_requests,
+    write_trace,
 )
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "traces"

@@ -10,7 +10,8 @@ from radixkv.workloads import poisson_arrivals
 from radixkv.workloads.few_shot import INSTRUCTION, FewShotConfig, few_shot
 from radixkv.workloads.multi_turn import MultiTurnConfig, multi_turn, session_turns, sharegpt_turn_lengths
 from radixkv.workloads.shared_prefix import SharedPrefixConfig, shared_prefix
-from radixkv.workloads.traces import load_trace, write_trace
+from radixkv.workloads.trace_loading import load_trace
+from radixkv.workloads.traces import write_trace
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
 SHAREGPT = SHARED / "sharegpt" / "sharegpt_v3_multiturn_first2000.jsonl"
