@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, Response
 from radixkv.engine.llm import LLM
 
 from .async_engine import AsyncLLM, EngineDeadError, EngineStepError, RequestStream, StreamOutput
+from .streams import merge_streams
 from .metrics import ServeMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, UnsupportedField, error_body
 from .responses import LogprobsFormat, _event, _Shape, _sse, _stream_error, _usage
@@ -321,18 +322,7 @@ class _Handlers:
     async def _stream(self, body: Any, streams: list[RequestStream], shape: "_Shape",
                       echo: list[str]) -> AsyncIterator[str]:
         """SSE lines of every choice as its deltas arrive, then usage (if asked), then [DONE]."""
-        merged: asyncio.Queue = asyncio.Queue()
-
-        async def pump(k: int, s: RequestStream) -> None:
-            try:
-                async for out in s:
-                    await merged.put((k, out))
-            except BaseException as err:  # noqa: BLE001 - reported in the stream
-                await merged.put((k, err))
-                if isinstance(err, asyncio.CancelledError):
-                    raise
-
-        tasks = [asyncio.create_task(pump(k, s)) for k, s in enumerate(streams)]
+        items, tasks = merge_streams(streams)
         finals: dict[int, StreamOutput] = {}
         lps = [self._logformat(body, len(echo[k // body.n])) for k in range(len(streams))]
         try:
@@ -342,15 +332,11 @@ class _Handlers:
             elif body.echo:
                 for k in range(len(streams)):
                     yield _event(shape.chunk(k, echo[k // body.n], None))
-            pending = len(streams)
-            while pending:
-                k, out = await merged.get()
+            async for k, out in items:
                 if isinstance(out, BaseException):
-                    pending -= 1
                     yield _event(_stream_error(out))
                     continue
                 if out.finished:
-                    pending -= 1
                     finals[k] = out
                 if lps[k] is not None:
                     lps[k].add(out)  # held until a chunk carries text (or the end)
@@ -372,6 +358,7 @@ class _Handlers:
         finally:
             for t in tasks:
                 t.cancel()
+            await items.aclose()  # a single stream left early: its request is aborted
 
 
 async def _collect(streams: list[RequestStream], raw: Request, engine: AsyncLLM) -> list[StreamOutput]:

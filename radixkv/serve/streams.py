@@ -1,6 +1,7 @@
 """What an AsyncLLM caller holds: a request's stream of StreamOutputs, and the engine's errors."""
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -103,3 +104,37 @@ class RequestStream:
             last = out
         assert last is not None
         return last
+
+
+def merge_streams(streams: list[RequestStream]) -> tuple[AsyncIterator[tuple[int, Any]], list[asyncio.Task]]:
+    """(choice index, StreamOutput or the error that ended it) of every stream as they arrive, until
+    each has ended; and the tasks feeding it (none for one stream, read directly: the common case)."""
+
+    async def one(s: RequestStream) -> AsyncIterator[tuple[int, Any]]:
+        try:
+            async for out in s:
+                yield 0, out
+        except Exception as err:  # noqa: BLE001 - reported in the stream
+            yield 0, err
+
+    if len(streams) == 1:
+        return one(streams[0]), []
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def pump(k: int, s: RequestStream) -> None:
+        try:
+            async for out in s:
+                await merged.put((k, out))
+        except BaseException as err:  # noqa: BLE001 - reported in the stream
+            await merged.put((k, err))
+            if isinstance(err, asyncio.CancelledError):
+                raise
+
+    async def drain() -> AsyncIterator[tuple[int, Any]]:
+        pending = len(streams)
+        while pending:
+            k, out = await merged.get()
+            pending -= isinstance(out, BaseException) or out.finished
+            yield k, out
+
+    return drain(), [asyncio.create_task(pump(k, s)) for k, s in enumerate(streams)]
