@@ -6,7 +6,6 @@ request completed, 2 a user mistake or an unreachable server, one line on stderr
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import sys
@@ -119,13 +118,14 @@ def result_path(args: argparse.Namespace) -> Path:
 
 
 def run_bench_serve(args: argparse.Namespace) -> int:
-    from .bench_client import BenchConfig, BenchError, format_table, run_benchmark
+    from .bench_client import BenchConfig, BenchError, format_table, run_async, run_benchmark
 
-    try:
-        import httpx  # noqa: F401 - checked before anything is sent
-    except ImportError:
-        print("radixkv: error: `radixkv bench-serve` needs httpx (pip install httpx)", file=sys.stderr)
-        return 2
+    for module in ("aiohttp", "msgspec"):  # checked before anything is sent
+        try:
+            __import__(module)
+        except ImportError:
+            print(f"radixkv: error: `radixkv bench-serve` needs {module} (pip install {module})", file=sys.stderr)
+            return 2
     out = result_path(args) if args.save_result else None
     if out is not None and (out.is_dir() or not out.parent.is_dir()):
         print(f"radixkv: error: --result-filename: cannot write {out}", file=sys.stderr)
@@ -139,7 +139,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         rate = math.inf
     try:
         requests = build_requests(args)
-        summary = asyncio.run(run_benchmark(cfg, requests, rate))
+        summary = run_async(run_benchmark(cfg, requests, rate))  # on uvloop when it is installed
     except BenchError as err:
         print(f"radixkv: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2

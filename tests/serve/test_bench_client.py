@@ -1,5 +1,6 @@
 """`radixkv bench-serve` against the tiny model's real server on 127.0.0.1 (tests/serve/conftest.py),
-and its parsing of OpenAI streams without radixkv's fields (httpx.MockTransport)."""
+and its parsing of SSE streams (radixkv's, OpenAI's without radixkv's fields, broken ones) served
+by aiohttp.web on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
@@ -7,12 +8,14 @@ import json
 import math
 import socket
 
-import httpx
 import pytest
 
+pytest.importorskip("aiohttp")
+pytest.importorskip("msgspec")
+
 from radixkv.cli import main
-from radixkv.serve.bench_client import (BenchConfig, BenchRequest, RequestResult, send_request, send_times,
-                                        summarize)
+from radixkv.serve.bench_client import (BenchConfig, BenchRequest, RequestResult, make_session, run_benchmark,
+                                        send_request, send_times, summarize)
 from radixkv.serve.bench_datasets import prefix_repetition_dataset
 
 VOCAB = ["--vocab-size", "160", "--token-id-low", "5"]  # the tiny model's ids, its specials (0-4) left out
@@ -97,46 +100,160 @@ def test_bad_flags_are_one_line(argv, needle, tmp_path, capsys):
     assert code == 2 and needle in err and err.count("\n") == 1 and err.startswith("radixkv: error: ")
 
 
-def _mock_client(events: list[str], status: int = 200) -> httpx.AsyncClient:
-    body = "".join(f"data: {e}\n\n" for e in events).encode()
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        sent = json.loads(request.content)
-        assert sent["stream"] and sent["stream_options"] == {"include_usage": True}
-        assert "ignore_eos" not in sent and request.headers["authorization"] == "Bearer k"
-        return httpx.Response(status, content=body if status == 200 else b'{"error": {"message": "bad\\nthing"}}',
-                              headers={"content-type": "text/event-stream"})
-
-    return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+# ------------------------------------------------ parsing, against an aiohttp.web server on 127.0.0.1
 
 
-def _send(events, status=200) -> RequestResult:
+def _chunk(text: str = "a", **extra) -> str:
+    return json.dumps({"choices": [{"index": 0, "text": text, **extra}]})
+
+
+USAGE = json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4,
+                                             "prompt_tokens_details": {"cached_tokens": 2}}})
+
+
+def _sse(events: list[str], sep: str = "\n\n") -> bytes:
+    return "".join(f"data: {e}{sep}" for e in events).encode()
+
+
+async def _serve(writes: list[bytes], status: int = 200, gap_s: float = 0.0, seen: list | None = None,
+                 peers: set | None = None):
+    """An aiohttp.web server on a free port of 127.0.0.1: POST /v1/completions answers `writes`,
+    each its own write (and TCP segment: no Nagle, `gap_s` apart); GET /v1/models lists "m"."""
+    from aiohttp import web
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        sent = await request.json()
+        if seen is not None:
+            seen.append((sent, dict(request.headers)))
+        if peers is not None:
+            peers.add(request.transport.get_extra_info("peername"))
+        if status != 200:
+            return web.Response(status=status, body=b'{"error": {"message": "bad\\nthing"}}',
+                                content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, piece in enumerate(writes):
+            if i and gap_s:
+                await asyncio.sleep(gap_s)
+            await resp.write(piece)
+        await resp.write_eof()
+        return resp
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def _send(writes: list[bytes] | bytes, status: int = 200, gap_s: float = 0.0, timeout_s: float = 30.0,
+          ignore_eos: bool = False) -> RequestResult:
+    if isinstance(writes, bytes):
+        writes = [writes]
+
     async def go():
-        async with _mock_client(events, status) as client:
-            cfg = BenchConfig(base_url="http://x", api_key="k")
-            return await send_request(client, cfg, "m", BenchRequest([1, 2, 3], 8), 0.0)
+        seen: list = []
+        runner, url = await _serve(writes, status, gap_s, seen)
+        try:
+            cfg = BenchConfig(base_url=url, api_key="k", timeout_s=timeout_s, ignore_eos=ignore_eos)
+            async with make_session(cfg, 4) as client:
+                res = await send_request(client, cfg, "m", BenchRequest([1, 2, 3], 8), 0.0)
+        finally:
+            await runner.cleanup()
+        (sent, headers), = seen
+        assert sent["stream"] and sent["stream_options"] == {"include_usage": True} and sent["model"] == "m"
+        assert sent["prompt"] == [1, 2, 3] and sent["max_tokens"] == 8
+        assert ("ignore_eos" in sent) == ignore_eos and headers["Authorization"] == "Bearer k"
+        return res
     return asyncio.run(go())
 
 
+def _split(body: bytes, size: int) -> list[bytes]:
+    return [body[i:i + size] for i in range(0, len(body), size)]
+
+
 def test_a_server_without_usage_or_cached_tokens():
-    chunk = json.dumps({"choices": [{"index": 0, "text": "a"}]})
-    r = _send([chunk, chunk, chunk, "[DONE]"])
+    chunk = _chunk()  # OpenAI's shape: no token_ids, no usage, no cached tokens
+    r = _send(_sse([chunk, chunk, chunk, "[DONE]"]))
     assert r.success and r.output_tokens == 3 and r.prompt_tokens == 3 and r.cached_tokens is None
     assert len(r.itl) == 2 and r.ttft <= r.latency
     s = summarize([r], 1.0)
     assert s["prefix_hit_rate"] is None and s["total_cached_tokens"] is None and s["completed"] == 1
-    usage = json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4,
-                                                 "prompt_tokens_details": {"cached_tokens": 2}}})
-    r = _send([chunk, chunk, usage, "[DONE]"])
+    r = _send(_sse([chunk, chunk, USAGE, "[DONE]"]))  # usage only in the last event
     assert r.output_tokens == 4 and r.cached_tokens == 2 and summarize([r], 1.0)["prefix_hit_rate"] == 2 / 3
-    r = _send([chunk, json.dumps({"error": {"message": "engine died"}})])
+    assert r.prompt_tokens == 3 and len(r.itl) == 1
+
+
+def test_events_split_across_writes_and_several_per_write():
+    events = [_chunk("a", token_ids=[7]), _chunk("", token_ids=[8]), _chunk("c", token_ids=[9],
+              finish_reason="length"), USAGE, "[DONE]"]
+    for sep in ("\n\n", "\r\n\r\n", "\r\r"):
+        body = _sse(events, sep)
+        whole = _send(body)  # every event in one write
+        assert whole.success and whole.output_tokens == 4 and whole.cached_tokens == 2, sep
+        assert len(whole.itl) == 2  # three content chunks: a token id counts without text
+        for size in (1, 5, 17, 64):  # events (and CRLFs) cut anywhere
+            r = _send(_split(body, size))
+            assert r.success and (r.output_tokens, r.prompt_tokens, r.cached_tokens) == (4, 3, 2), (sep, size)
+            assert len(r.itl) == 2 and r.ttft <= r.latency
+    # a `data:` line without the last newline, comments and other fields are fine too
+    r = _send([b": ping\n\nevent: x\nid: 1\n", _sse([_chunk()]), b"  data:" + _chunk().encode() + b"\n\n",
+               b"data:[DONE]"])
+    assert r.success and r.output_tokens == 2 and len(r.itl) == 1
+
+
+def test_chunk_times_are_when_the_chunks_arrive():
+    r = _send([_sse([_chunk()]), _sse([_chunk()]), _sse([_chunk(), USAGE, "[DONE]"])], gap_s=0.05)
+    assert r.success and r.ttft < 0.04 and len(r.itl) == 2
+    assert 0.04 < r.itl[0] < 1.0 and 0.04 < r.itl[1] < 1.0 and r.latency >= r.ttft + sum(r.itl) - 1e-6
+    assert abs(r.tpot - (r.latency - r.ttft) / 3) < 1e-9
+
+
+def test_errors_are_one_line():
+    chunk = _chunk()
+    r = _send(_sse([chunk, json.dumps({"error": {"message": "engine\ndied", "code": 500}})]))
     assert not r.success and r.error == "engine died"
-    r = _send([chunk])
-    assert not r.success and "[DONE]" in r.error
-    r = _send([], status=400)
+    r = _send(_sse([chunk, json.dumps({"error": "plain"}), "[DONE]"]))
+    assert not r.success and r.error == "plain"
+    r = _send(_sse([chunk]))
+    assert not r.success and r.error == "stream ended without [DONE]"
+    r = _send(_sse([json.dumps({"choices": [{"index": 0, "text": ""}]}), "[DONE]"]))
+    assert not r.success and r.error == "no output tokens"
+    r = _send(_sse([json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}), "[DONE]"]))
+    assert r.success and r.output_tokens == 2 and r.ttft == r.latency  # tokens that decoded to nothing
+    r = _send([b"data: {not json\n\n"])
+    assert not r.success and r.error.startswith("DecodeError: ") and "\n" not in r.error
+    r = _send(b"", status=400, ignore_eos=True)
     assert not r.success and r.error == "HTTP 400: bad thing"
     s = summarize([r], 1.0)
     assert s["failed"] == 1 and s["errors"] == {"HTTP 400: bad thing": 1} and s["mean_ttft_ms"] == 0.0
+    r = _send([_sse([chunk]), _sse(["[DONE]"])], gap_s=1.0, timeout_s=0.2)  # stalls past --timeout
+    assert not r.success and "Timeout" in r.error and "\n" not in r.error
+
+
+def test_run_benchmark_keeps_its_connections():
+    peers: set = set()
+    body = _sse([_chunk(token_ids=[1]), _chunk("b", token_ids=[2]), USAGE, "[DONE]"])
+
+    async def go():
+        runner, url = await _serve(_split(body, 40), peers=peers)
+        try:
+            cfg = BenchConfig(base_url=url, max_concurrency=2)
+            return await run_benchmark(cfg, [BenchRequest([1, 2, 3], 2) for _ in range(10)])
+        finally:
+            await runner.cleanup()
+
+    res = asyncio.run(go())
+    assert res["completed"] == 10 and res["model"] == "m" and res["total_output_tokens"] == 40
+    assert res["total_cached_tokens"] == 20 and res["max_concurrency"] == 2
+    assert len(peers) <= 2  # each stream read to its end: its connection goes back to the pool
 
 
 def test_send_times_and_datasets():
