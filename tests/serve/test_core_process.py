@@ -125,8 +125,40 @@ def test_a_core_that_dies_ends_every_stream_with_a_clear_error(tiny_folder: str)
         assert not engine.is_running
         with pytest.raises(EngineDeadError):
             asyncio.run(_final(engine, [1, 2, 3]))
+        _assert_unhealthy(engine)
     finally:
         engine.shutdown()
+
+
+def test_a_hung_core_is_reported_dead_and_killed(tiny_folder: str) -> None:
+    engine = AsyncLLM.start(tiny_folder, dtype="float32", device="cpu", num_pages=64, log_interval_s=None,
+                            log_level="warning", hang_timeout_s=2.0)
+    long = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+
+    async def run():
+        stream = await engine.add_request([3] * 20, long)
+        with pytest.raises(EngineDeadError, match="hung"):
+            async for _ in stream:
+                os.kill(engine.core.proc.pid, signal.SIGSTOP)  # stops answering, as a stuck kernel would
+
+    try:
+        asyncio.run(asyncio.wait_for(run(), 60))
+        engine.core.proc.join(10)
+        assert not engine.core.proc.is_alive() and not engine.is_running
+        _assert_unhealthy(engine)
+    finally:
+        engine.shutdown()
+
+
+def _assert_unhealthy(engine: AsyncLLM) -> None:
+    from fastapi.testclient import TestClient
+
+    from radixkv.serve.app import create_app
+
+    client = TestClient(create_app(None, engine=engine), raise_server_exceptions=False)
+    assert client.get("/health").status_code == 503
+    r = client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
+    assert r.status_code == 503 and "engine" in r.json()["error"]["message"]
 
 
 def test_a_failed_load_names_the_problem() -> None:
