@@ -197,6 +197,21 @@ def print_cpu(before: tuple, after_server: dict, after_client, wall: float) -> N
     print(f"  cpu over {wall:.2f} s: " + ", ".join(f"{k} {v:.2f} s" for k, v in used.items()), flush=True)
 
 
+def engine_steps(url: str) -> dict[str, float]:
+    """The server's radixkv:engine_steps_total by kind (decode, mixed)."""
+    out = {}
+    for line in http(url + "/metrics", timeout=5.0).decode().splitlines():
+        if line.startswith("radixkv:engine_steps_total{"):
+            out[line.split('kind="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def print_steps(side: str, before: dict, after: dict) -> None:
+    """Steps a run took, and how many were mixed (prompt tokens in them: eager, no CUDA graph)."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in ("decode", "mixed")}
+    print(f"  {side} steps: {d['decode'] + d['mixed']:.0f} ({d['mixed']:.0f} mixed)", flush=True)
+
+
 def running_sampler(url: str, stop: threading.Event, out: list[float]) -> None:
     """Sample /metrics radixkv:num_requests_running every 0.25 s until `stop`."""
     while not stop.wait(0.25):
@@ -309,10 +324,12 @@ def run_server(a, model: str, vocab: int, work: dict, todo: list[str], log_dir: 
                     res[name] = asyncio.run(_stream_token_ids(server.url, work[name]))
                 else:
                     cpu = cpu_seconds(server.proc.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
+                    steps = engine_steps(server.url)
                     conc = len(work[name]) if name == OPEN else a.concurrency
                     r = bench_serve(server.url, work[name], vocab, conc, log_dir, name)
                     print_cpu(cpu, cpu_seconds(server.proc.pid), resource.getrusage(resource.RUSAGE_CHILDREN),
                               r["duration"])
+                    print_steps("server", steps, engine_steps(server.url))
                     ok = [q for q in r["requests"] if q["success"]]
                     res[name] = {"output_throughput": r["output_throughput"], "duration": r["duration"],
                                  "itl_s": [g for q in ok for g in q["itl"]], "latencies_s": [q["latency"] for q in ok]}
@@ -339,10 +356,12 @@ def run_offline(a, model: str, work: dict, todo: list[str], batch: int | None) -
     res: dict = {}
     for name in (n for n in todo if n not in ("latency", OPEN)):
         sync()
-        t = time.perf_counter()
+        t, before = time.perf_counter(), llm.core.stats()
         outs = llm.generate([r["tokens"] for r in work[name]], params)
         sync()
-        wall = time.perf_counter() - t
+        wall, after = time.perf_counter() - t, llm.core.stats()
+        print_steps("offline", {"decode": before.num_steps - before.mixed_steps, "mixed": before.mixed_steps},
+                    {"decode": after.num_steps - after.mixed_steps, "mixed": after.mixed_steps})
         n_out = sum(len(o.token_ids) for o in outs)
         res[name] = {"output_throughput": n_out / wall}
         print(f"  offline {name}: {len(outs)} requests, {n_out} out tokens, {wall:.2f} s, {n_out / wall:.1f} out tok/s")

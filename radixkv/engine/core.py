@@ -68,6 +68,7 @@ class EngineStats:
     hit_tokens: int  # prompt tokens served from the prefix cache
     preemptions: int
     num_steps: int
+    mixed_steps: int  # steps that computed prompt tokens (not decode-only: no CUDA graph for them)
 
     @property
     def kv_usage(self) -> float:
@@ -101,6 +102,7 @@ class EngineCore:
         self.async_scheduling = (runner.device.type == "cuda" and runner.tp is None if cfg.async_scheduling is None
                                  else cfg.async_scheduling)
         self.num_steps = 0
+        self.mixed_steps = 0
         self.steps_ahead = 0  # steps that were scheduled ahead (for tests and benchmarks)
         self._ahead: Launched | None = None  # the step queued behind the last one returned (async scheduling)
         self._sent: dict[int, int] = {}  # rid -> output tokens already reported, for live requests
@@ -158,7 +160,7 @@ class EngineCore:
         s, pool, m = self.scheduler, self.pool, self.scheduler.metrics
         return EngineStats(s.num_running, s.num_waiting, pool.num_pages,
                            pool.num_pages - pool.num_free - self.cache.num_evictable_pages,
-                           m.prompt_tokens, m.hit_tokens, m.preemptions, self.num_steps)
+                           m.prompt_tokens, m.hit_tokens, m.preemptions, self.num_steps, self.mixed_steps)
 
     # ------------------------------------------------------------------ the step
 
@@ -200,6 +202,7 @@ class EngineCore:
                 raise StepFailed(stage, self._suspects(batch), err) from err
             raise
         self.num_steps += 1
+        self.mixed_steps += not batch.is_decode_only
         deltas = self._deltas(launched, before)
         self._ran = {e.req.rid for e in self.scheduler.running}
         self._drop_finished_ahead()

@@ -142,7 +142,7 @@ class ProcessCore:
         self.limits, self.tokenizer, self.t0 = info.limits, info.tokenizer, info.t0
         self.inputs = InputProcessor(info.tokenizer, info.limits, info.eos_token_ids, info.seed)
         self.outputs = OutputProcessor(info.tokenizer)
-        self._stats = EngineStats(0, 0, info.limits.num_pages, 0, 0, 0, 0, 0)
+        self._stats = EngineStats(0, 0, info.limits.num_pages, 0, 0, 0, 0, 0, 0)
         self._events: CoreEvents | None = None
         self._last_heard = time.monotonic()
         self._stopping = False

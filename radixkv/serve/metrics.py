@@ -38,7 +38,7 @@ class ServeMetrics:
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = reg = registry if registry is not None else CollectorRegistry()
         self.model_name = model_name
-        self._last = EngineStats(0, 0, 1, 0, 0, 0, 0, 0)  # the core's counters at the last step
+        self._last = EngineStats(0, 0, 1, 0, 0, 0, 0, 0, 0)  # the core's counters at the last step
         lab = ["model_name"]
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
@@ -58,6 +58,9 @@ class ServeMetrics:
                                          "Prompt tokens served from the prefix cache.").labels(model_name)
         self.num_preemptions = counter("num_preemptions", "Requests preempted (pages released, requeued).") \
             .labels(model_name)
+        steps = counter("engine_steps", "Engine steps, by kind: decode (decode rows only: a CUDA graph) or mixed "
+                        "(some row computes prompt tokens).", ("kind",))
+        self.decode_steps, self.mixed_steps = steps.labels(model_name, "decode"), steps.labels(model_name, "mixed")
         self.request_success = counter("request_success", "Requests finished, by finish reason.",
                                        ("finished_reason",))
         self.request_failure = counter("request_failure", "Requests failed by an engine step error.") \
@@ -82,7 +85,10 @@ class ServeMetrics:
         for counter, now, before in ((self.prompt_tokens, stats.prompt_tokens, last.prompt_tokens),
                                      (self.prefix_cache_queries, stats.prompt_tokens, last.prompt_tokens),
                                      (self.prefix_cache_hits, stats.hit_tokens, last.hit_tokens),
-                                     (self.num_preemptions, stats.preemptions, last.preemptions)):
+                                     (self.num_preemptions, stats.preemptions, last.preemptions),
+                                     (self.mixed_steps, stats.mixed_steps, last.mixed_steps),
+                                     (self.decode_steps, stats.num_steps - stats.mixed_steps,
+                                      last.num_steps - last.mixed_steps)):
             if now > before:
                 counter.inc(now - before)
         if generation_tokens:
