@@ -337,6 +337,8 @@ def run_server(a, model: str, vocab: int, work: dict, todo: list[str], log_dir: 
                 stop.set()
                 sampler.join()
             res[name]["running"] = samples
+            if name != "latency":  # the run's shape: requests running, every 0.25 s
+                print(f"  {name} running: " + " ".join(f"{x:.0f}" for x in samples), flush=True)
     finally:
         server.stop()
     return res
