@@ -84,6 +84,7 @@ def parse_args() -> argparse.Namespace:
         p.add_argument(flag, type=type(default), default=default, help=f"{what} (default {default:g})")
     p.add_argument("--workloads", default="prefix-repetition,random,latency", help="comma-separated rows to run")
     p.add_argument("--prompt-seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1, help="run each throughput row N times a side; the median counts")
     p.add_argument("--log-dir", help="server.log and bench-serve's files (default: a temp dir)")
     p.add_argument("--server-timeout", type=float, default=1800.0, help="seconds to wait for GET /health")
     p.add_argument("--json", nargs="?", const="benchmarks/results/serve_vs_offline.json", metavar="OUT",
@@ -195,6 +196,11 @@ def print_cpu(before: tuple, after_server: dict, after_client, wall: float) -> N
     used = {k: v - before[0].get(k, 0.0) for k, v in after_server.items()}
     used["client"] = after_client.ru_utime + after_client.ru_stime - before[1].ru_utime - before[1].ru_stime
     print(f"  cpu over {wall:.2f} s: " + ", ".join(f"{k} {v:.2f} s" for k, v in used.items()), flush=True)
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run of median output throughput (all of them printed as they ran)."""
+    return sorted(runs, key=lambda r: r["output_throughput"])[len(runs) // 2]
 
 
 def engine_steps(url: str) -> dict[str, float]:
@@ -309,7 +315,8 @@ def run_server(a, model: str, vocab: int, work: dict, todo: list[str], log_dir: 
     try:
         server.wait_healthy(a.server_timeout)
         has_text = streams_text(server.url, work["warmup"])
-        for name in todo:
+        runs: dict[str, list[dict]] = {}
+        for name in (n for n in todo for _ in range(1 if n == "latency" else a.repeat)):
             try:  # every run starts with a cold prefix cache
                 http(server.url + "/reset_prefix_cache", data=b"")
             except OSError as err:
@@ -331,8 +338,10 @@ def run_server(a, model: str, vocab: int, work: dict, todo: list[str], log_dir: 
                               r["duration"])
                     print_steps("server", steps, engine_steps(server.url))
                     ok = [q for q in r["requests"] if q["success"]]
-                    res[name] = {"output_throughput": r["output_throughput"], "duration": r["duration"],
-                                 "itl_s": [g for q in ok for g in q["itl"]], "latencies_s": [q["latency"] for q in ok]}
+                    runs.setdefault(name, []).append({
+                        "output_throughput": r["output_throughput"], "duration": r["duration"],
+                        "itl_s": [g for q in ok for g in q["itl"]], "latencies_s": [q["latency"] for q in ok]})
+                    res[name] = median_run(runs[name])
             finally:
                 stop.set()
                 sampler.join()
@@ -356,7 +365,7 @@ def run_offline(a, model: str, work: dict, todo: list[str], batch: int | None) -
     params = SamplingParams(max_tokens=a.output_len, ignore_eos=True, temperature=0)
     llm.generate([r["tokens"] for r in work["warmup"]], SamplingParams(max_tokens=8, ignore_eos=True, temperature=0))
     res: dict = {}
-    for name in (n for n in todo if n not in ("latency", OPEN)):
+    for name in (n for n in todo if n not in ("latency", OPEN) for _ in range(a.repeat)):
         sync()
         t, before = time.perf_counter(), llm.core.stats()
         outs = llm.generate([r["tokens"] for r in work[name]], params)
@@ -365,8 +374,9 @@ def run_offline(a, model: str, work: dict, todo: list[str], batch: int | None) -
         print_steps("offline", {"decode": before.num_steps - before.mixed_steps, "mixed": before.mixed_steps},
                     {"decode": after.num_steps - after.mixed_steps, "mixed": after.mixed_steps})
         n_out = sum(len(o.token_ids) for o in outs)
-        res[name] = {"output_throughput": n_out / wall}
+        res.setdefault(name, []).append({"output_throughput": n_out / wall})
         print(f"  offline {name}: {len(outs)} requests, {n_out} out tokens, {wall:.2f} s, {n_out / wall:.1f} out tok/s")
+    res = {name: median_run(rs) for name, rs in res.items()}
     if batch:  # decode-only steps at the latency run's batch: workload (a)'s prompts, all decoding
         reqs = llm.add_requests([r["tokens"] for r in work["latency"][:batch]], params)
         while not all(len(r.output) >= 1 for r in reqs):
