@@ -366,6 +366,7 @@ def run_offline(a, model: str, work: dict, todo: list[str], batch: int | None) -
     llm.generate([r["tokens"] for r in work["warmup"]], SamplingParams(max_tokens=8, ignore_eos=True, temperature=0))
     res: dict = {}
     for name in (n for n in todo if n not in ("latency", OPEN) for _ in range(a.repeat)):
+        llm.reset_prefix_cache()  # every run starts with a cold prefix cache, as the server's
         sync()
         t, before = time.perf_counter(), llm.core.stats()
         outs = llm.generate([r["tokens"] for r in work[name]], params)
