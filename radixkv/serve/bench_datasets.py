@@ -95,7 +95,8 @@ def trace_dataset(path: str | None, num_prompts: int | None, *, vocab_size: int 
     stay equal, so shared prefixes stay shared), optionally cut to `max_input_len`; arrival times
     times `time_scale`, relative to the first request."""
     from radixkv.workloads.data import BUNDLED, DEFAULT_TRACE, bundled_trace
-    from radixkv.workloads.traces import TraceError, load_trace
+    from radixkv.workloads.trace_loading import load_trace
+    from radixkv.workloads.traces import TraceError
 
     _check_vocab(low, vocab_size)
     name = path or DEFAULT_TRACE
