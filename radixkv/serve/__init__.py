@@ -1,14 +1,16 @@
-"""Serving: the async engine loop and the OpenAI-compatible HTTP server (`radixkv serve`).
+"""Serving: the OpenAI-compatible HTTP server (`radixkv serve`) over an engine core in its own process.
 
-- async_engine.py: AsyncLLM, one background thread that owns an LLM and steps it (continuous
-  batching); requests are added from any thread or coroutine and stream their deltas.
-- detokenize.py: incremental detokenisation and stop strings of one request's stream.
+- async_engine.py: AsyncLLM, the front end: validated requests in (engine/inputs.py), each step's tokens
+  out as text deltas and stop strings (engine/outputs.py) to every request's stream.
+- core_proc.py: the engine-core process (`core_main`) and the API side's client of it (ProcessCore);
+  inproc.py: the same core on a thread beside an LLM built in Python (InprocCore); core_loop.py: what the
+  core side does with each message and step (both); wire.py: the messages between the two processes.
 - streams.py: what a caller holds (RequestStream, StreamOutput) and the engine's errors;
-  loglines.py: the loop's periodic throughput line.
+  loglines.py: the periodic throughput line.
 - protocol.py: the OpenAI request bodies (pydantic, validated) and the error object.
-- metrics.py: Prometheus series (vLLM's names under a `radixkv:` prefix).
+- metrics.py: Prometheus series (vLLM's names under a `radixkv:` prefix), from the core's EngineStats.
 - app.py: the FastAPI app (responses.py: envelopes, SSE events, usage, logprobs); cli_serve.py:
-  the `radixkv serve` subcommand.
+  the `radixkv serve` subcommand; bench_client.py, bench_datasets.py, cli_bench.py: `radixkv bench-serve`.
 
 Importing this package loads neither torch nor FastAPI; the modules do.
 """
