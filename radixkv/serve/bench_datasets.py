@@ -9,7 +9,7 @@ import json
 import random
 from pathlib import Path
 
-from .bench_client import BenchError, BenchRequest
+from .bench_results import BenchError, BenchRequest
 
 DATASETS = ("random", "prefix-repetition", "sharegpt", "trace")
 

@@ -118,7 +118,8 @@ def result_path(args: argparse.Namespace) -> Path:
 
 
 def run_bench_serve(args: argparse.Namespace) -> int:
-    from .bench_client import BenchConfig, BenchError, format_table, run_async, run_benchmark
+    from .bench_client import run_async, run_benchmark
+    from .bench_results import BenchConfig, BenchError, format_table
 
     for module in ("aiohttp", "msgspec"):  # checked before anything is sent
         try:

@@ -14,8 +14,8 @@ pytest.importorskip("aiohttp")
 pytest.importorskip("msgspec")
 
 from radixkv.cli import main
-from radixkv.serve.bench_client import (BenchConfig, BenchRequest, RequestResult, make_session, run_benchmark,
-                                        send_request, send_times, summarize)
+from radixkv.serve.bench_client import make_session, run_benchmark, send_request, send_times
+from radixkv.serve.bench_results import BenchConfig, BenchRequest, RequestResult, summarize
 from radixkv.serve.bench_datasets import prefix_repetition_dataset
 
 VOCAB = ["--vocab-size", "160", "--token-id-low", "5"]  # the tiny model's ids, its specials (0-4) left out
