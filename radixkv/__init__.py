@@ -11,6 +11,31 @@ from typing import Any
 from .cache import MatchResult, OutOfPages, PagePool, RadixCache
 from .config import Policy, SchedulerConfig
 
+
+def _version() -> str:
+    """The installed package's version; in a source tree that is not installed, pyproject.toml's."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("radixkv")
+    except metadata.PackageNotFoundError:
+        import os
+        import re
+
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            return "0+unknown"
+        # [project]'s `version = "..."` (tomllib is 3.11+; requires-python is 3.10)
+        project = re.search(r"^\[project\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+        found = project and re.search(r'^version\s*=\s*["\']([^"\']+)["\']', project.group(1), re.M)
+        return found.group(1) if found else "0+unknown"
+
+
+__version__ = _version()
+
 _LAZY = {
     "LLM": "radixkv.engine.llm",
     "Session": "radixkv.engine.session",
@@ -19,7 +44,7 @@ _LAZY = {
     "Scheduler": "radixkv.scheduler",
 }
 
-__all__ = ["MatchResult", "OutOfPages", "PagePool", "Policy", "RadixCache",
+__all__ = ["__version__", "MatchResult", "OutOfPages", "PagePool", "Policy", "RadixCache",
            "SchedulerConfig", *_LAZY]
 
 

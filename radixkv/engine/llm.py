@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -92,6 +93,31 @@ class LLM:
     def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
         """Token ids of one prompt, validated (ValueError/TypeError naming the prompt and problem)."""
         return self.inputs.encode(prompt, index)
+
+    def get_tokenizer(self) -> Any:
+        """The model's transformers tokenizer (vLLM's name); ValueError when the model has none."""
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer (its folder holds no tokenizer files, or it was built "
+                             "from a config); pass token ids to generate")
+        return self.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults, as vLLM reads them: the
+        values that differ from transformers' GenerationConfig defaults among temperature, top_p, top_k,
+        min_p, repetition_penalty and max_new_tokens (as max_tokens); SamplingParams() without one."""
+        folder = getattr(self.hf_config, "_name_or_path", None) or ""
+        file = os.path.join(folder, "generation_config.json") if isinstance(folder, str) else ""
+        if not file or not os.path.isfile(file):
+            return SamplingParams()
+        from transformers import GenerationConfig
+
+        diff = GenerationConfig.from_pretrained(folder, local_files_only=True).to_diff_dict()
+        named = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                 "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+        kw = {ours: diff[theirs] for theirs, ours in named.items() if diff.get(theirs) is not None}
+        if kw.get("top_k") is not None and kw["top_k"] <= 0:  # transformers' 0 means off
+            kw["top_k"] = None
+        return SamplingParams(**kw)
 
     # ------------------------------------------------------------------ requests and steps
 

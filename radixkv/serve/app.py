@@ -75,6 +75,8 @@ def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = N
     app.state.engine, app.state.metrics, app.state.model_names = engine, metrics, names
     app.add_middleware(_Guard, api_key=api_key, metrics=metrics)
     api = _Handlers(engine, names, metrics)
+    from .routes_extra import add_extra_routes  # /tokenize, /detokenize, /version
+    add_extra_routes(app, engine, names, api_key)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

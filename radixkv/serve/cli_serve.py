@@ -21,7 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "device": None, "gpu_memory_utilization": 0.9, "num_gpu_blocks_override": None, "max_model_len": None,
     "max_num_seqs": None, "max_num_batched_tokens": None, "enable_prefix_caching": True, "enforce_eager": False,
     "seed": 0, "tensor_parallel_size": 1, "api_key": None, "served_model_name": None, "disable_log_stats": False,
-    "log_level": "info",
+    "log_level": "info", "chat_template": None,
 }
 # config-file spellings that differ from the dest
 _ALIASES = {"block_size": "page_size", "block-size": "page_size"}
@@ -43,7 +43,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "serve", help="OpenAI-compatible HTTP server (completions, chat, SSE streaming, /metrics)",
         description="Serve MODEL over OpenAI's HTTP API: POST /v1/completions, /v1/chat/completions "
                     "(stream: true -> server-sent events), GET /v1/models, /health, /metrics (Prometheus), "
-                    "POST /reset_prefix_cache. `cache_salt` in a body isolates a tenant's prefix cache.")
+                    "POST /reset_prefix_cache, /tokenize, /detokenize, GET /version. `cache_salt` in a body isolates "
+                    "a tenant's prefix cache.")
     s.add_argument("model", nargs="?", metavar="MODEL",
                    help="Hugging Face folder, .gguf file, hub id in the local cache, or config.json (random weights)")
     s.add_argument("--config", metavar="FILE.yaml", help="YAML file of these options (flags given here win)")
@@ -71,6 +72,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="model name(s) clients use (default: MODEL as given)")
     s.add_argument("--disable-log-stats", action="store_true", default=None,
                    help="no periodic throughput log line")
+    s.add_argument("--chat-template", metavar="FILE_OR_STRING",
+                   help="Jinja chat template for /v1/chat/completions and /tokenize: a file, or the template "
+                        "itself (default: the tokenizer's)")
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                    help="log level (default info)")
     s.set_defaults(run=run_serve)
@@ -124,16 +128,43 @@ def llm_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
+def load_chat_template(given: str) -> str:
+    """--chat-template's value as a template: a file's text, else the string itself when it reads as a
+    Jinja template (vLLM's rule); ValueError for a path that cannot be read or a template that does not parse."""
+    if os.path.isfile(given):
+        with open(given, encoding="utf-8") as f:
+            template = f.read()
+    elif any(c in given for c in "{}\n"):
+        template = given
+    else:
+        raise ValueError(f"--chat-template {given!r}: no such file, and not a Jinja template")
+    try:
+        import jinja2
+
+        jinja2.Environment().parse(template)
+    except ImportError:  # pragma: no cover - transformers' chat templates need jinja2 anyway
+        pass
+    except jinja2.TemplateSyntaxError as err:
+        raise ValueError(f"--chat-template: the template does not parse: {err}") from None
+    return template
+
+
 def build_app(opts: dict[str, Any]) -> Any:
     """The FastAPI app for resolved options: starts the engine-core process (loads the model there)."""
     from .app import create_app
     from .async_engine import AsyncLLM
     from .metrics import ServeMetrics
 
+    template = load_chat_template(str(opts["chat_template"])) if opts["chat_template"] else None
     names = opts["served_model_name"] or [str(opts["model"])]
     metrics = ServeMetrics(names[0])
     engine = AsyncLLM.start(opts["model"], stats=metrics, log_interval_s=None if opts["disable_log_stats"] else 10.0,
                             log_level=str(opts["log_level"]), **llm_kwargs(opts))
+    if template is not None:
+        if engine.tokenizer is None:
+            engine.shutdown()
+            raise ValueError("--chat-template: the model has no tokenizer to apply it with")
+        engine.tokenizer.chat_template = template  # the API process's tokenizer: chat and /tokenize read it
     return create_app(None, served_model_name=names, api_key=opts["api_key"], engine=engine, metrics=metrics)
 
 

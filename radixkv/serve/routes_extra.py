@@ -1,0 +1,197 @@
+"""vLLM's tokenizer endpoints and version: POST /tokenize, POST /detokenize, GET /version.
+
+Shapes as vLLM serves them:
+
+- POST /tokenize {"prompt": text, "add_special_tokens": true} or {"messages": [...],
+  "add_generation_prompt": true, "continue_final_message": false, "add_special_tokens": false,
+  "chat_template", "chat_template_kwargs"}; either may add "model" and "return_token_strs".
+  -> {"count", "max_model_len", "tokens", "token_strs" (only when asked)}.
+- POST /detokenize {"tokens": [ids], "model"?} -> {"prompt": text} (special tokens kept).
+- GET /version -> {"version": radixkv.__version__}.
+
+Bodies are strict: an unknown field, a bad value or a body over the size limit is a 400 in
+OpenAI's error shape naming the field; a model without a tokenizer is a 400 saying so; an
+unknown `model` is a 404. Tokenising runs on a worker thread (a large prompt never stalls the
+event loop). /tokenize and /detokenize need the API key when the server has one (as /v1/* do);
+/version stays open, like /health.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from typing import Any
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .app import APIError, _validation_error
+from .async_engine import AsyncLLM
+from .protocol import ChatMessage, UnsupportedField
+
+MAX_TEXT_CHARS = 4 * 2**20  # /tokenize: characters of prompt + messages at most
+MAX_DETOKENIZE_TOKENS = 2**20  # /detokenize: token ids at most
+MAX_BODY_BYTES = 32 * 2**20  # either endpoint: the raw body at most
+
+
+class TokenizeCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _prompt_flags(self) -> "TokenizeChatRequest":
+        if self.continue_final_message and self.add_generation_prompt:
+            raise UnsupportedField("continue_final_message",
+                                   "continue_final_message needs add_generation_prompt false")
+        return self
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        out = []
+        for m in self.messages:
+            d = {k: v for k, v in m.model_dump().items() if v is not None}
+            d["content"] = m.text()
+            out.append(d)
+        return out
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    tokens: list[int]
+
+
+def add_extra_routes(app: FastAPI, engine: AsyncLLM, names: list[str], api_key: str | None) -> None:
+    """Register /tokenize, /detokenize and /version on `app` (create_app calls this)."""
+    routes = _TokenizerRoutes(engine, names, api_key)
+
+    @app.post("/tokenize")
+    async def tokenize(raw: Request) -> dict[str, Any]:
+        return await routes.tokenize(raw)
+
+    @app.post("/detokenize")
+    async def detokenize(raw: Request) -> dict[str, Any]:
+        return await routes.detokenize(raw)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        from radixkv import __version__
+
+        return {"version": __version__}
+
+
+class _TokenizerRoutes:
+    def __init__(self, engine: AsyncLLM, names: list[str], api_key: str | None) -> None:
+        self.engine, self.names, self.api_key = engine, names, api_key
+
+    # ---- shared checks -----------------------------------------------------------------------
+    def _authorize(self, raw: Request) -> None:
+        if self.api_key is None:
+            return
+        auth = raw.headers.get("authorization", "")
+        given = auth[7:] if auth.lower().startswith("bearer ") else ""
+        if not secrets.compare_digest(given.encode(), self.api_key.encode()):
+            raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)", "AuthenticationError")
+
+    async def _body(self, raw: Request) -> dict[str, Any]:
+        data = await raw.body()
+        if len(data) > MAX_BODY_BYTES:
+            raise APIError(400, f"the request body is {len(data)} bytes; at most {MAX_BODY_BYTES}", param="body")
+        try:
+            body = json.loads(data)
+        except ValueError as err:
+            raise APIError(400, f"the request body is not valid JSON: {err}", param="body") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object", param="body")
+        return body
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.names:
+            raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+
+    def _tokenizer(self, param: str) -> Any:
+        tok = self.engine.tokenizer
+        if tok is None:
+            raise APIError(400, "this model has no tokenizer, so it cannot tokenize or detokenize text",
+                           param=param)
+        return tok
+
+    # ---- endpoints ---------------------------------------------------------------------------
+    async def tokenize(self, raw: Request) -> dict[str, Any]:
+        self._authorize(raw)
+        body = await self._body(raw)
+        chat = "messages" in body
+        try:
+            req: Any = (TokenizeChatRequest if chat else TokenizeCompletionRequest).model_validate(body)
+        except ValidationError as err:
+            raise _validation_error(err.errors()) from None
+        self._check_model(req.model)
+        tok = self._tokenizer("messages" if chat else "prompt")
+        size = sum(len(m.text()) for m in req.messages) if chat else len(req.prompt)
+        if size > MAX_TEXT_CHARS:
+            raise APIError(400, f"the text to tokenize has {size} characters; at most {MAX_TEXT_CHARS}",
+                           param="messages" if chat else "prompt")
+        work = (lambda: _render_chat(tok, req)) if chat else (lambda: _encode(tok, req.prompt, req.add_special_tokens))
+        ids, strs = await asyncio.to_thread(lambda: _with_strs(tok, work(), req.return_token_strs))
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": self.engine.inputs.limits.max_model_len,
+                               "tokens": ids}
+        if req.return_token_strs:
+            out["token_strs"] = strs
+        return out
+
+    async def detokenize(self, raw: Request) -> dict[str, Any]:
+        self._authorize(raw)
+        body = await self._body(raw)
+        try:
+            req = DetokenizeRequest.model_validate(body)
+        except ValidationError as err:
+            raise _validation_error(err.errors()) from None
+        self._check_model(req.model)
+        tok = self._tokenizer("tokens")
+        if len(req.tokens) > MAX_DETOKENIZE_TOKENS:
+            raise APIError(400, f"{len(req.tokens)} tokens to detokenize; at most {MAX_DETOKENIZE_TOKENS}",
+                           param="tokens")
+        vocab = self.engine.inputs.limits.vocab_size
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens")
+        text = await asyncio.to_thread(tok.decode, req.tokens, skip_special_tokens=False)
+        return {"prompt": text}
+
+
+def _encode(tok: Any, text: str, add_special_tokens: bool) -> list[int]:
+    return list(tok(text, add_special_tokens=add_special_tokens).input_ids)
+
+
+def _render_chat(tok: Any, req: TokenizeChatRequest) -> list[int]:
+    """The messages through the chat template (the request's, else the tokenizer's), tokenised."""
+    if req.chat_template is None and getattr(tok, "chat_template", None) is None:
+        raise APIError(400, "the model's tokenizer has no chat template; pass `chat_template`",
+                       param="chat_template")
+    try:
+        text = tok.apply_chat_template(req.template_messages(), tokenize=False, chat_template=req.chat_template,
+                                       add_generation_prompt=req.add_generation_prompt,
+                                       continue_final_message=req.continue_final_message,
+                                       **(req.chat_template_kwargs or {}))
+    except Exception as err:  # noqa: BLE001 - a template error is the body's fault
+        raise APIError(400, f"the chat template failed on these messages: {err}",
+                       param="chat_template" if req.chat_template else "messages") from None
+    return _encode(tok, text, req.add_special_tokens)
+
+
+def _with_strs(tok: Any, ids: list[int], want: bool) -> tuple[list[int], list[str] | None]:
+    return ids, (list(tok.convert_ids_to_tokens(ids)) if want else None)
