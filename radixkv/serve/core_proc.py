@@ -20,6 +20,7 @@ ends with EngineDeadError naming why, and /health answers 503.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing as mp
 import os
@@ -135,8 +136,9 @@ class ProcessCore:
         self._conn = ours
         self.proc = mp.get_context("spawn").Process(
             target=core_main, args=(model, dict(engine_kwargs), to_core, from_core, theirs, log_level),
-            name="radixkv-core", daemon=True)
+            name="radixkv-core")  # not daemonic: a tensor-parallel core starts worker processes of its own
         self.proc.start()
+        atexit.register(self.shutdown)  # before multiprocessing's exit handler joins it
         theirs.close()
         info = self._await_ready()
         self.limits, self.tokenizer, self.t0 = info.limits, info.tokenizer, info.t0
@@ -190,6 +192,7 @@ class ProcessCore:
         if self._stopping:
             return
         self._stopping = True
+        atexit.unregister(self.shutdown)
         if self.proc.is_alive():
             with self._send_lock:
                 self._push.send(wire.encoder.encode(wire.Shutdown()))

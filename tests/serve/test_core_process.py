@@ -199,10 +199,32 @@ def test_radixkv_serve_stops_cleanly_on_a_signal(tiny_folder: str, sig: int) -> 
         assert kids, "the engine core runs in a child process"
         server.send_signal(sig)
         assert server.wait(60) == 0 or sig == signal.SIGTERM
-        time.sleep(0.5)
-        assert [k for k in kids if os.path.exists(f"/proc/{k}") and
-                open(f"/proc/{k}/stat").read().split()[2] != "Z"] == []
+        _assert_gone(kids)
     finally:
         if server.poll() is None:
             server.kill()
             server.wait(10)
+
+
+def test_a_tensor_parallel_core_serves_as_one_rank(tiny_folder: str) -> None:
+    """The core process starts its worker ranks itself (it is not daemonic), and shutdown leaves none."""
+    engine = AsyncLLM.start(tiny_folder, dtype="float32", device="cpu", num_pages=64, tensor_parallel_size=2,
+                            log_interval_s=None, log_level="warning")
+    try:
+        kids = _children(engine.core.proc.pid)
+        got = asyncio.run(_final(engine, [5, 6, 7, 8]))
+    finally:
+        engine.shutdown()
+    want = LLM(tiny_folder, dtype="float32", device="cpu", num_pages=64).generate([[5, 6, 7, 8]], GREEDY)[0]
+    assert got.token_ids == want.token_ids and kids
+    _assert_gone(kids)
+
+
+def _assert_gone(pids: list[int], timeout: float = 15.0) -> None:
+    """Every pid has exited (its helpers, the forkserver and resource tracker, exit once their parent has)."""
+    deadline = time.monotonic() + timeout
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [k for k in pids if os.path.exists(f"/proc/{k}") and open(f"/proc/{k}/stat").read().split()[2] != "Z"]
+    assert not alive, [open(f"/proc/{k}/cmdline").read().replace("\0", " ")[:200] for k in alive]
