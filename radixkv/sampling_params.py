@@ -6,8 +6,9 @@ is radixkv/engine/sampling.py.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 GREEDY_BELOW = 1e-5  # vLLM's epsilon: smaller temperatures overflow logits / T, so they mean greedy
 
@@ -31,6 +32,15 @@ class SamplingParams:
     model's raw distribution) of the sampled token and the k most likely ones. skip_special_tokens:
     how the text is decoded. cache_salt: the request's prefix-cache namespace: requests with
     different salts never share KV pages, the same salt (or none) shares.
+
+    Logits controls (vLLM's; applied before penalties and temperature, greedy rows included):
+    logit_bias {token id: bias in [-100, 100]} is added to those logits (OpenAI's semantics: -100
+    all but bans a token, +100 all but forces it). allowed_token_ids: only these may be sampled.
+    bad_words: strings that may not be generated; each is tokenised as written and with a leading
+    space (`with_bad_words_tokenized`, which the server calls; bad_words_token_ids holds the result),
+    a one-token word is never sampled, and a longer one's last token is banned whenever the output
+    ends with the rest of it. Token ids are checked against the vocabulary by `check_vocab`.
+    top_k 0 (vLLM's "off") is the same as None.
     """
 
     temperature: float = 1.0
@@ -51,6 +61,10 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     cache_salt: str | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] = ()
+    bad_words_token_ids: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.n) or self.n < 1:
@@ -83,10 +97,10 @@ class SamplingParams:
         if not self.top_p > 0.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         _check_finite("min_p", self.min_p, 0.0, 1.0)
-        if self.top_k == -1:
+        if self.top_k in (-1, 0) and _is_int(self.top_k):
             object.__setattr__(self, "top_k", None)
         if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
-            raise ValueError(f"top_k must be an int >= 1, -1 or None, got {self.top_k!r}")
+            raise ValueError(f"top_k must be an int >= 1, 0 or -1 (off) or None, got {self.top_k!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if self.seed is not None and not _is_int(self.seed):
@@ -95,14 +109,103 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not _is_int(t) or t < 0:
                 raise ValueError(f"stop_token_ids must be non-negative ints, got {t!r}")
+        self._check_logits_controls()
+
+    def _check_logits_controls(self) -> None:
+        bias = self.logit_bias
+        if bias is not None:
+            if not isinstance(bias, Mapping):
+                raise ValueError(f"logit_bias must be a mapping of token id to bias, got {bias!r}")
+            norm: dict[int, float] = {}
+            for k, v in bias.items():
+                t = _token_key(k)
+                if t is None:
+                    raise ValueError(f"logit_bias keys must be token ids (ints >= 0), got {k!r}")
+                _check_finite("logit_bias", v, -100.0, 100.0)
+                norm[t] = float(v)
+            object.__setattr__(self, "logit_bias", norm or None)
+        allowed = self.allowed_token_ids
+        if allowed is not None:
+            if isinstance(allowed, (str, bytes, Mapping)) or not isinstance(allowed, Sequence) or not allowed:
+                raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {allowed!r}")
+            for t in allowed:
+                if not _is_int(t) or t < 0:
+                    raise ValueError(f"allowed_token_ids must hold token ids (ints >= 0), got {t!r}")
+            object.__setattr__(self, "allowed_token_ids", tuple(allowed))
+        words = () if self.bad_words is None else self.bad_words
+        if isinstance(words, (str, bytes, Mapping)) or not isinstance(words, Sequence):
+            raise ValueError(f"bad_words must be a list of strings, got {self.bad_words!r}")
+        for w in words:
+            if not isinstance(w, str) or not w.strip():
+                raise ValueError(f"bad_words must hold non-blank strings, got {w!r}")
+        object.__setattr__(self, "bad_words", tuple(words))
+        seqs = self.bad_words_token_ids
+        if seqs is not None:
+            if isinstance(seqs, (str, bytes)) or not isinstance(seqs, Sequence):
+                raise ValueError(f"bad_words_token_ids must be a list of token-id lists, got {seqs!r}")
+            out = []
+            for seq in seqs:
+                if isinstance(seq, (str, bytes)) or not isinstance(seq, Sequence) or not seq \
+                        or not all(_is_int(t) and t >= 0 for t in seq):
+                    raise ValueError(f"bad_words_token_ids must hold non-empty lists of token ids, got {seq!r}")
+                out.append(tuple(seq))
+            object.__setattr__(self, "bad_words_token_ids", tuple(out))
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """ValueError, starting with the field's name, for a token id outside [0, vocab_size)."""
+        for name, ids in (("logit_bias", self.logit_bias or ()), ("allowed_token_ids", self.allowed_token_ids or ()),
+                          ("bad_words", [t for seq in self.bad_words_token_ids or () for t in seq])):
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"{name} holds token id {bad[0]}, outside the vocabulary [0, {vocab_size})")
+
+    def with_bad_words_tokenized(self, tokenizer: Any) -> "SamplingParams":
+        """These params with bad_words_token_ids filled from `tokenizer` (as vLLM does: each word as
+        written, and with a leading space when that spelling is as many tokens but starts differently).
+        Returns self when there are no bad words or they are already tokenised."""
+        if not self.bad_words or self.bad_words_token_ids is not None:
+            return self
+        if tokenizer is None:
+            raise ValueError("bad_words need a tokenizer; this model has none")
+        seqs: list[tuple[int, ...]] = []
+        for word in self.bad_words:
+            plain = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+            spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+            if plain:
+                seqs.append(plain)
+            if spaced and (not plain or (len(spaced) == len(plain) and spaced[0] != plain[0])):
+                seqs.append(spaced)
+        return replace(self, bad_words_token_ids=tuple(seqs))
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
 
     @property
-    def penalized(self) -> bool:
+    def has_penalties(self) -> bool:
+        """presence, frequency or repetition penalty (they read the request's tokens on the host)."""
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def constrains_logits(self) -> bool:
+        """logit_bias, allowed_token_ids or bad_words."""
+        return bool(self.logit_bias or self.allowed_token_ids or self.bad_words or self.bad_words_token_ids)
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the sampler must run `penalize` on this row's logits (penalties or logits controls).
+        The runner calls penalize for such rows and EngineCore does not schedule them ahead (bad words
+        and penalties read the request's latest tokens on the host)."""
+        return self.has_penalties or self.constrains_logits
+
+
+def _token_key(k: object) -> int | None:
+    """A logit_bias key as a token id (ints, or digit strings as JSON sends them), else None."""
+    if _is_int(k):
+        return k if k >= 0 else None  # type: ignore[operator,return-value]
+    if isinstance(k, str) and k.strip().isdigit():
+        return int(k)
+    return None
 
 
 def _is_int(x: object) -> bool:

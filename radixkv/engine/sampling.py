@@ -99,20 +99,26 @@ def _top_k(logits: Tensor, top_k: Tensor, max_top_k: int) -> Tensor:
 def penalize(logits: Tensor, params: Sequence[SamplingParams], prompts: Sequence[Sequence[int]],
              outputs: Sequence[Sequence[int]], stop_ids: Sequence[Iterable[int]]) -> Tensor:
     """logits [S, V] of a step's sampling rows -> the logits the sampler draws from, greedy rows
-    included: vLLM's repetition_penalty (prompt + output tokens: positive logits divided by it,
-    negative ones multiplied), frequency_penalty (times each output token's count) and
-    presence_penalty (once per distinct output token) subtracted; and, for rows below their
-    min_tokens, the stop token ids (EOS included) at -inf. Vectorised over the batch: a few
-    host-to-device copies of the rows' token ids, no per-row loop over the vocabulary. Returns
-    `logits` itself when no row needs anything."""
+    included. In vLLM's order: the logits controls (`_constrain`: allowed_token_ids, bad_words,
+    logit_bias); for rows below their min_tokens, the stop token ids (EOS included) at -inf; then
+    vLLM's repetition_penalty (prompt + output tokens: positive logits divided by it, negative ones
+    multiplied), frequency_penalty (times each output token's count) and presence_penalty (once per
+    distinct output token) subtracted. Vectorised over the batch: a few host-to-device copies of the
+    rows' token ids, no per-row loop over the vocabulary; rows without a control pay nothing.
+    Returns `logits` itself when no row needs anything."""
     S, V = logits.shape
     dev = logits.device
     masked = [(i, t) for i, (p, out, stops) in enumerate(zip(params, outputs, stop_ids))
               if len(out) < p.min_tokens for t in stops if 0 <= t < V]
-    rows = [i for i, p in enumerate(params) if p.penalized]
-    if not masked and not rows:
+    rows = [i for i, p in enumerate(params) if p.has_penalties]
+    ctl = [i for i, p in enumerate(params) if p.constrains_logits]
+    if not masked and not rows and not ctl:
         return logits
     logits = logits.clone()
+    if ctl:
+        _constrain(logits, params, outputs, ctl)
+    if masked:
+        _fill(logits, masked, float("-inf"))
     if rows:
         R = len(rows)
         idx = torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True)
@@ -129,12 +135,57 @@ def penalize(logits: Tensor, params: Sequence[SamplingParams], prompts: Sequence
         x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
         x = x - coef[:, 1:2] * counts - coef[:, 2:3] * (counts > 0).float()
         logits.index_copy_(0, idx, x)
-    if masked:
-        r, t = zip(*masked)
-        ri = torch.tensor(r, dtype=torch.int64).to(dev, non_blocking=True)
-        ti = torch.tensor(t, dtype=torch.int64).to(dev, non_blocking=True)
-        logits.index_put_((ri, ti), torch.tensor(float("-inf"), device=dev))
     return logits
+
+
+def _constrain(logits: Tensor, params: Sequence[SamplingParams], outputs: Sequence[Sequence[int]],
+               ctl: Sequence[int]) -> None:
+    """In place on logits [S, V], for the rows `ctl` (those with a control): every token outside a
+    row's allowed_token_ids at -inf; bad words' banned tokens at -inf (a one-token word always, a
+    longer one's last token when the row's output ends with the rest of it, as vLLM does); then
+    logit_bias added. One scatter per kind for the whole batch; ids outside [0, V) are skipped
+    (the server refuses them first)."""
+    S, V = logits.shape
+    dev = logits.device
+    allowed = [i for i in ctl if params[i].allowed_token_ids]
+    if allowed:
+        pairs = [(r, t) for r, i in enumerate(allowed) for t in params[i].allowed_token_ids if 0 <= t < V]
+        keep = torch.zeros(len(allowed), V, dtype=torch.bool, device=dev)
+        if pairs:
+            r, t = zip(*pairs)
+            keep[_ids(r, dev), _ids(t, dev)] = True
+        idx = _ids(allowed, dev)
+        logits.index_copy_(0, idx, logits.index_select(0, idx).masked_fill(~keep, float("-inf")))
+    banned = []
+    for i in ctl:
+        seqs = params[i].bad_words_token_ids
+        if seqs is None and params[i].bad_words:
+            raise ValueError("bad_words were not tokenised: pass SamplingParams.with_bad_words_tokenized(tokenizer)")
+        if not seqs:
+            continue
+        out = outputs[i]
+        for seq in seqs:
+            n = len(seq) - 1
+            if n == 0 or (len(out) >= n and list(out[len(out) - n:]) == list(seq[:n])):
+                banned.append((i, seq[-1]))
+    banned = [(i, t) for i, t in banned if 0 <= t < V]
+    if banned:
+        _fill(logits, banned, float("-inf"))
+    bias = [(i, t, b) for i in ctl for t, b in (params[i].logit_bias or {}).items() if 0 <= t < V]
+    if bias:
+        r, t, b = zip(*bias)
+        logits.index_put_((_ids(r, dev), _ids(t, dev)),
+                          torch.tensor(b, dtype=logits.dtype).to(dev, non_blocking=True), accumulate=True)
+
+
+def _ids(xs: Sequence[int], dev: torch.device) -> Tensor:
+    return torch.tensor(list(xs), dtype=torch.int64).to(dev, non_blocking=True)
+
+
+def _fill(logits: Tensor, pairs: Sequence[tuple[int, int]], value: float) -> None:
+    """logits[row, token] = value for each (row, token) pair, in one index_put_."""
+    r, t = zip(*pairs)
+    logits.index_put_((_ids(r, logits.device), _ids(t, logits.device)), torch.tensor(value, device=logits.device))
 
 
 def _padded(seqs: Sequence[Sequence[int]], pad: int) -> Tensor:

@@ -209,7 +209,7 @@ class _Handlers:
                                     f"context of {self.inputs.limits.max_model_len} tokens", param="max_tokens")
         seed = None if body.seed is None else body.seed + index
         try:
-            return SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
+            params = SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
                                   top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k,
                                   min_p=body.min_p or 0.0, max_tokens=max_tokens,
                                   stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
@@ -219,7 +219,12 @@ class _Handlers:
                                   presence_penalty=body.presence_penalty or 0.0,
                                   frequency_penalty=body.frequency_penalty or 0.0,
                                   repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
-                                  min_tokens=body.min_tokens or 0, logprobs=body.sampling_logprobs)
+                                  min_tokens=body.min_tokens or 0, logprobs=body.sampling_logprobs,
+                                  logit_bias=body.logit_bias, allowed_token_ids=body.allowed_token_ids,
+                                  bad_words=tuple(body.bad_words or ()))
+            params = params.with_bad_words_tokenized(self.engine.tokenizer)
+            params.check_vocab(self.inputs.limits.vocab_size)
+            return params
         except ValueError as err:
             name = str(err).split(" ", 1)[0]
             raise APIError(400, str(err), param=name if name in type(body).model_fields else None) from None
@@ -248,7 +253,10 @@ class _Handlers:
     # ---- endpoints ---------------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, raw: Request) -> Response:
         model = self._check_model(body.model)
-        prompts = [self._encode(p, "prompt") for p in body.prompts()]
+        tok = self.engine.tokenizer
+        plain = body.add_special_tokens is False and tok is not None  # vLLM's default: True
+        prompts = [self._encode(list(tok(p, add_special_tokens=False).input_ids) if plain and isinstance(p, str)
+                                and p else p, "prompt") for p in body.prompts()]
         rid = f"cmpl-{uuid.uuid4().hex}"
         streams = await self._submit(body, prompts, body.max_tokens, "prompt", rid)
         echo = [self._echo_text(ids) if body.echo else "" for ids in prompts]
@@ -290,15 +298,17 @@ class _Handlers:
         if template is None and getattr(tok, "chat_template", None) is None:
             raise APIError(400, "the model's tokenizer has no chat template; pass `chat_template`",
                            param="chat_template")
+        extra = {k: v for k, v in (("documents", body.documents), ("reasoning_effort", body.reasoning_effort))
+                 if v is not None}  # handed to the template, as vLLM does
         try:
             text = tok.apply_chat_template(body.template_messages(), tokenize=False, chat_template=template,
                                            add_generation_prompt=body.add_generation_prompt,
                                            continue_final_message=body.continue_final_message,
-                                           **(body.chat_template_kwargs or {}))
+                                           **{**extra, **(body.chat_template_kwargs or {})})
         except Exception as err:  # noqa: BLE001 - a template error is the body's fault
             raise APIError(400, f"the chat template failed on these messages: {err}",
                            param="chat_template" if template else "messages") from None
-        ids = list(tok(text, add_special_tokens=False).input_ids)
+        ids = list(tok(text, add_special_tokens=bool(body.add_special_tokens)).input_ids)  # vLLM's default: False
         if not ids:
             raise APIError(400, "the rendered chat prompt is empty", param="messages")
         return self._encode(ids, "messages")

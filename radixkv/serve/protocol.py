@@ -2,11 +2,15 @@
 
 Fields follow the OpenAI API, plus vLLM's extras where radixkv has the concept (`top_k`, `min_p`,
 `ignore_eos`, `stop_token_ids`, `min_tokens`, `repetition_penalty`, `cache_salt`, `chat_template`,
-`return_token_ids`, ...); presence/frequency penalties and logprobs (completions: `logprobs: k`;
-chat: `logprobs: true` + `top_logprobs: k`) as OpenAI has them. Unknown fields are ignored, as
-vLLM does, so clients that send more still work; fields that would change the output in a way
-radixkv cannot honour (`logit_bias`, `suffix`, tools) are refused with HTTP 400 naming the field
-rather than silently ignored.
+`return_token_ids`, `logit_bias`, `allowed_token_ids`, `bad_words`, ...); presence/frequency
+penalties and logprobs (completions: `logprobs: k`; chat: `logprobs: true` + `top_logprobs: k`) as
+OpenAI has them.
+
+The field policy (docs/serving.md has the table): every field of vLLM's CompletionRequest and
+ChatCompletionRequest is honoured (declared below), accepted because it cannot change the output
+(ACCEPTED), or refused with HTTP 400 naming it (REFUSED) unless it holds its neutral value (null,
+an empty list, or vLLM's default), which changes nothing. A field in neither vLLM model is refused
+by name too: radixkv never answers 200 to a request it did not honour.
 """
 from __future__ import annotations
 
@@ -35,6 +39,80 @@ def error_body(message: str, *, type: str = "invalid_request_error", param: str 
     return ErrorResponse(error=ErrorInfo(message=message, type=type, param=param, code=code)).model_dump()
 
 
+# vLLM fields that cannot change the generated output -> why (accepted, dropped)
+ACCEPTED: dict[str, str] = {
+    "user": "an end-user id for the client's own records",
+    "request_id": "vLLM's id for its logs; radixkv names every response itself",
+    "session_id": "a routing hint across requests",
+    "length_penalty": "used by beam search only (use_beam_search is refused)",
+    "parallel_tool_calls": "used with tools only (tools are refused)",
+    "include_reasoning": "used with a reasoning parser only (radixkv has none; vLLM without one ignores it too)",
+    "stream_interval": "how many tokens a streamed chunk batches; the text is the same",
+    "return_token_offsets": "vLLM reads it on its /render endpoints only",
+    "return_mm_kwargs": "vLLM reads it on its /render endpoints only",
+    "routed_experts_prompt_start": "routed-expert data, which radixkv never returns (no MoE models)",
+}
+
+# vLLM fields radixkv does not implement -> (their neutral values, why): 400 naming the field otherwise
+REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "use_beam_search": ((False,), "beam search is not implemented"),
+    "prompt_logprobs": ((), "prompt logprobs are not implemented yet"),
+    "logprob_token_ids": ((), "logprobs of chosen token ids are not implemented"),
+    "truncate_prompt_tokens": ((), "prompt truncation is not implemented yet"),
+    "truncation_side": ((), "prompt truncation is not implemented yet"),
+    "spaces_between_special_tokens": ((True,), "detokenising without spaces between special tokens "
+                                               "is not implemented"),
+    "watermarking": ((False,), "watermarking is not implemented"),
+    "prompt_embeds": ((), "prompt embeddings are not supported"),
+    "structured_outputs": ((), "structured outputs are not implemented"),
+    "guided_json": ((), "guided decoding is not implemented"),
+    "guided_regex": ((), "guided decoding is not implemented"),
+    "guided_choice": ((), "guided decoding is not implemented"),
+    "guided_grammar": ((), "guided decoding is not implemented"),
+    "structural_tag": ((), "guided decoding is not implemented"),
+    "guided_decoding_backend": ((), "guided decoding is not implemented"),
+    "guided_whitespace_pattern": ((), "guided decoding is not implemented"),
+    "priority": ((0,), "priority scheduling is not implemented (vLLM refuses it too without it)"),
+    "logits_processors": ((), "custom logits processors are not supported"),
+    "return_tokens_as_token_ids": ((False,), "token-id names in logprobs are not implemented"),
+    "return_prompt_text": ((False,), "returning the rendered prompt is not implemented"),
+    "kv_transfer_params": ((), "disaggregated serving is not implemented"),
+    "ec_transfer_params": ((), "disaggregated serving is not implemented"),
+    "vllm_xargs": ((), "vLLM's extension arguments are not supported"),
+    "repetition_detection": ((), "repetition detection is not implemented"),
+    "thinking_token_budget": ((-1,), "thinking budgets are not implemented"),
+    "tool_choice": (("none",), "tool calling is not supported"),
+    "mm_processor_kwargs": ((), "radixkv serves text-only models"),
+    "media_io_kwargs": ((), "radixkv serves text-only models"),
+}
+
+
+def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    if value is None or (isinstance(value, (list, dict)) and not value):
+        return True
+    return any(type(value) is type(n) and value == n for n in neutral)
+
+
+def _check_extra(data: Any, declared: dict[str, Any]) -> Any:
+    """Drop ACCEPTED fields; 400 (UnsupportedField) for a REFUSED one off its neutral value or an unknown one."""
+    if not isinstance(data, dict):
+        return data
+    out = {}
+    for key, value in data.items():
+        if key in declared:
+            out[key] = value
+        elif key in ACCEPTED:
+            continue
+        elif key in REFUSED:
+            neutral, why = REFUSED[key]
+            if not _neutral(value, neutral):
+                raise UnsupportedField(key, f"{key} is not supported by radixkv: {why}")
+        else:
+            raise UnsupportedField(key, f"unknown field {key!r}: it is not a field of this endpoint "
+                                        f"(OpenAI's or vLLM's), so radixkv cannot honour it")
+    return out
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
@@ -44,7 +122,7 @@ class StreamOptions(BaseModel):
 class _Common(BaseModel):
     """Fields both endpoints share."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore")  # extras are sorted by _policy first
 
     model: str | None = None
     n: int = Field(1, ge=1, le=128)
@@ -67,22 +145,47 @@ class _Common(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=100.0)
     min_tokens: int | None = Field(None, ge=0)
-    # refused unless neutral (radixkv does not implement them)
     logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    add_special_tokens: bool | None = None  # default: completions True, chat False (vLLM's)
+    # refused unless neutral (radixkv does not implement them)
     best_of: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy(cls, data: Any) -> Any:
+        return _check_extra(data, cls.model_fields)
 
     @field_validator("top_k")
     @classmethod
     def _top_k(cls, v: int | None) -> int | None:
-        if v is not None and v != -1 and v < 1:
-            raise ValueError("top_k must be -1 (off) or >= 1")
+        if v is not None and v < -1:
+            raise ValueError("top_k must be 0 or -1 (off) or >= 1")
+        return None if v in (0, -1) else v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for k, b in (v or {}).items():
+            if not k.strip().isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {k!r}")
+            if not -100.0 <= b <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {b!r} for token {k}")
         return v
 
-    @field_validator("stop")
+    @field_validator("allowed_token_ids")
     @classmethod
-    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len(v) > 16:
-            raise ValueError("at most 16 stop strings")
+    def _allowed(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(t < 0 for t in v)):
+            raise ValueError("allowed_token_ids must be a non-empty list of token ids (ints >= 0)")
+        return v
+
+    @field_validator("bad_words")
+    @classmethod
+    def _bad_words(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and any(not w.strip() for w in v):
+            raise ValueError("bad_words must hold non-blank strings")
         return v
 
     @field_validator("stop_token_ids")
@@ -94,8 +197,6 @@ class _Common(BaseModel):
 
     @model_validator(mode="after")
     def _unsupported(self) -> "_Common":
-        if self.logit_bias:
-            raise UnsupportedField("logit_bias", "logit_bias is not supported by radixkv")
         if self.best_of is not None and self.best_of != self.n:
             raise UnsupportedField("best_of", "best_of must equal n (radixkv returns every sample)")
         return self
@@ -130,8 +231,9 @@ class CompletionRequest(_Common):
     prompt: str | list[str] | TokenIds | list[TokenIds]
     max_tokens: int | None = Field(16, ge=1)
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's default cap (--max-logprobs 20)
     suffix: str | None = None
+    response_format: dict[str, Any] | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -146,6 +248,11 @@ class CompletionRequest(_Common):
     def _completion_unsupported(self) -> "CompletionRequest":
         if self.suffix:
             raise UnsupportedField("suffix", "suffix is not supported by radixkv")
+        if self.echo and self.logprobs is not None:
+            raise UnsupportedField("logprobs", "echo with logprobs needs prompt logprobs, which radixkv does "
+                                               "not implement yet")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise UnsupportedField("response_format", "only response_format {'type': 'text'} is supported")
         return self
 
     @property
@@ -193,16 +300,21 @@ class ChatCompletionRequest(_Common):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's default cap (--max-logprobs 20)
     tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
+    echo: bool = False
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: str | None = None
 
     @model_validator(mode="after")
     def _chat_unsupported(self) -> "ChatCompletionRequest":
         if self.top_logprobs and not self.logprobs:
             raise UnsupportedField("top_logprobs", "top_logprobs needs logprobs true")
         if self.tools:
-            raise UnsupportedField("tools", "tool calling is not supported by radixkv")
+            raise UnsupportedField("tools", "tools: tool calling is not supported by radixkv")
+        if self.echo:
+            raise UnsupportedField("echo", "chat echo (prepending the last message) is not supported by radixkv")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise UnsupportedField("response_format", "only response_format {'type': 'text'} is supported")
         if self.continue_final_message and self.add_generation_prompt:
