@@ -37,7 +37,7 @@ class SamplingParams:
     logit_bias {token id: bias in [-100, 100]} is added to those logits (OpenAI's semantics: -100
     all but bans a token, +100 all but forces it). allowed_token_ids: only these may be sampled.
     bad_words: strings that may not be generated; each is tokenised as written and with a leading
-    space (`with_bad_words_tokenized`, which the server calls; bad_words_token_ids holds the result),
+    space (`with_bad_words_tokenized`, which InputProcessor.prepare calls; bad_words_token_ids holds the result),
     a one-token word is never sampled, and a longer one's last token is banned whenever the output
     ends with the rest of it. Token ids are checked against the vocabulary by `check_vocab`.
     top_k 0 (vLLM's "off") is the same as None.

@@ -104,6 +104,13 @@ class InputProcessor:
         if params.logprobs is not None and params.logprobs > lim.vocab_size:
             raise ValueError(f"params {index}: logprobs {params.logprobs} exceeds the vocabulary ({lim.vocab_size})")
 
+    def prepare(self, params: SamplingParams) -> SamplingParams:
+        """params ready for the sampler: bad words tokenised, every token id checked against the
+        vocabulary (ValueError naming the field)."""
+        params = params.with_bad_words_tokenized(self.tokenizer)
+        params.check_vocab(self.limits.vocab_size)
+        return params
+
     def process(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams],
                 arrival_s: float) -> list[Request]:
         """Validate every prompt, then build its Requests (all or nothing). A prompt whose params
@@ -121,6 +128,7 @@ class InputProcessor:
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"params {i} must be a SamplingParams, got {p!r}")
         ids = [self.encode(p, i) for i, p in enumerate(prompts)]
+        params = [self.prepare(sp) for sp in params]
         for i, (tokens, sp) in enumerate(zip(ids, params)):
             self.check_fits(tokens, sp, i)
         return [self.request(tokens, sp, arrival_s, j, prompt_text(prompt))

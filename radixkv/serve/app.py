@@ -222,9 +222,7 @@ class _Handlers:
                                   min_tokens=body.min_tokens or 0, logprobs=body.sampling_logprobs,
                                   logit_bias=body.logit_bias, allowed_token_ids=body.allowed_token_ids,
                                   bad_words=tuple(body.bad_words or ()))
-            params = params.with_bad_words_tokenized(self.engine.tokenizer)
-            params.check_vocab(self.inputs.limits.vocab_size)
-            return params
+            return self.inputs.prepare(params)
         except ValueError as err:
             name = str(err).split(" ", 1)[0]
             raise APIError(400, str(err), param=name if name in type(body).model_fields else None) from None

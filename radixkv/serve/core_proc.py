@@ -138,16 +138,16 @@ class ProcessCore:
             target=core_main, args=(model, dict(engine_kwargs), to_core, from_core, theirs, log_level),
             name="radixkv-core")  # not daemonic: a tensor-parallel core starts worker processes of its own
         self.proc.start()
-        atexit.register(self.shutdown)  # before multiprocessing's exit handler joins it
         theirs.close()
+        self._stopping = False
         info = self._await_ready()
+        atexit.register(self.shutdown)  # runs before multiprocessing's exit handler joins the process
         self.limits, self.tokenizer, self.t0 = info.limits, info.tokenizer, info.t0
         self.inputs = InputProcessor(info.tokenizer, info.limits, info.eos_token_ids, info.seed)
         self.outputs = OutputProcessor(info.tokenizer)
         self._stats = EngineStats(0, 0, info.limits.num_pages, 0, 0, 0, 0, 0, 0)
         self._events: CoreEvents | None = None
         self._last_heard = time.monotonic()
-        self._stopping = False
         self._thread = threading.Thread(target=self._receive, name="radixkv-core-client", daemon=True)
 
     def _await_ready(self) -> CoreInfo:

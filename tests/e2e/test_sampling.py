@@ -18,7 +18,7 @@ from radixkv.kernels.reference_sampling import gumbel, uniform_bits
     (dict(temperature="hot"), "temperature"),
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),
-    (dict(top_k=0), "top_k"),
+    (dict(top_k=-2), "top_k"),
     (dict(top_k=2.5), "top_k"),
     (dict(top_k=True), "top_k"),
     (dict(min_p=1.5), "min_p"),

@@ -111,7 +111,7 @@ def test_new_fields_are_validated_by_name() -> None:
                          ({"stop": 3}, "stop"), ({"presence_penalty": 3.0}, "presence_penalty"),
                          ({"frequency_penalty": float("nan")}, "frequency_penalty"),
                          ({"repetition_penalty": 0.0}, "repetition_penalty"), ({"logprobs": -1}, "logprobs"),
-                         ({"skip_special_tokens": "no"}, "skip_special_tokens"), ({"top_k": 0}, "top_k")]:
+                         ({"skip_special_tokens": "no"}, "skip_special_tokens"), ({"top_k": -2}, "top_k")]:
         with pytest.raises(ValueError, match=name):
             SamplingParams(**kwargs)
     assert SamplingParams(top_k=-1, min_p=0.1).top_k is None

@@ -17,7 +17,7 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "max_tokens": "many"}, "max_tokens"),
     ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, "temperature"),
     ("/v1/completions", {"prompt": "hi", "top_p": 0}, "top_p"),
-    ("/v1/completions", {"prompt": "hi", "top_k": 0}, "top_k"),
+    ("/v1/completions", {"prompt": "hi", "top_k": -2}, "top_k"),
     ("/v1/completions", {"prompt": "hi", "n": 0}, "n"),
     ("/v1/completions", {"prompt": [[]]}, "prompt"),
     ("/v1/completions", {"prompt": []}, "prompt"),
@@ -26,7 +26,7 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "presence_penalty": 3}, "presence_penalty"),
     ("/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "min_tokens": 5}, "min_tokens"),
-    ("/v1/completions", {"prompt": "hi", "logit_bias": {"3": 1.0}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"99999": 1.0}}, "logit_bias"),  # outside the vocabulary
     ("/v1/completions", {"prompt": "x" * 600}, "prompt"),  # longer than the 512-token context
     ("/v1/completions", {"prompt": "x" * 400, "max_tokens": 200}, "prompt"),  # prompt + output too long
     ("/v1/completions", {"prompt": "hi", "cache_salt": ""}, "cache_salt"),
