@@ -35,19 +35,9 @@ from radixkv.engine.llm import LLM
 from .async_engine import AsyncLLM, EngineDeadError, EngineStepError, RequestStream, StreamOutput
 from .streams import merge_streams
 from .metrics import ServeMetrics
-from .protocol import ChatCompletionRequest, CompletionRequest, UnsupportedField, error_body
+from .api_errors import APIError, validation_error
+from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import LogprobsFormat, _event, _Shape, _sse, _stream_error, _usage
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param = status, message, type, param
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.message, type=self.type, param=self.param, code=self.status),
-                            status_code=self.status)
 
 
 def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = None, api_key: str | None = None,
@@ -80,7 +70,7 @@ def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = N
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_error(exc.errors()).response()
+        return validation_error(exc.errors()).response()
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -124,27 +114,6 @@ def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = N
         return await api.chat(body, raw)
 
     return app
-
-
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "is-instance"}
-
-
-def _validation_error(errors: Any) -> APIError:
-    """400 naming the first invalid field ("messages.0.role"; "body" for unreadable JSON)."""
-    err = errors[0] if errors else {}
-    cause = (err.get("ctx") or {}).get("error")
-    if isinstance(cause, UnsupportedField):
-        return APIError(400, str(cause), param=cause.param)
-    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-    # a union reports one error per alternative: name the field, not the alternative
-    loc = [p for p in loc if not any(c in p for c in "[]()-") and p not in _TYPE_TAGS and not p[:1].isupper()]
-    param = ".".join(loc) or None
-    msg = str(err.get("msg", "invalid request body"))
-    if err.get("type") == "json_invalid":
-        return APIError(400, f"the request body is not valid JSON: {msg}", param="body")
-    if err.get("type") == "missing":
-        return APIError(400, f"'{param}' is a required field", param=param)
-    return APIError(400, f"{param or 'body'}: {msg}", param=param)
 
 
 class _Guard:

@@ -25,7 +25,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .app import APIError, _validation_error
+from .api_errors import APIError, validation_error
 from .async_engine import AsyncLLM
 from .protocol import ChatMessage, UnsupportedField
 
@@ -138,7 +138,7 @@ class _TokenizerRoutes:
         try:
             req: Any = (TokenizeChatRequest if chat else TokenizeCompletionRequest).model_validate(body)
         except ValidationError as err:
-            raise _validation_error(err.errors()) from None
+            raise validation_error(err.errors()) from None
         self._check_model(req.model)
         tok = self._tokenizer("messages" if chat else "prompt")
         size = sum(len(m.text()) for m in req.messages) if chat else len(req.prompt)
@@ -159,7 +159,7 @@ class _TokenizerRoutes:
         try:
             req = DetokenizeRequest.model_validate(body)
         except ValidationError as err:
-            raise _validation_error(err.errors()) from None
+            raise validation_error(err.errors()) from None
         self._check_model(req.model)
         tok = self._tokenizer("tokens")
         if len(req.tokens) > MAX_DETOKENIZE_TOKENS:
