@@ -9,7 +9,8 @@
   loglines.py: the periodic throughput line.
 - protocol.py: the OpenAI request bodies (pydantic, validated) and the error object.
 - metrics.py: Prometheus series (vLLM's names under a `radixkv:` prefix), from the core's EngineStats.
-- app.py: the FastAPI app (responses.py: envelopes, SSE events, usage, logprobs); cli_serve.py:
+- app.py: the FastAPI app (responses.py: envelopes, SSE events, usage, logprobs; api_errors.py: the error
+  object; routes_extra.py: /tokenize, /detokenize, /version); cli_serve.py:
   the `radixkv serve` subcommand; bench_client.py, bench_datasets.py, bench_results.py, cli_bench.py: `radixkv bench-serve`.
 
 Importing this package loads neither torch nor FastAPI; the modules do.
