@@ -66,7 +66,7 @@ def checks(dev: torch.device) -> dict:
 
 def timings(dev: torch.device) -> list[dict]:
     from radixkv.engine.sampling import sample, sampling_rows
-from radixkv.sampling_params import SamplingParams
+    from radixkv.sampling_params import SamplingParams
 
     cases = {"greedy": SamplingParams(temperature=0.0), "temperature 0.8": SamplingParams(temperature=0.8),
              "top-p 0.95": SamplingParams(temperature=0.8, top_p=0.95),
