@@ -228,3 +228,24 @@ def _assert_gone(pids: list[int], timeout: float = 15.0) -> None:
         time.sleep(0.2)
         alive = [k for k in pids if os.path.exists(f"/proc/{k}") and open(f"/proc/{k}/stat").read().split()[2] != "Z"]
     assert not alive, [open(f"/proc/{k}/cmdline").read().replace("\0", " ")[:200] for k in alive]
+
+
+def test_the_openai_client_streams_through_the_core_process(proc_engine: AsyncLLM, tiny_folder: str) -> None:
+    from openai import OpenAI
+
+    from radixkv.serve.app import create_app
+
+    from .conftest import serve_in_thread
+
+    want = LLM(tiny_folder, dtype="float32", device="cpu", num_pages=64).generate(["hello"], GREEDY)[0]
+    url, uv, thread = serve_in_thread(create_app(None, served_model_name="tiny", engine=proc_engine))
+    try:
+        client = OpenAI(base_url=f"{url}/v1", api_key="none")
+        chunks = list(client.completions.create(model="tiny", prompt="hello", max_tokens=6, temperature=0,
+                                                stream=True, extra_body={"ignore_eos": True}))
+        assert "".join(c.choices[0].text for c in chunks) == want.text
+        assert chunks[-1].choices[0].finish_reason == "length"
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+    assert proc_engine.is_running  # an engine the app was given is the caller's to stop
