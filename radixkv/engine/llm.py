@@ -58,6 +58,7 @@ class LLM:
         self._requests: dict[int, Request] = {}  # live requests by rid
         self._recorded: list[Request] | None = None  # requests added while recording
         self._busy = threading.Lock()  # held by the one call running (generate, step, add_requests)
+        self._owner: threading.Thread | None = None  # a serving loop's thread (serve/inproc.py), while it runs
 
     @property
     def num_pages(self) -> int:
@@ -174,7 +175,12 @@ class LLM:
     @contextlib.contextmanager
     def _exclusive(self, what: str) -> Iterator[None]:
         """One caller at a time: a second thread, or a re-entrant call, is refused before it
-        touches any state. (Many callers share an engine through one loop that owns the LLM.)"""
+        touches any state. (Many callers share an engine through one loop that owns the LLM.) While a
+        serving loop owns the LLM, only that loop's thread may call (`AsyncLLM.call(fn)`)."""
+        owner = self._owner
+        if owner is not None and owner is not threading.current_thread():
+            raise RuntimeError(f"LLM.{what}() refused: an AsyncLLM serves this LLM from its own thread; send "
+                               f"requests through it (or AsyncLLM.call) while it runs")
         if not self._busy.acquire(blocking=False):
             raise RuntimeError(f"LLM.{what}() refused: this LLM is busy with another call (another thread, "
                                f"or a call from inside one of its own); an LLM serves one caller at a time")
@@ -182,6 +188,17 @@ class LLM:
             yield
         finally:
             self._busy.release()
+
+    @contextlib.contextmanager
+    def owned_by_this_thread(self) -> Iterator[None]:
+        """While inside, calls from any other thread are refused (a serving loop's thread owns the LLM)."""
+        if self._owner is not None:
+            raise RuntimeError("this LLM is already served by another AsyncLLM")
+        self._owner = threading.current_thread()
+        try:
+            yield
+        finally:
+            self._owner = None
 
     def start_recording(self) -> None:
         """Keep every request added from now on, for `save_recording` (off by default: it grows)."""

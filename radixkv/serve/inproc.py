@@ -93,16 +93,17 @@ class InprocCore:
     def _run(self) -> None:
         core = self.llm.core
         try:
-            while not self._loop.stopping:
-                self._drain()
-                if self._loop.stopping:
-                    break
-                if not core.has_work():
-                    self._wake.wait(timeout=1.0)
-                    self._wake.clear()
-                    self._events.on_idle(core.stats())
-                    continue
-                self._loop.step()
+            with self.llm.owned_by_this_thread():  # another thread's generate() is refused, the loop goes on
+                while not self._loop.stopping:
+                    self._drain()
+                    if self._loop.stopping:
+                        break
+                    if not core.has_work():
+                        self._wake.wait(timeout=1.0)
+                        self._wake.clear()
+                        self._events.on_idle(core.stats())
+                        continue
+                    self._loop.step()
         except BaseException as err:  # noqa: BLE001 - the loop must report, not vanish
             self.error = repr(err)
             log.exception("engine loop stopped")

@@ -286,3 +286,27 @@ def test_dead_engine_is_503_json_everywhere(tiny_folder: str) -> None:
         assert r.status_code == 503, (path, r.text)
         assert r.json()["error"]["type"] == "ServiceUnavailableError"
     assert client.get("/metrics").status_code == 200  # the series stay readable
+
+
+def test_another_threads_generate_is_refused_and_serving_goes_on(engine) -> None:
+    """Issue 33 item 4: a second thread calling the served LLM gets the refusal; the loop and its
+    requests go on."""
+    llm = engine.llm
+
+    async def main():
+        stream = await engine.add_request("hello world", SamplingParams(temperature=0.0, max_tokens=30,
+                                                                        ignore_eos=True))
+        it = stream.__aiter__()
+        await it.__anext__()  # running now
+        for call in (lambda: llm.generate(["hi"], SamplingParams(max_tokens=2)), llm.step,
+                     lambda: llm.add_requests([[5, 6]], SamplingParams(max_tokens=2))):
+            with pytest.raises(RuntimeError, match="AsyncLLM serves this LLM"):
+                await asyncio.to_thread(call)
+        last = None
+        async for last in it:
+            pass
+        return last
+
+    last = asyncio.run(main())
+    assert last.finish_reason == "length" and len(last.token_ids) == 30 and engine.is_running
+    assert engine.call(lambda m: m.generate([[5, 6]], SamplingParams(max_tokens=2))[0]).result(30).token_ids
