@@ -310,3 +310,21 @@ def test_another_threads_generate_is_refused_and_serving_goes_on(engine) -> None
     last = asyncio.run(main())
     assert last.finish_reason == "length" and len(last.token_ids) == 30 and engine.is_running
     assert engine.call(lambda m: m.generate([[5, 6]], SamplingParams(max_tokens=2))[0]).result(30).token_ids
+
+
+def test_a_model_without_a_tokenizer_streams_a_chunk_a_step() -> None:
+    """Issue 33 item 2: one chunk per step with new tokens, not one at the end."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from e2e.tiny_models import tiny_config
+    from radixkv import LLM
+    from radixkv.serve.app import create_app
+
+    app = create_app(LLM(tiny_config("llama"), dtype="float32", device="cpu", num_pages=32), log_interval_s=None)
+    with TestClient(app) as client:
+        with client.stream("POST", "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 5, "temperature": 0,
+                                                             "ignore_eos": True, "stream": True}) as r:
+            events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+    assert len([e for e in events if e["choices"]]) == 5 and events[-1]["choices"][0]["finish_reason"] == "length"
