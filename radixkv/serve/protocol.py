@@ -331,9 +331,14 @@ class ChatCompletionRequest(_Common):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def template_messages(self) -> list[dict[str, Any]]:
-        out = []
-        for m in self.messages:
-            d = {k: v for k, v in m.model_dump().items() if v is not None}
-            d["content"] = m.text()
-            out.append(d)
-        return out
+        return template_messages(self.messages)
+
+
+def template_messages(messages: list[Any]) -> list[dict[str, Any]]:
+    """Chat messages as the chat template takes them: set fields only, content as text."""
+    out = []
+    for m in messages:
+        d = {k: v for k, v in m.model_dump().items() if v is not None}
+        d["content"] = m.text()
+        out.append(d)
+    return out

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .api_errors import APIError, validation_error
 from .async_engine import AsyncLLM
-from .protocol import ChatMessage, UnsupportedField
+from .protocol import ChatMessage, UnsupportedField, template_messages
 
 MAX_TEXT_CHARS = 4 * 2**20  # /tokenize: characters of prompt + messages at most
 MAX_DETOKENIZE_TOKENS = 2**20  # /detokenize: token ids at most
@@ -61,12 +61,7 @@ class TokenizeChatRequest(BaseModel):
         return self
 
     def template_messages(self) -> list[dict[str, Any]]:
-        out = []
-        for m in self.messages:
-            d = {k: v for k, v in m.model_dump().items() if v is not None}
-            d["content"] = m.text()
-            out.append(d)
-        return out
+        return template_messages(self.messages)
 
 
 class DetokenizeRequest(BaseModel):
