@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from radixkv.argtypes import nonnegative_int, positive_int
+from radixkv.argtypes import finite_float_at_least, nonnegative_int, positive_int
 
 
 def _rate(text: str) -> float:
@@ -58,7 +58,7 @@ def add_bench_serve(subparsers: Any) -> argparse.ArgumentParser:
     b.add_argument("--max-concurrency", type=positive_int, metavar="N", help="requests in flight at most")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true (vLLM/radixkv extra field)")
-    b.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0, greedy)")
+    b.add_argument("--temperature", type=finite_float_at_least(0.0), default=0.0, help="sampling temperature (default 0, greedy)")
     b.add_argument("--vocab-size", type=positive_int, default=256, metavar="N",
                    help="token-id prompts use ids below N (default 256; up to the model's vocab size)")
     b.add_argument("--token-id-low", type=nonnegative_int, default=0, metavar="N",
@@ -87,7 +87,7 @@ def add_bench_serve(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--result-dir", default=".", metavar="DIR")
     g.add_argument("--result-filename", metavar="FILE.json",
                    help="default: bench-serve-<dataset>-<date>.json in --result-dir")
-    g.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per-request timeout (default 600 s)")
+    g.add_argument("--timeout", type=finite_float_at_least(0.0, exclusive=True), default=600.0, metavar="S", help="per-request timeout (default 600 s)")
     b.set_defaults(run=run_bench_serve)
     return b
 

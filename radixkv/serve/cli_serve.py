@@ -109,6 +109,8 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
         opts[dest] = given if given is not None else from_file.get(dest, default)
     if opts["api_key"] is None:
         opts["api_key"] = os.environ.get("RADIXKV_API_KEY") or None
+    elif not str(opts["api_key"]).strip():  # an empty key would silently turn authentication off
+        raise ValueError("--api-key is empty; give a key, or leave the flag out to serve without one")
     if opts["model"] is None:
         raise ValueError("MODEL is required (as an argument or `model:` in --config)")
     return opts

@@ -91,6 +91,9 @@ def test_nothing_listening_is_one_line_exit_2(tmp_path, capsys):
     (["--dataset-name", "trace", "--dataset-path", "/nonexistent.jsonl"], "trace not found"),
     (["--vocab-size", "5", "--token-id-low", "5"], "--token-id-low 5 must lie in"),
     (["--request-rate", "0"], "argument --request-rate: expected a positive rate or inf, got '0'"),
+    (["--timeout", "-1"], "argument --timeout: expected a finite number > 0, got '-1'"),  # issue 33 item 14
+    (["--timeout", "nan"], "argument --timeout: expected a finite number > 0, got 'nan'"),
+    (["--temperature", "nan"], "argument --temperature: expected a finite number >= 0, got 'nan'"),
 ])
 def test_bad_flags_are_one_line(argv, needle, tmp_path, capsys):
     try:

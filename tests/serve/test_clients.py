@@ -74,6 +74,7 @@ def test_cli_flags_and_config(tmp_path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("max-num-seq: 8\n")
     assert run_serve(_parse(["m", "--config", str(bad)])) == 2  # unknown key: one error line
+    assert run_serve(_parse(["m", "--api-key", ""])) == 2  # an empty key would turn authentication off (issue 33 item 12)
 
 
 def test_cli_builds_a_server_from_a_model_folder(tiny_folder) -> None:
