@@ -148,6 +148,20 @@ class LlamaModel:
         sample_index: [S] int64 indices into T (each sampling row's last token).
         Returns logits: [S, V] float32.
         """
+        return self.logits(self.hidden(input_ids, positions, attn)[sample_index])
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h: [S, H] residual-stream rows (hidden's output) -> logits [S, V] float32 (final norm, LM head;
+        gathered over the vocabulary shards under tensor parallelism)."""
+        x, _ = self.ops.rms_norm(h, self.norm, self.spec.rms_norm_eps)  # [S, H]
+        logits = F.linear(x, self.lm_head)  # [S, V], or [S, ceil(V / world)] of this rank's rows
+        if self.tp is not None:
+            logits = self.tp.gather_vocab(logits, self.vocab_rows)  # [S, V]
+        return logits.float()
+
+    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: LayerAttention) -> torch.Tensor:
+        """Run all layers over the step's new tokens (storing their K/V); return the residual stream
+        h: [T, H] before the final norm (`logits` turns rows of it into logits)."""
         s, ops, eps, tp = self.shard_spec, self.ops, self.spec.rms_norm_eps, self.tp
         T = input_ids.shape[0]
         Hq, Hkv, D = s.num_q_heads, s.num_kv_heads, s.head_dim  # this rank's heads
@@ -173,8 +187,4 @@ class LlamaModel:
                 x, h = ops.rms_norm(down, self.layers[i + 1].ln_attn, eps, h)  # h += mlp, next layer's norm
             else:
                 h = h + down
-        x, _ = ops.rms_norm(h[sample_index], self.norm, eps)  # [S, H]
-        logits = F.linear(x, self.lm_head)  # [S, V], or [S, ceil(V / world)] of this rank's rows
-        if tp is not None:
-            logits = tp.gather_vocab(logits, self.vocab_rows)  # [S, V]
-        return logits.float()
+        return h
