@@ -14,7 +14,10 @@
    against the floor = (weight bytes + KV bytes read) / streaming-read bandwidth measured in the
    same run. Sampled decoding (temperature 0.8, top_p 0.95) at batch 64 beside greedy.
 3. Workloads (Part B), each with cache on / off (bf16), cache on with fp8_e4m3 KV at the same KV
-   byte budget, and transformers' batched generate (few-shot, no-sharing: a timed subset):
+   byte budget, and transformers' batched generate (few-shot, no-sharing: a timed subset); config
+   `default` is LLM(model, dtype="bfloat16") and nothing else (the pool from gpu_memory_utilization,
+   max_num_seqs, cascade, async scheduling: all the engine's defaults; bf16 is what dtype "auto" gives
+   on CUDA), the row issue 31 compares with cache-off (few-shot: --only few-shot --configs default):
    - few-shot: 8-shot GSM8K, 512 questions over 4 example sets, 64 new tokens, all sent at once;
    - multi-turn: 64 conversations x 4 turns (ShareGPT lengths with --sharegpt, else the synthetic
      generator's), a shared 256-token system prompt; a conversation's next turn is sent when its
@@ -198,7 +201,7 @@ ROW_KEYS = ("workload", "config", "batch", "step_ms", "floor_ms", "output_tokens
             "ttft_p50_s", "ttft_p99_s", "hit_rate", "peak_pages", "pool_pages", "cpu_frac_per_step",
             "max_concurrency")
 WORKLOADS = ("few-shot", "multi-turn", "trace", "no-sharing")
-CONFIGS = ("cache-on-bf16", "cache-off-bf16", "cache-on-fp8", "cache-on-bf16-cascade", "cache-on-int4", "cache-on-int4-nosink",
+CONFIGS = ("default", "cache-on-bf16", "cache-off-bf16", "cache-on-fp8", "cache-on-bf16-cascade", "cache-on-int4", "cache-on-int4-nosink",
            "cache-on-int4-nowindow", "hf-generate")
 HF_WORKLOADS = ("few-shot", "no-sharing")  # static prompt lists: what a batched generate() serves
 
@@ -540,9 +543,13 @@ def workloads_part(device: torch.device, a: argparse.Namespace, emit: Any, done:
                               "cache-on-int4": dict(kv_dtype="int4"),  # its default window of 16 and sink of 16
                               "cache-on-int4-nosink": dict(kv_dtype="int4", kv_sink=0),
                               "cache-on-int4-nowindow": dict(kv_dtype="int4", kv_window=0)}.get(config, {})
-        num_pages = KVStore.pages_for_budget(budget, 16, L, H, D, kw.get("kv_dtype", "bfloat16"))
+        if config == "default":  # the engine's own pool size and settings (issue 31: "default settings")
+            num_pages = None
+        else:
+            num_pages = KVStore.pages_for_budget(budget, 16, L, H, D, kw.get("kv_dtype", "bfloat16"))
         t = time.perf_counter()
-        llm = LLM(cfg, dtype="bfloat16", device=device, num_pages=num_pages, **kw)
+        llm = LLM(cfg, dtype="bfloat16", device=device, **({} if num_pages is None else dict(num_pages=num_pages)), **kw)
+        num_pages = llm.num_pages
         # warm-up: Triton compiles each prefill tile config on first use; graphs are captured at start-up
         g = torch.Generator().manual_seed(5)
         lens = {len(inp.few_shot[0]) if inp.few_shot else 1024, 40, 100, sz.ns_len, sz.trace_max_prompt}
