@@ -157,6 +157,23 @@ VLLM_NAMES = {"block_size": "page_size", "kv_cache_dtype": "kv_dtype", "num_gpu_
               "max_num_seqs": "max_running", "max_num_batched_tokens": "max_batch_tokens",
               "enable_prefix_caching": "prefix_caching"}
 
+# how the weights are loaded (vLLM's load_format): "auto" reads the checkpoint; "dummy" builds seeded random
+# weights shaped by the folder's config.json, keeping the folder's tokenizer and chat template (benchmarks)
+LOAD_FORMATS = ("auto", "dummy")
+
+
+def check_load_format(value: object) -> str:
+    """`value` if it is one of LOAD_FORMATS, else ValueError naming it and the allowed ones."""
+    if not isinstance(value, str) or value not in LOAD_FORMATS:
+        raise ValueError(f"load_format {value!r} is not supported; expected one of {', '.join(LOAD_FORMATS)}")
+    return value
+
+
+def budget_given(kwargs: dict[str, object]) -> bool:
+    """Whether LLM(...)'s keyword arguments set the per-step token budget (max_batch_tokens, vLLM's
+    max_num_batched_tokens, or a SchedulerConfig passed whole)."""
+    return any(k in kwargs for k in ("max_batch_tokens", "max_num_batched_tokens", "scheduler"))
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -183,6 +200,14 @@ class EngineConfig:
     kv_sink: with a window, every sequence's first kv_sink tokens (attention sinks; a multiple of
     page_size) are read in full precision too; None: plan.DEFAULT_KV_SINK (16) rounded up to whole pages
     for int4 / int2 pages with a window, none for the others.
+    load_format (vLLM's name): "auto" reads the model's weights; "dummy" builds seeded random weights shaped by
+    the model folder's config.json and keeps the folder's tokenizer and chat template (benchmarking a model
+    without its weights). Anything else is refused naming the value.
+    warmup: drive synthetic requests through every kernel specialisation and CUDA graph a served request can
+    reach before the engine is returned (radixkv/engine/warmup.py); None: on when the model runs on CUDA
+    (off on CPU, where Triton's interpreter makes it slow).
+    The per-step token budget (scheduler.max_batch_tokens, vLLM's max_num_batched_tokens) must hold one page;
+    given explicitly with num_pages, it may not exceed the pool (num_pages * page_size tokens).
     """
 
     page_size: int = 16
@@ -199,6 +224,8 @@ class EngineConfig:
     dist_timeout_s: float = 600.0
     kv_window: int | None = None
     kv_sink: int | None = None
+    load_format: str = "auto"
+    warmup: bool | None = None
     scheduler: SchedulerConfig = SchedulerConfig()
 
     @classmethod
@@ -223,7 +250,19 @@ class EngineConfig:
             if not isinstance(base, SchedulerConfig):
                 raise TypeError(f"scheduler must be a SchedulerConfig, got {base!r}")
             mine["scheduler"] = replace(base, **sched)
-        return cls(**mine)  # type: ignore[arg-type]
+        cfg = cls(**mine)  # type: ignore[arg-type]
+        if cfg.num_pages is not None and budget_given(kwargs):  # a default budget is simply capped by the pool
+            cfg.check_budget_fits(cfg.num_pages)
+        return cfg
+
+    def check_budget_fits(self, num_pages: int) -> None:
+        """ValueError naming the budget when scheduler.max_batch_tokens exceeds a pool of `num_pages` pages
+        (no step could ever compute that many tokens). The engine calls it once the pool is sized, for a
+        budget given explicitly."""
+        budget, pool = self.scheduler.max_batch_tokens, num_pages * self.page_size
+        if budget > pool:
+            raise ValueError(f"max_batch_tokens (max_num_batched_tokens) {budget} is larger than the KV pool: "
+                             f"{num_pages} pages x {self.page_size} tokens = {pool} tokens; give at most {pool}")
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
@@ -257,3 +296,10 @@ class EngineConfig:
             raise ValueError(f"kv_sink={self.kv_sink} needs a recent-token window: kv_window=0 turns it off")
         if not self.dist_timeout_s > 0:
             raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s!r}")
+        check_load_format(self.load_format)
+        if self.warmup is not None and not isinstance(self.warmup, bool):
+            raise ValueError(f"warmup must be True, False or None, got {self.warmup!r}")
+        budget = self.scheduler.max_batch_tokens
+        if budget < self.page_size:
+            raise ValueError(f"max_batch_tokens (max_num_batched_tokens) {budget} is smaller than one page "
+                             f"({self.page_size} tokens); give at least {self.page_size}")

@@ -7,6 +7,8 @@ initialiser, so `LLM(config, seed=s)` holds the same weights as
 `torch.manual_seed(s); AutoModelForCausalLM.from_config(config)`.
 `load_model(model, ...)` also takes a `.gguf` file (converted once to a cached folder, see
 gguf.py) and a hub id already in the local Hugging Face cache (never downloaded).
+`model_source(model, "dummy")` (vLLM's load_format="dummy") names a folder whose weights are never read:
+random weights shaped by its config.json, with its tokenizer and chat template (`load_dummy`).
 
 A model file that is not what it should be (config.json not JSON or of an unsupported
 model_type, a truncated safetensors file, a weight of the wrong shape, a broken tokenizer)
@@ -18,9 +20,12 @@ import glob
 import json
 import os
 import re
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+
+from radixkv.config import check_load_format
 
 from .model_config import ModelSpec, build_checked, config_errors, config_from_json, read_config_dict, spec_of
 
@@ -37,10 +42,18 @@ class Checkpoint(NamedTuple):
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
 
-def load_checkpoint(path: str) -> Checkpoint:
-    """Read config, weights and (when present) tokenizer from a local Hugging Face folder."""
+def _folder_config(path: str) -> tuple[Any, ModelSpec]:
+    """The folder's config.json as a transformers config and its ModelSpec (the file checked first)."""
     from transformers import AutoConfig
 
+    config_file = os.path.join(path, "config.json")
+    read_config_dict(config_file)  # JSON, an object, a supported model_type: refused before transformers
+    config = build_checked(config_file, lambda: AutoConfig.from_pretrained(path, local_files_only=True))
+    return config, spec_of(config, config_file)
+
+
+def load_checkpoint(path: str) -> Checkpoint:
+    """Read config, weights and (when present) tokenizer from a local Hugging Face folder."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"model folder {path!r} does not exist (nothing is downloaded)")
     config_file = os.path.join(path, "config.json")
@@ -48,19 +61,22 @@ def load_checkpoint(path: str) -> Checkpoint:
         ggufs = sorted(f for f in os.listdir(path) if f.lower().endswith(".gguf"))
         hint = f"; pass the GGUF file itself: {os.path.join(path, ggufs[0])!r}" if ggufs else ""
         raise FileNotFoundError(f"model folder {path!r} has no config.json{hint}")
-    read_config_dict(config_file)  # JSON, an object, a supported model_type: refused before transformers
-    config = build_checked(config_file, lambda: AutoConfig.from_pretrained(path, local_files_only=True))
-    spec = spec_of(config, config_file)  # an unsupported architecture is refused before the weights are read
+    config, spec = _folder_config(path)  # an unsupported architecture is refused before the weights are read
     state, origin = _read_weights(path)
     check_weights(spec, state, origin, path)
-    tokenizer = None
-    present = [f for f in _TOKENIZER_FILES if os.path.exists(os.path.join(path, f))]
-    if present:
-        from transformers import AutoTokenizer
+    return Checkpoint(config, state, folder_tokenizer(path), _generation_eos(path))
 
-        where = os.path.join(path, present[0]) if len(present) == 1 else f"{path} (tokenizer: {', '.join(present)})"
-        tokenizer = build_checked(where, lambda: AutoTokenizer.from_pretrained(path, local_files_only=True), Exception)
-    return Checkpoint(config, state, tokenizer, _generation_eos(path))
+
+def folder_tokenizer(path: str) -> Any:
+    """The folder's transformers tokenizer (its chat template included), local files only; None when the
+    folder holds no tokenizer files; ValueError naming the files when they do not load."""
+    present = [f for f in _TOKENIZER_FILES if os.path.exists(os.path.join(path, f))]
+    if not present:
+        return None
+    from transformers import AutoTokenizer
+
+    where = os.path.join(path, present[0]) if len(present) == 1 else f"{path} (tokenizer: {', '.join(present)})"
+    return build_checked(where, lambda: AutoTokenizer.from_pretrained(path, local_files_only=True), Exception)
 
 
 def _generation_eos(path: str) -> frozenset[int]:
@@ -191,6 +207,52 @@ def random_checkpoint(config: Any, seed: int, dtype: torch.dtype, device: torch.
     return Checkpoint(config, state, None)
 
 
+@dataclass(frozen=True)
+class DummyWeights:
+    """A model folder to load with load_format="dummy" (vLLM's name): seeded random weights shaped by its
+    config.json (random_checkpoint), with its tokenizer, chat template and generation_config.json EOS ids,
+    so text streams and a serving benchmark measures real time to first token. Built by `model_source`;
+    `load_model` takes it in place of a path (tensor-parallel workers receive it pickled)."""
+
+    folder: str
+
+
+def model_source(model: Any, load_format: str) -> Any:
+    """What the engine loads for LLM(model, load_format=...): `model` itself for "auto"; for "dummy" a
+    DummyWeights of its folder (a folder, a hub id in the local cache, a .gguf file's converted folder, or
+    the folder of a config.json file; a transformers config already means random weights, without a
+    tokenizer). ValueError naming an unknown load_format; FileNotFoundError naming a missing config.json."""
+    check_load_format(load_format)
+    if load_format == "auto" or isinstance(model, DummyWeights) or hasattr(model, "model_type"):
+        return model
+    if not (isinstance(model, str) or hasattr(model, "__fspath__")):
+        raise TypeError(f"load_format='dummy' needs a model folder, a hub id or a config.json, got {model!r}")
+    path = os.fspath(model)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if os.path.isfile(path) and path.lower().endswith(".json"):
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.basename(path) != "config.json":  # another name: its folder's config.json is not this file
+            raise ValueError(f"load_format='dummy' reads a folder's config.json; {path!r} is another file: "
+                             f"pass its folder, or load it with load_format='auto' (random weights, no tokenizer)")
+    else:
+        folder = resolve_model_path(path)
+    config_file = os.path.join(folder, "config.json")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"load_format='dummy' shapes the random weights by {config_file!r}, which does "
+                                f"not exist (a dummy load needs the model folder's config.json)")
+    return DummyWeights(folder)
+
+
+def load_dummy(folder: str, dtype_name: str, device: torch.device, seed: int) -> LoadedModel:
+    """Seeded random weights shaped by `folder`'s config.json (the weights there are never read), with the
+    folder's tokenizer and generation_config.json EOS ids."""
+    config, _ = _folder_config(folder)
+    dtype = resolve_dtype(dtype_name, config, device)
+    ckpt = random_checkpoint(config, seed, dtype, device)
+    return _loaded(ckpt._replace(tokenizer=folder_tokenizer(folder), generation_eos=_generation_eos(folder)), dtype)
+
+
 class LoadedModel(NamedTuple):
     """A model ready for the engine: its spec, weights in `dtype`, tokenizer and stop ids."""
 
@@ -210,7 +272,10 @@ def load_model(model: Any, dtype_name: str, device: torch.device, seed: int) -> 
     file or a transformers PretrainedConfig (both: seeded random weights). An existing path
     wins over a hub id. Nothing is ever downloaded. Raises FileNotFoundError for a missing
     path, folder without config.json or uncached hub id, ValueError for an unsupported
-    architecture (before the weights are read) and TypeError for anything else."""
+    architecture (before the weights are read) and TypeError for anything else. A DummyWeights (model_source,
+    load_format="dummy") gives random weights with its folder's tokenizer."""
+    if isinstance(model, DummyWeights):
+        return load_dummy(model.folder, dtype_name, device, seed)
     if isinstance(model, str) or hasattr(model, "__fspath__"):
         path = os.fspath(model)
         if isinstance(path, bytes):
