@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from radixkv.cache.events import KVEventPublisher
-from radixkv.config import EngineConfig
+from radixkv.config import EngineConfig, budget_given
 from radixkv.request import FinishReason, Request, RequestOutput
 from radixkv.sampling_params import SamplingParams
 
@@ -30,6 +30,8 @@ from .inputs import InputProcessor, Prompt, token_id
 from .outputs import OutputProcessor, RequestState, Update
 from .runner import ModelRunner
 from .session import Session
+from .warmup import prepare_engine, use_radixkv_triton_cache
+from .weights import model_source
 
 
 class LLM:
@@ -50,9 +52,11 @@ class LLM:
                  device: Any = None, *, attention_backend: Backend = Backend.AUTO,
                  kv_events: KVEventPublisher | None = None, **more: Any) -> None:
         self.config = cfg = engine_config(dtype, kv_dtype, page_size, device, more)
-        self.runner, loaded = ModelRunner.load(model, cfg, attention_backend)
+        use_radixkv_triton_cache()  # compiled kernels persist across restarts
+        self.runner, loaded = ModelRunner.load(model_source(model, cfg.load_format), cfg, attention_backend)
         self.tokenizer, self.hf_config, self.eos_token_ids = loaded.tokenizer, loaded.config, loaded.eos_token_ids
         self.core = EngineCore(self.runner, cfg, kv_events)
+        self.warmup_report = prepare_engine(self.core, budget_given=budget_given(more))  # warm before ready
         self.inputs = InputProcessor(self.tokenizer, self.runner.limits, self.eos_token_ids, cfg.seed)
         self.outputs = OutputProcessor(self.tokenizer)
         self._requests: dict[int, Request] = {}  # live requests by rid

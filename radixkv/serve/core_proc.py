@@ -34,11 +34,14 @@ from typing import Any
 import msgspec
 import zmq
 
+from radixkv.config import budget_given
 from radixkv.engine.core import EngineCore, EngineStats
 from radixkv.engine.inputs import InputProcessor, ModelLimits
 from radixkv.engine.llm import engine_config
 from radixkv.engine.outputs import OutputProcessor
 from radixkv.engine.runner import ModelRunner
+from radixkv.engine.warmup import prepare_engine, use_radixkv_triton_cache
+from radixkv.engine.weights import model_source
 
 from . import wire
 from .core_loop import CoreLoop
@@ -71,8 +74,10 @@ def core_main(model: Any, engine_kwargs: dict[str, Any], to_core: str, from_core
     try:
         cfg = engine_config(engine_kwargs.pop("dtype", "auto"), engine_kwargs.pop("kv_dtype", "auto"),
                             engine_kwargs.pop("page_size", 16), engine_kwargs.pop("device", None), engine_kwargs)
-        runner, loaded = ModelRunner.load(model, cfg)
+        use_radixkv_triton_cache()  # compiled kernels persist across restarts
+        runner, loaded = ModelRunner.load(model_source(model, cfg.load_format), cfg)
         core = EngineCore(runner, cfg)
+        prepare_engine(core, budget_given=budget_given(engine_kwargs))  # warm before reporting ready
     except BaseException as err:  # noqa: BLE001 - the API process reports it and exits
         conn.send(f"{type(err).__name__}: {err}")
         return
