@@ -6,7 +6,17 @@ import json
 from typing import Any
 
 from radixkv.argtypes import positive_int
-from radixkv.cli.common import CliError, check_output, not_utf8, one_line, out_of_memory, pages_arg, write_output
+from radixkv.cli.common import (
+    LOAD_FORMAT_HELP,
+    CliError,
+    check_output,
+    load_format_arg,
+    not_utf8,
+    one_line,
+    out_of_memory,
+    pages_arg,
+    write_output,
+)
 from radixkv.cli.load_model import build_engine, pool_words
 
 
@@ -25,6 +35,8 @@ def add_bench_parser(sub: Any) -> None:
     b.add_argument("--page-size", type=positive_int, default=16)
     b.add_argument("--num-pages", type=pages_arg, default=4096)
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    b.add_argument("--load-format", type=load_format_arg, default="auto", metavar="FORMAT",
+                   help=LOAD_FORMAT_HELP + "; needs --model")
     b.add_argument("--json", metavar="OUT.json", help="write the rows as JSON")
     b.set_defaults(run=_cmd_bench)
 
@@ -35,12 +47,15 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     from radixkv.engine.model_config import config_errors, error_detail
 
     check_output("--json", a.json)
+    if a.load_format != "auto" and not a.model:
+        raise CliError(f"--load-format {a.load_format} needs --model (a model folder with config.json)")
     try:
         pick_device(a.device)
     except ValueError as e:  # a device this torch build lacks
         raise CliError(one_line(e)) from None
     if a.model:
-        llm = build_engine(a.model, page_size=a.page_size, num_pages=a.num_pages, device=a.device)
+        llm = build_engine(a.model, page_size=a.page_size, num_pages=a.num_pages, device=a.device,
+                           load_format=a.load_format)
     else:
         try:
             llm = bench.byte_llama(a.hidden, a.layers, a.page_size, a.num_pages, a.device)

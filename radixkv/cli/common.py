@@ -8,7 +8,14 @@ import os
 from pathlib import Path
 
 from radixkv.argtypes import positive_int
-from radixkv.config import DTYPE_ALIASES, DTYPES, KV_DTYPE_ALIASES, KV_DTYPES
+from radixkv.config import (
+    DTYPE_ALIASES,
+    DTYPES,
+    KV_DTYPE_ALIASES,
+    KV_DTYPES,
+    LOAD_FORMATS,
+    check_load_format,
+)
 
 EXIT_NOTHING_COMPLETED = 1
 EXIT_USAGE = 2
@@ -34,6 +41,18 @@ def pages_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected at most {MAX_PAGES:,} pages (2**31 - 1: page ids are int32), "
                                          f"got {v:,}")
     return v
+
+
+def load_format_arg(text: str) -> str:
+    """--load-format's value: one of LOAD_FORMATS (the engine's own message otherwise)."""
+    try:
+        return check_load_format(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+LOAD_FORMAT_HELP = (f"how to load the weights: {' or '.join(LOAD_FORMATS)} (dummy: random weights shaped by the "
+                    f"folder's config.json, with its tokenizer and chat template; default auto)")
 
 
 def check_output(flag: str, path: str | None, plot: bool = False) -> None:

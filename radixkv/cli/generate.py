@@ -5,7 +5,13 @@ import argparse
 from typing import Any
 
 from radixkv.argtypes import positive_int
-from radixkv.cli.common import DTYPE_CHOICES, KV_DTYPE_CHOICES, CliError
+from radixkv.cli.common import (
+    DTYPE_CHOICES,
+    KV_DTYPE_CHOICES,
+    LOAD_FORMAT_HELP,
+    CliError,
+    load_format_arg,
+)
 from radixkv.cli.load_model import build_engine
 from radixkv.config import DTYPE_ALIASES, DTYPES, KV_DTYPE_ALIASES, KV_DTYPES
 
@@ -25,13 +31,15 @@ def add_generate_parser(sub: Any) -> None:
                    help=f"KV cache dtype: {', '.join(KV_DTYPES)} (aliases: {', '.join(KV_DTYPE_ALIASES)})")
     e.add_argument("--page-size", type=positive_int, default=16)
     e.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    e.add_argument("--load-format", type=load_format_arg, default="auto", metavar="FORMAT", help=LOAD_FORMAT_HELP)
     e.set_defaults(run=_cmd_generate)
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
     from radixkv.sampling_params import SamplingParams
 
-    llm = build_engine(a.model, page_size=a.page_size, dtype=a.dtype, kv_dtype=a.kv_dtype, device=a.device)
+    llm = build_engine(a.model, page_size=a.page_size, dtype=a.dtype, kv_dtype=a.kv_dtype, device=a.device,
+                       load_format=a.load_format)
     prompts: list = []
     for p in a.prompts:
         if llm.tokenizer is None:

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from radixkv.argtypes import positive_int
+from radixkv.config import check_load_format
 
 # option dest -> default (applied after the config file, so a flag left out can come from it)
 DEFAULTS: dict[str, Any] = {
@@ -21,7 +22,7 @@ DEFAULTS: dict[str, Any] = {
     "device": None, "gpu_memory_utilization": 0.9, "num_gpu_blocks_override": None, "max_model_len": None,
     "max_num_seqs": None, "max_num_batched_tokens": None, "enable_prefix_caching": True, "enforce_eager": False,
     "seed": 0, "tensor_parallel_size": 1, "api_key": None, "served_model_name": None, "disable_log_stats": False,
-    "log_level": "info", "chat_template": None,
+    "log_level": "info", "chat_template": None, "load_format": "auto",
 }
 # config-file spellings that differ from the dest
 _ALIASES = {"block_size": "page_size", "block-size": "page_size"}
@@ -64,6 +65,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="share KV of common prompt prefixes (default on)")
     s.add_argument("--enforce-eager", action="store_true", default=None, help="never replay CUDA graphs")
+    s.add_argument("--load-format", metavar="FORMAT",
+                   help="how to load the weights: auto or dummy (random weights shaped by the folder's config.json, "
+                        "with its tokenizer and chat template: benchmark a model without its weights; default auto)")
     s.add_argument("--seed", type=int, help="sampling seed stream / random weights (default 0)")
     s.add_argument("--tensor-parallel-size", "-tp", type=positive_int, metavar="N",
                    help="shard the model over N ranks (GPUs from --device on, or CPU processes; default 1)")
@@ -113,6 +117,7 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("--api-key is empty; give a key, or leave the flag out to serve without one")
     if opts["model"] is None:
         raise ValueError("MODEL is required (as an argument or `model:` in --config)")
+    check_load_format(opts["load_format"])  # a flag or a config-file value, refused before the model loads
     return opts
 
 
@@ -123,7 +128,8 @@ def llm_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
                           "gpu_memory_utilization": opts["gpu_memory_utilization"],
                           "enable_prefix_caching": bool(opts["enable_prefix_caching"]),
                           "enforce_eager": bool(opts["enforce_eager"]), "seed": opts["seed"],
-                          "tensor_parallel_size": int(opts["tensor_parallel_size"])}
+                          "tensor_parallel_size": int(opts["tensor_parallel_size"]),
+                          "load_format": opts["load_format"]}
     for name in ("num_gpu_blocks_override", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
         if opts[name] is not None:
             kw[name] = opts[name]
