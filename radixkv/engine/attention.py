@@ -3,8 +3,15 @@
 Lifetime: `plan(batch)` converts the scheduler's Batch (host lists) into device tensors and
 picks the path (decode when every row has q_len 1, else prefill) and asks radixkv.kernels.dispatch
 for the split-KV count (by the kernel that will run).
-`run(q, k, v, layer)` then stores the new K/V into the layer's pages and attends; it reads
+`run(q, k, v, layer)` then stores the new K/V into the layer's pages and attends (`store`, then
+`attend`: the piecewise CUDA graphs capture the store and call attend between their pieces); it reads
 only tensors built by `plan`, so it does no host sync (CUDA-graph friendly on the Triton path).
+
+Mixed steps (decode rows and prefill chunks) on the Triton kernels: the step's leading rows of one new
+token each (the scheduler puts running decode rows first) run paged_decode, with the split count
+dispatch chooses for them, and only the other rows paged_prefill (MixedSplit); a prefill tile per
+decode row would compute BLOCK_M query rows for one. Rows of one token after a longer row stay with
+paged_prefill (same result, slower).
 
 Cascade steps (LLM(cascade=True)): a decode-only Batch whose `cascade` the scheduler filled is planned
 as a kernels.cascade_plan.CascadePlan (one level: Batch.cascade.plan_groups()), and run attends through
@@ -68,6 +75,32 @@ class AttentionPlan(NamedTuple):
     num_splits: int  # split-KV programs per (row, KV head) on the decode path
     cascade: CascadePlan | None = None  # decode path: groups [G], suffix tables [B, max_suffix_pages]
     window: WindowPlan | None = None  # with a KVWindow: the rows of the page attention
+    split: MixedSplit | None = None  # prefill path on the Triton kernels: its leading decode rows apart
+
+
+class MixedSplit(NamedTuple):
+    """A mixed step's attention in two launches (module docstring): its leading rows of one new token each
+    (decode rows; rows 0..rows-1, tokens 0..rows-1) through paged_decode with the plan's num_splits, the
+    other rows through paged_prefill (their q_start still index the step's tokens). Views of the plan's
+    tensors."""
+
+    rows: int  # D
+    page_table: Tensor  # int32 [D, max_pages]
+    seq_lens: Tensor  # int32 [D]
+    rest_page_table: Tensor  # int32 [B - D, max_pages]
+    rest_seq_lens: Tensor  # int32 [B - D]
+    rest_q_start: Tensor  # int32 [B - D]
+    rest_q_lens: Tensor  # int32 [B - D]
+
+
+def leading_decode_rows(q_lens: list[int]) -> int:
+    """How many of a step's first rows have one new token each (the rows MixedSplit sends to paged_decode)."""
+    n = 0
+    for q in q_lens:
+        if q != 1:
+            break
+        n += 1
+    return n
 
 
 class WindowPlan(NamedTuple):
@@ -135,6 +168,7 @@ class PagedAttention:
         self.cascade_steps = 0  # steps planned as cascade decode (for tests and benchmarks)
         self.two_level_steps = 0  # of which eager steps on two levels
         self.cascade_outer_rule: CascadeRule = OUTER_RULE  # when a step's outer level runs (outer_level_pays)
+        self.split_mixed = True  # MixedSplit on the Triton kernels (False: every row of a mixed step in paged_prefill)
 
     @property
     def current_plan(self) -> AttentionPlan:
@@ -161,6 +195,12 @@ class PagedAttention:
         decode = batch.is_decode_only
         cascade = (self._cascade_plan(batch) if decode and batch.cascade is not None and self.window is None
                    else None)
+        # a mixed step on the Triton kernels: its leading decode rows through paged_decode (one query row a
+        # program, the GQA group in one dot) instead of a prefill tile each
+        D = (leading_decode_rows(batch.q_lens) if not decode and self.split_mixed and self._ops is not None
+             and self.window is None else 0)
+        num_splits = (self.decode_splits(B, max_seq) if decode
+                      else self.decode_splits(D, max(batch.seq_lens[:D])) if D else 1)
         plan = AttentionPlan(
             path=Path.DECODE if decode else Path.PREFILL,
             page_table=host_to_device(table, torch.int32, dev),
@@ -171,9 +211,12 @@ class PagedAttention:
             num_tokens=len(batch.slots),
             max_q_len=max(batch.q_lens),
             max_seq_len=max_seq,
-            num_splits=self.decode_splits(B, max_seq) if decode else 1,
+            num_splits=num_splits,
             cascade=cascade,
         )
+        if D:
+            plan = plan._replace(split=MixedSplit(D, plan.page_table[:D], plan.seq_lens[:D], plan.page_table[D:],
+                                                  plan.seq_lens[D:], plan.q_start[D:], plan.q_lens[D:]))
         if self.window is not None:
             self.window.prepare(batch)
             rows = np.repeat(np.arange(B, dtype=np.int32), batch.q_lens)
@@ -229,31 +272,62 @@ class PagedAttention:
             raise ValueError(f"layer {layer} out of range [0, {kv.num_layers})")
         if plan.window is not None:
             return self._run_windowed(plan, q, k, v, layer)
+        self.store(k, v, layer, plan.slots)
+        return self.attend(q, layer)
+
+    def store(self, k: Tensor, v: Tensor, layer: int, slots: Tensor) -> None:
+        """Store the new tokens' K/V (k/v: [T', Hkv, D]) into layer's pages at slots (int64 [T']). The
+        piecewise CUDA graphs (piecewise_graphs.py) capture this with their static slots."""
+        kv = self.kv
         k_cache, v_cache = kv.k_cache[layer], kv.v_cache[layer]
         k_scale, v_scale = kv.scales(layer)
         if self._ops is None:
-            reference_attention.store_kv_ref(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
+            reference_attention.store_kv_ref(k, v, k_cache, v_cache, slots, k_scale=k_scale, v_scale=v_scale)
+        else:
+            self._ops.store_kv(k, v, k_cache, v_cache, slots, k_scale=k_scale, v_scale=v_scale)
+
+    def attend(self, q: Tensor, layer: int, out: Tensor | None = None) -> Tensor:
+        """Attention of the planned step's queries q [T, Hq, D] over layer's pages (its new K/V already
+        stored) -> [T, Hq, D] in q's dtype; `out` (like q), when given, is written and returned (on the
+        Triton kernels; the reference copies into it). Not for a plan with a window (run does that)."""
+        plan = self.current_plan
+        kv = self.kv
+        k_cache, v_cache = kv.k_cache[layer], kv.v_cache[layer]
+        k_scale, v_scale = kv.scales(layer)
+        if self._ops is None:
             if plan.cascade is not None:
-                return reference_attention.cascade_decode_ref(q, k_cache, v_cache, plan.cascade, self.sm_scale,
-                                                              k_scale=k_scale, v_scale=v_scale)
-            if plan.path is Path.DECODE:
-                return reference_attention.paged_decode_ref(q, k_cache, v_cache, plan.page_table, plan.seq_lens,
-                                                            self.sm_scale, k_scale=k_scale, v_scale=v_scale)
-            return reference_attention.paged_prefill_ref(q, k_cache, v_cache, plan.page_table, plan.seq_lens,
-                                                         plan.q_start, plan.q_lens, self.sm_scale,
-                                                         k_scale=k_scale, v_scale=v_scale)
+                o = reference_attention.cascade_decode_ref(q, k_cache, v_cache, plan.cascade, self.sm_scale,
+                                                           k_scale=k_scale, v_scale=v_scale)
+            elif plan.path is Path.DECODE:
+                o = reference_attention.paged_decode_ref(q, k_cache, v_cache, plan.page_table, plan.seq_lens,
+                                                         self.sm_scale, k_scale=k_scale, v_scale=v_scale)
+            else:
+                o = reference_attention.paged_prefill_ref(q, k_cache, v_cache, plan.page_table, plan.seq_lens,
+                                                          plan.q_start, plan.q_lens, self.sm_scale,
+                                                          k_scale=k_scale, v_scale=v_scale)
+            return o if out is None else out.copy_(o)
         ops = self._ops
-        ops.store_kv(k, v, k_cache, v_cache, plan.slots, k_scale=k_scale, v_scale=v_scale)
         if plan.cascade is not None:
             from radixkv.kernels.cascade import cascade_decode
 
-            return cascade_decode(q, k_cache, v_cache, plan.cascade, self.sm_scale, k_scale=k_scale, v_scale=v_scale)
+            o = cascade_decode(q, k_cache, v_cache, plan.cascade, self.sm_scale, k_scale=k_scale, v_scale=v_scale)
+            return o if out is None else out.copy_(o)
         if plan.path is Path.DECODE:
             return ops.paged_decode(q, k_cache, v_cache, plan.page_table, plan.seq_lens, self.sm_scale,
-                                    k_scale=k_scale, v_scale=v_scale, num_splits=plan.num_splits)
-        return ops.paged_prefill(q, k_cache, v_cache, plan.page_table, plan.seq_lens, plan.q_start,
-                                 plan.q_lens, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
-                                 max_q_len=plan.max_q_len)
+                                    k_scale=k_scale, v_scale=v_scale, num_splits=plan.num_splits, out=out)
+        sp = plan.split
+        if sp is None:
+            return ops.paged_prefill(q, k_cache, v_cache, plan.page_table, plan.seq_lens, plan.q_start,
+                                     plan.q_lens, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
+                                     max_q_len=plan.max_q_len, out=out)
+        if out is None:
+            out = torch.empty_like(q)
+        D = sp.rows
+        ops.paged_decode(q[:D], k_cache, v_cache, sp.page_table, sp.seq_lens, self.sm_scale, k_scale=k_scale,
+                         v_scale=v_scale, num_splits=plan.num_splits, out=out[:D])
+        return ops.paged_prefill(q, k_cache, v_cache, sp.rest_page_table, sp.rest_seq_lens, sp.rest_q_start,
+                                 sp.rest_q_lens, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
+                                 max_q_len=plan.max_q_len, out=out)
 
     def _run_windowed(self, plan: AttentionPlan, q: Tensor, k: Tensor, v: Tensor, layer: int) -> Tensor:
         """Store, then attend: the window's state (its own keys in full precision, kernels/window.py) merged

@@ -161,30 +161,52 @@ class LlamaModel:
 
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: LayerAttention) -> torch.Tensor:
         """Run all layers over the step's new tokens (storing their K/V); return the residual stream
-        h: [T, H] before the final norm (`logits` turns rows of it into logits)."""
-        s, ops, eps, tp = self.shard_spec, self.ops, self.spec.rms_norm_eps, self.tp
-        T = input_ids.shape[0]
-        Hq, Hkv, D = s.num_q_heads, s.num_kv_heads, s.head_dim  # this rank's heads
+        h: [T, H] before the final norm (`logits` turns rows of it into logits).
+
+        Built from the pieces piecewise_graphs.py captures (embed, layer_qkv, layer_rest): a step replayed
+        from those graphs runs the same ops, with attention between them."""
+        h, x, cos, sin = self.embed_tokens(input_ids, positions)
+        for i in range(len(self.layers)):
+            q, k, v = self.layer_qkv(i, x, cos, sin)
+            o = attn.run(q, k, v, i)  # o: [T, Hq, D]
+            x, h = self.layer_rest(i, o, h)
+        return h
+
+    def embed_tokens(self, input_ids: torch.Tensor, positions: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """input_ids, positions: [T] int64 -> h [T, H] (the residual stream), x [T, H] (layer 0's normed
+        input), cos, sin [T, 1, D] (RoPE, every layer's)."""
         cos, sin = self.rope(positions)
         h = F.embedding(input_ids, self.embed)  # h: [T, H], the residual stream (updated in place)
-        x, _ = ops.rms_norm(h, self.layers[0].ln_attn, eps)
-        for i, L in enumerate(self.layers):
-            qkv = F.linear(x, L.w_qkv, L.b_qkv).view(T, Hq + 2 * Hkv, D)
-            qk, v = qkv[:, :Hq + Hkv], qkv[:, Hq + Hkv:]  # qk: [T, Hq + Hkv, D], v: [T, Hkv, D] (views)
-            if L.qk_norm is not None:
-                ops.rms_norm(qk, L.qk_norm, eps, out=qk)
-            ops.apply_rope_(qk, cos, sin)  # q and k rotated together, in place
-            q, k = qk[:, :Hq], qk[:, Hq:]  # q: [T, Hq, D], k: [T, Hkv, D] (strided views)
-            o = attn.run(q, k, v, i)  # o: [T, Hq, D]
-            attn_out = F.linear(o.reshape(T, Hq * D), L.w_o, L.b_o)  # [T, H] (a partial sum under TP)
-            if tp is not None:
-                tp.all_reduce_(attn_out)
-            x, h = ops.rms_norm(attn_out, L.ln_mlp, eps, h)  # h += attn
-            down = F.linear(ops.silu_and_mul(F.linear(x, L.w_gate_up)), L.w_down)  # [T, H] (partial under TP)
-            if tp is not None:
-                tp.all_reduce_(down)
-            if i + 1 < len(self.layers):
-                x, h = ops.rms_norm(down, self.layers[i + 1].ln_attn, eps, h)  # h += mlp, next layer's norm
-            else:
-                h = h + down
-        return h
+        x, _ = self.ops.rms_norm(h, self.layers[0].ln_attn, self.spec.rms_norm_eps)
+        return h, x, cos, sin
+
+    def layer_qkv(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer i's q, k, v from its normed input x [T, H]: q [T, Hq, D], k, v [T, Hkv, D] (strided views of
+        one buffer), q and k rotated (and normed per head, Qwen3)."""
+        s, L = self.shard_spec, self.layers[i]
+        T, Hq, Hkv, D = x.shape[0], s.num_q_heads, s.num_kv_heads, s.head_dim  # this rank's heads
+        qkv = F.linear(x, L.w_qkv, L.b_qkv).view(T, Hq + 2 * Hkv, D)
+        qk, v = qkv[:, :Hq + Hkv], qkv[:, Hq + Hkv:]  # qk: [T, Hq + Hkv, D], v: [T, Hkv, D] (views)
+        if L.qk_norm is not None:
+            self.ops.rms_norm(qk, L.qk_norm, self.spec.rms_norm_eps, out=qk)
+        self.ops.apply_rope_(qk, cos, sin)  # q and k rotated together, in place
+        return qk[:, :Hq], qk[:, Hq:], v  # q: [T, Hq, D], k: [T, Hkv, D] (strided views)
+
+    def layer_rest(self, i: int, o: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Layer i after attention: o [T, Hq, D] -> o_proj, residual, MLP, residual. Returns (x, h): the next
+        layer's normed input and the residual stream h (updated in place), or (None, h + mlp) after the last
+        layer (a new tensor)."""
+        ops, eps, tp, L = self.ops, self.spec.rms_norm_eps, self.tp, self.layers[i]
+        T = o.shape[0]
+        attn_out = F.linear(o.reshape(T, -1), L.w_o, L.b_o)  # [T, H] (a partial sum under TP)
+        if tp is not None:
+            tp.all_reduce_(attn_out)
+        x, h = ops.rms_norm(attn_out, L.ln_mlp, eps, h)  # h += attn
+        down = F.linear(ops.silu_and_mul(F.linear(x, L.w_gate_up)), L.w_down)  # [T, H] (partial under TP)
+        if tp is not None:
+            tp.all_reduce_(down)
+        if i + 1 < len(self.layers):
+            return ops.rms_norm(down, self.layers[i + 1].ln_attn, eps, h)  # h += mlp, next layer's norm
+        return None, h + down

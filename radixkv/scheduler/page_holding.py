@@ -35,11 +35,12 @@ class PageHolding:
             free = self.pool.num_free
         return free
 
-    def _grow(self, e: Entry, want: int, index: int, now: float) -> int:
+    def _grow(self, e: Entry, want: int, index: int, now: float, keep: set[int] | frozenset[int] = frozenset()) -> int:
         """Give running[index] pages for up to `want` more tokens; returns how many it got.
 
         A prefill chunk shrinks to the pages there are; when not even one token fits, newer
-        requests (running[index + 1:], newest first) are preempted. 0 means still no room."""
+        requests (running[index + 1:], newest first) are preempted, except those whose id is in
+        `keep` (rows already in this step). 0 means still no room."""
         req, ps = e.req, self.page_size
         have = len(req.pages) * ps - req.num_computed  # free slots in pages it holds
         while True:
@@ -50,9 +51,10 @@ class PageHolding:
             if q_len > 0:
                 req.pages.extend(self.pool.alloc(-(-(q_len - have) // ps)))
                 return q_len
-            if len(self.running) - 1 <= index:
+            victim = next((v for v in reversed(self.running[index + 1:]) if id(v) not in keep), None)
+            if victim is None:
                 return 0
-            self._preempt(self.running[-1], now)
+            self._preempt(victim, now)
 
     def _preempt(self, e: Entry, now: float) -> None:
         """Release a running request's pages (caching its computed blocks) and requeue it."""

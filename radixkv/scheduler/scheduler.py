@@ -1,9 +1,11 @@
 """Scheduler: waiting and running queues, cache-aware admission, chunked prefill, preemption. No torch.
 
 Each step (`schedule`) shares a token budget (`max_batch_tokens`) between
-1. running requests, oldest admission first: one decode token each, or the next chunk of a
-   prompt still being prefilled (chunked prefill);
-2. waiting requests, admitted in policy order (policies.py) behind the starvation guard (the
+1. running requests that decode, oldest admission first: one token each (they lead the batch);
+2. running requests still prefilling, oldest admission first: the next chunk of the prompt, as much
+   of it as the budget left allows (chunked prefill), so a long prompt delays the decode rows by at
+   most one budget's worth of tokens a step;
+3. waiting requests, admitted in policy order (policies.py) behind the starvation guard (the
    oldest request waiting longer than the bound is offered a place first), while `max_running`
    and the budget allow and free + evictable pages cover the next chunk; the first request
    that does not fit stops admission for the step (head of line: nobody jumps ahead of it).
@@ -183,17 +185,23 @@ class Scheduler(Admission):
         rows = BatchBuilder(self.page_size)
         shared: set[ShareKey] = set()
         budget = self.config.max_batch_tokens
-        i = 0
-        while i < len(self.running) and budget > 0:
-            e = self.running[i]
-            start = e.req.num_computed
-            q_len = self._grow(e, min(e.req.num_tokens - start, budget), i, now)
-            if q_len == 0:  # no page even after preempting every newer request
-                self._preempt(e, now)
-                continue
-            self._add_row(rows, e, start, q_len, shared)
-            budget -= q_len
-            i += 1
+        scheduled: set[int] = set()  # ids of the entries with a row in this step (never preempted for another)
+        for decoding in (True, False):  # decode rows first, then prefill chunks in what is left
+            i = 0
+            while i < len(self.running) and budget > 0:
+                e = self.running[i]
+                start = e.req.num_computed
+                if (e.req.num_tokens - start == 1) != decoding or id(e) in scheduled:
+                    i += 1
+                    continue
+                q_len = self._grow(e, min(e.req.num_tokens - start, budget), i, now, scheduled)
+                if q_len == 0:  # no page even after preempting every newer request not in this step
+                    self._preempt(e, now)
+                    continue
+                self._add_row(rows, e, start, q_len, shared)
+                scheduled.add(id(e))
+                budget -= q_len
+                i += 1
         if budget > 0 and self.waiting and len(self.running) < self.config.max_running:
             self._admit(rows, budget, shared, now)  # all-or-nothing when it raises
         if not rows.requests:
@@ -215,8 +223,9 @@ class Scheduler(Admission):
         cfg, ps = self.config, self.page_size
         # rows of cur whose request still runs (a step ahead keeps rows that finished before it is updated)
         live = [b for b, r in enumerate(cur.requests) if r.status is Status.RUNNING]
+        # (the batch's rows: decode rows first, so not always in running order)
         if (not all(cur.sample) or len(live) != len(self.running)
-                or any(e.req is not cur.requests[b] for e, b in zip(self.running, live))
+                or {id(e.req) for e in self.running} != {id(cur.requests[b]) for b in live}
                 or (self.waiting and len(self.running) < cfg.max_running)):
             return None
         rows = [b for b in live if len(cur.requests[b].output) + 1 < cur.requests[b].max_tokens]

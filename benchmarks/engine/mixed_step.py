@@ -1,0 +1,332 @@
+"""Mixed steps (decode rows + a prompt chunk) against decode-only steps, on the H200 (issue 31 item 2).
+
+    python benchmarks/engine/mixed_step.py --json OUT.json        # on the GPU machine
+    python benchmarks/engine/mixed_step.py --smoke                # CPU, tiny model: checks the script
+
+A Llama-3-8B-shaped model (random bf16 weights, async scheduling off, so one `LLM.step()` is one device
+step). `--rows` requests of `--prompt` tokens are prefilled and decode; then for each chunk size C one
+fresh request of C random tokens (max_tokens 1: it finishes in the step) joins, and the one step that
+carries the decode rows and its C-token chunk is timed (whole `LLM.step()`: scheduling, planning,
+forward, sampling, update), median of --reps after a warm-up step, in three modes:
+
+    before:  every mixed step eager, all rows in paged_prefill (the engine before issue 31)
+    split:   eager, the decode rows through paged_decode (PagedAttention's MixedSplit)
+    graphs:  piecewise CUDA graphs (engine/piecewise_graphs.py) + split: the engine's default now
+
+Also: the dense bf16 GEMM rate (8192^3 torch.mm) and each chunk's compute time at that rate (2 x the
+layers' weights a token, the chunk's causal attention); a correctness check of one mixed step (graph
+logits vs the eager ones, before and after the split); greedy generate of a small model with and without
+graphs over mixed steps; torch.profiler and cProfile of one mixed step before and after (where the time
+goes). Prints a table last; rows to --json.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_engine_check import llama3_8b_config, small_config  # noqa: E402
+
+from radixkv import LLM, SamplingParams  # noqa: E402
+
+MODES = ("before", "split", "graphs")
+
+
+def log(*a: Any) -> None:
+    print(*a, flush=True)
+
+
+def set_mode(llm: LLM, mode: str, saved: dict) -> None:
+    r = llm.runner
+    saved.setdefault("mixed", getattr(r, "mixed_graphs", None))
+    r.mixed_graphs = saved["mixed"] if mode == "graphs" else None
+    r.attention.split_mixed = mode != "before"
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def gemm_tflops(device: str, smoke: bool) -> float:
+    n = 512 if smoke else 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+    b = torch.randn_like(a)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    reps = 3 if smoke else 20
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    return 2 * n ** 3 * reps / (time.perf_counter() - t) / 1e12
+
+
+def chunk_flops(spec: Any, c: int, prefix: int = 0) -> float:
+    """FLOPs of a c-token chunk: 2 x the layers' weights a token (q/k/v, o, gate/up, down), its causal attention."""
+    h, i, L = spec.hidden_size, spec.intermediate_size, spec.num_layers
+    hq, hkv, d = spec.num_q_heads, spec.num_kv_heads, spec.head_dim
+    weights = L * (h * (hq + 2 * hkv) * d + hq * d * h + 2 * h * i + i * h)
+    attn = L * hq * d * 4 * (c * prefix + c * (c + 1) / 2)
+    return 2 * weights * c + attn
+
+
+class Engine:
+    """An LLM with `rows` decoding requests; mixed(C) times one step with a C-token chunk joining."""
+
+    def __init__(self, llm: LLM, rows: int, prompt: int, device: str) -> None:
+        self.llm, self.device = llm, device
+        self.vocab = llm.runner.vocab_size
+        self.g = torch.Generator().manual_seed(0)
+        prompts = [self.tokens(prompt) for _ in range(rows)]
+        llm.add_requests(prompts, SamplingParams(temperature=0.0, max_tokens=2000 if device == "cpu" else 8000, ignore_eos=True))
+        while llm.core.scheduler.num_running < rows or any(
+                e.req.num_tokens - e.req.num_computed > 1 for e in llm.core.scheduler.running):
+            llm.step()
+        for _ in range(3):
+            llm.step()
+
+    def tokens(self, n: int) -> list[int]:
+        return torch.randint(3, self.vocab, (n,), generator=self.g).tolist()
+
+    def decode(self, reps: int) -> float:
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            self.llm.step()
+            ts.append(time.perf_counter() - t)
+        return statistics.median(ts) * 1e3
+
+    def mixed_once(self, chunk: int) -> float:
+        self.llm.add_requests([self.tokens(chunk)], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+        t = time.perf_counter()
+        done = self.llm.step()
+        dt = time.perf_counter() - t
+        assert len(done) == 1, f"the {chunk}-token request did not finish in its step"
+        return dt * 1e3
+
+    def mixed(self, chunk: int, reps: int) -> float:
+        self.mixed_once(chunk)  # warm-up: compiles, first-use captures
+        self.llm.step()
+        ts = []
+        for _ in range(reps):
+            ts.append(self.mixed_once(chunk))
+            self.llm.step()  # a decode step between: the same 64 rows every time
+        return statistics.median(ts)
+
+
+def profile_step(eng: Engine, chunk: int, device: str, label: str) -> dict:
+    """torch.profiler (device kernels) and cProfile (host) of mixed steps of `chunk` tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    n = 3
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    eng.mixed_once(chunk)
+    eng.llm.step()
+    with profile(activities=acts) as prof:
+        for _ in range(n):
+            eng.mixed_once(chunk)
+            eng.llm.step()  # decode steps profiled too: subtracted below
+    dec = None
+    with profile(activities=acts) as prof_dec:
+        for _ in range(n):
+            eng.llm.step()
+    out: dict[str, Any] = {}
+    if device == "cuda":
+        def kernels(p: Any) -> dict[str, tuple[float, int]]:
+            k: dict[str, tuple[float, int]] = {}
+            for e in p.key_averages():
+                if e.device_type.name == "CUDA" or getattr(e, "self_device_time_total", 0) and not e.cpu_children:
+                    t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+                    if t > 0:
+                        k[e.key] = (t / 1e3, e.count)
+            return k
+        km, kd = kernels(prof), kernels(prof_dec)
+        tot_m, tot_d = sum(v[0] for v in km.values()), sum(v[0] for v in kd.values())
+        cnt_m, cnt_d = sum(v[1] for v in km.values()), sum(v[1] for v in kd.values())
+        out["gpu_ms_mixed_step"] = (tot_m - tot_d) / n
+        out["kernels_mixed_step"] = (cnt_m - cnt_d) / n
+        out["gpu_ms_decode_step"] = tot_d / n
+        diff = {k: ((km[k][0] - kd.get(k, (0, 0))[0]) / n, (km[k][1] - kd.get(k, (0, 0))[1]) / n) for k in km}
+        top = sorted(diff.items(), key=lambda kv: -kv[1][0])[:10]
+        out["top_kernels"] = [(k[:70], round(t, 3), round(c, 1)) for k, (t, c) in top]
+    # host time of the mixed step alone
+    eng.mixed_once(chunk)
+    eng.llm.step()
+    pr = cProfile.Profile()
+    eng.llm.add_requests([eng.tokens(chunk)], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+    pr.enable()
+    eng.llm.step()
+    pr.disable()
+    eng.llm.step()
+    s = io.StringIO()
+    st = pstats.Stats(pr, stream=s)
+    out["host_ms_total"] = st.total_tt * 1e3
+    st.sort_stats("tottime").print_stats(14)
+    out["host_top"] = [ln for ln in s.getvalue().splitlines() if ln.strip() and ln.strip()[0].isdigit()][:14]
+    s2 = io.StringIO()
+    pstats.Stats(pr, stream=s2).sort_stats("cumulative").print_stats(
+        "attend|_piece|replay|plan|paged_prefill|paged_decode|store_kv|hidden|forward|launch|schedule|collect|run")
+    out["host_cum"] = [ln for ln in s2.getvalue().splitlines() if ln.strip() and ln.strip()[0].isdigit()][:24]
+    log(f"--- profile {label}, chunk {chunk}: {json.dumps({k: v for k, v in out.items() if 'top' not in k and 'cum' not in k})}")
+    for row in out.get("top_kernels", []):
+        log(f"    gpu {row[1]:8.3f} ms/step  x{row[2]:6.1f}  {row[0]}")
+    for ln in out["host_top"]:
+        log("    host " + ln)
+    for ln in out["host_cum"]:
+        log("    cum  " + ln)
+    return out
+
+
+def compare_logits(eng: Engine, chunk: int) -> dict:
+    """One mixed step through graphs, eager + split and eager before: max |diff| of logits, argmax agreement."""
+    runner = eng.llm.runner
+    orig = runner.forward_local
+    res: dict[str, Any] = {}
+
+    def wrapped(batch: Any, use_graphs: bool = True, input_ids: Any = None) -> Any:
+        mg = getattr(runner, "mixed_graphs", None)
+        if mg is None or not mg.fits(batch) or res:
+            return orig(batch, use_graphs, input_ids)
+        g = mg.run(batch, input_ids).clone()
+        e = orig(batch, False, input_ids).clone()
+        runner.attention.split_mixed = False
+        o = orig(batch, False, input_ids).clone()
+        runner.attention.split_mixed = True
+        res.update(chunk=chunk, rows=g.shape[0], logit_absmax=e.abs().max().item(),
+                   graph_vs_split=(g - e).abs().max().item(), graph_vs_before=(g - o).abs().max().item(),
+                   split_vs_before=(e - o).abs().max().item(),
+                   argmax_graph_split=(g.argmax(-1) == e.argmax(-1)).float().mean().item(),
+                   argmax_graph_before=(g.argmax(-1) == o.argmax(-1)).float().mean().item())
+        return g
+
+    runner.forward_local = wrapped
+    try:
+        eng.mixed_once(chunk)
+        eng.llm.step()
+    finally:
+        runner.forward_local = orig
+    log(f"--- logits check: {json.dumps(res)}")
+    return res
+
+
+def greedy_check(device: str, smoke: bool) -> dict:
+    """Greedy generate on a small model, graphs vs enforce_eager, with a small budget so prompts are chunked
+    beside decode rows (mixed steps)."""
+    cfg = small_config("llama", smoke)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (9, 40, 23, 300, 150, 77)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    out, res = [], {}
+    for kv in ("auto", "fp8_e4m3") if device == "cuda" else ("auto",):
+        toks = []
+        for eager in (False, True):
+            llm = LLM(cfg, dtype="bfloat16" if device == "cuda" else "float32", kv_dtype=kv, device=device,
+                      num_pages=256, enforce_eager=eager, max_batch_tokens=96, async_scheduling=False)
+            toks.append([o.token_ids for o in llm.generate(prompts, params)])
+            mg = getattr(llm.runner, "mixed_graphs", None)
+            if not eager:
+                res[f"{kv}_mixed_replays"] = mg.replays if mg is not None else 0
+        same = sum(a == b for x, y in zip(*toks) for a, b in zip(x, y))
+        res[f"{kv}_tokens_equal"] = f"{same}/{sum(len(x) for x in toks[0])}"
+        out.append(toks[0] == toks[1])
+    log(f"--- greedy small model, graphs vs eager: {json.dumps(res)}")
+    return res
+
+
+def section(name: str, fn: Callable[[], Any]) -> Any:
+    t = time.perf_counter()
+    try:
+        r = fn()
+        log(f"[{name}: {time.perf_counter() - t:.1f} s]")
+        return r
+    except Exception:
+        log(f"[{name} FAILED after {time.perf_counter() - t:.1f} s]\n{traceback.format_exc()}")
+        return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--chunks", default="32,128,256,512,1024,2048,4096")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--profile", default="32,512")
+    ap.add_argument("--no-greedy", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    device = "cpu" if a.smoke else "cuda"
+    chunks = [int(c) for c in a.chunks.split(",")]
+    if a.smoke:
+        a.rows, a.prompt, a.reps, chunks = 4, 24, 2, [8, 32]
+    results: dict[str, Any] = {"rows": a.rows, "prompt": a.prompt}
+    if not a.no_greedy:
+        results["greedy"] = section("greedy check", lambda: greedy_check(device, a.smoke))
+    rate = section("gemm rate", lambda: gemm_tflops(device, a.smoke))
+    results["gemm_tflops"] = rate
+    log(f"dense bf16 GEMM: {rate:.0f} TFLOP/s")
+    t = time.perf_counter()
+    llm = LLM(llama3_8b_config(a.smoke), dtype="bfloat16" if device == "cuda" else "float32", device=device,
+              async_scheduling=False, **({"num_pages": 512} if a.smoke else {}))
+    results["build_s"] = time.perf_counter() - t
+    mg = getattr(llm.runner, "mixed_graphs", None)
+    results["mixed_graphs"] = mg.num_graphs if mg is not None else 0
+    results["mixed_buckets"] = mg.buckets if mg is not None else []
+    log(f"engine built in {results['build_s']:.1f} s; piecewise graphs {results['mixed_graphs']} "
+        f"(buckets {results['mixed_buckets']}); decode graphs {llm.runner.graphs.num_graphs if llm.runner.graphs else 0}")
+    eng = Engine(llm, a.rows, a.prompt, device)
+    spec = llm.runner.model.shard_spec
+    saved: dict = {}
+    results["decode_ms"] = section("decode", lambda: eng.decode(4 * a.reps + 5))
+    log(f"decode-only step, {a.rows} rows: {results['decode_ms']:.2f} ms")
+    if device == "cuda":
+        results["logits"] = section("logits check", lambda: [compare_logits(eng, c) for c in (32, 512)])
+    rows = []
+    for c in chunks:
+        row: dict[str, Any] = {"chunk": c, "compute_ms": chunk_flops(spec, c) / (rate * 1e12) * 1e3}
+        for mode in a.modes.split(","):
+            set_mode(llm, mode, saved)
+            row[mode] = section(f"{mode} {c}", lambda c=c: eng.mixed(c, a.reps))
+        set_mode(llm, "graphs", saved)
+        rows.append(row)
+        log(f"chunk {c}: " + json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}))
+    results["rows_table"] = rows
+    prof = {}
+    for c in [int(x) for x in a.profile.split(",") if x]:
+        for mode in ("before", "graphs"):
+            set_mode(llm, mode, saved)
+            prof[f"{mode}_{c}"] = section(f"profile {mode} {c}", lambda c=c, mode=mode: profile_step(eng, c, device, mode))
+    set_mode(llm, "graphs", saved)
+    results["profile"] = prof
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1, default=str))
+    dec = results["decode_ms"]
+    log(f"\n=== {a.rows} decode rows (prompt {a.prompt}) on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}; "
+        f"decode-only {dec:.2f} ms; GEMM {rate:.0f} TFLOP/s; build {results['build_s']:.0f} s")
+    log(f"{'chunk':>6} {'compute':>8} " + " ".join(f"{m:>8}" for m in a.modes.split(","))
+        + f" {'graphs/dec':>10} {'target':>8} {'prefill tok/s':>13}")
+    for r in rows:
+        g = r.get("graphs")
+        target = (1.3 * dec) if r["chunk"] <= 128 else 1.2 * max(dec, r["compute_ms"])
+        fmt = lambda v: f"{v:8.2f}" if isinstance(v, float) else f"{'-':>8}"  # noqa: E731
+        tok = f"{r['chunk'] / (g / 1e3):13.0f}" if isinstance(g, float) else f"{'-':>13}"
+        log(f"{r['chunk']:>6} {r['compute_ms']:8.2f} " + " ".join(fmt(r.get(m)) for m in a.modes.split(","))
+            + (f" {g / dec:10.2f}" if isinstance(g, float) else f" {'-':>10}") + f" {target:8.2f} {tok}")
+
+
+if __name__ == "__main__":
+    main()
