@@ -52,6 +52,8 @@ from bench_common import (LOW_ID, REPO, Server, add_engine_flags, add_model_args
 WORKLOADS = ("shared-prefix", "sharegpt")
 MODES = ("server", "inproc")
 KEYS = ("workload", "rate", "mode")
+ROW_KEYS = ("workload", "rate", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "decode_step_ms",
+            "output_tok_s")  # the issue's keys, in its order
 PCTS = (50.0, 90.0, 99.0)
 FULL = dict(rates="4,16,48,96", duration=10.0, min_requests=40, prefix_len=2048, suffix_len=128, num_prefixes=8,
             output_len=128, warmup=16, decode_steps=32)
@@ -400,8 +402,26 @@ def main() -> int:
     for w, runs in work.items():
         print(f"  {w}: " + ", ".join(f"{k}: {len(v)} requests" for k, v in runs.items()), flush=True)
     res: dict[str, dict[tuple, dict]] = {}
+    slo = f"ttft<={a.slo_ttft_ms:g}ms,tpot<={a.slo_tpot_ms:g}ms"
+    steps: dict[tuple[str, int], float | None] = {}  # (workload, batch) -> ms: one timing a batch size
+
+    def rows_now() -> list[dict]:
+        """The rows so far (decode_step_ms None until timed); merged after each stage, so a run cut short
+        (a timeout) keeps what it measured."""
+        out = []
+        for mode, by_run in res.items():
+            for (w, rate), r in by_run.items():
+                batch = max(1, round(r["running_mean"]))
+                out.append(dict(workload=w, rate=rate, ttft_p50_ms=r["ttft_p50_ms"], ttft_p99_ms=r["ttft_p99_ms"],
+                                itl_p50_ms=r["itl_p50_ms"], itl_p90_ms=r["itl_p90_ms"], itl_p99_ms=r["itl_p99_ms"],
+                                decode_step_ms=steps.get((w, batch)), output_tok_s=r["output_tok_s"], mode=mode,
+                                **{k: v for k, v in r.items() if k not in ROW_KEYS}, decode_batch=batch, model=label,
+                                slo=slo, date=time.strftime("%Y-%m-%d %H:%M")))
+        return out
+
     if "server" in a.modes:
         res["server"] = run_server(a, model, work, logs)
+        merge_rows(out_json, rows_now(), KEYS)
     from radixkv import LLM
 
     t = time.perf_counter()
@@ -409,21 +429,14 @@ def main() -> int:
     print(f"  in-process LLM built in {time.perf_counter() - t:.1f} s ({llm.num_pages} pages)", flush=True)
     if "inproc" in a.modes:
         res["inproc"] = run_inproc(a, llm, work)
-    steps: dict[tuple[str, int], float | None] = {}  # (workload, batch) -> ms: one timing a batch size
-    rows = []
-    for mode, by_run in res.items():
+        merge_rows(out_json, rows_now(), KEYS)
+    for by_run in res.values():
         for (w, rate), r in by_run.items():
             batch = max(1, round(r["running_mean"]))
             if (w, batch) not in steps:
                 steps[(w, batch)] = decode_step_ms(llm, [q.prompt for q in work[w][rate]], batch, a.decode_steps)
                 print(f"  decode step, {w} at batch {batch}: {steps[(w, batch)] or 0:.2f} ms", flush=True)
-            rows.append(dict(workload=w, rate=rate, ttft_p50_ms=r["ttft_p50_ms"], ttft_p99_ms=r["ttft_p99_ms"],
-                             itl_p50_ms=r["itl_p50_ms"], itl_p90_ms=r["itl_p90_ms"], itl_p99_ms=r["itl_p99_ms"],
-                             decode_step_ms=steps[(w, batch)], output_tok_s=r["output_tok_s"], mode=mode,
-                             **{k: v for k, v in r.items() if k not in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
-                                                                       "itl_p90_ms", "itl_p99_ms", "output_tok_s")},
-                             decode_batch=batch, model=label, slo=f"ttft<={a.slo_ttft_ms:g}ms,tpot<={a.slo_tpot_ms:g}ms",
-                             date=time.strftime("%Y-%m-%d %H:%M")))
+    rows = rows_now()
     del llm
     gc.collect()
     all_rows = merge_rows(out_json, rows, KEYS)
