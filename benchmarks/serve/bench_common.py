@@ -22,14 +22,25 @@ import os
 import random
 import sys
 import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-from serve_vs_offline import (ENGINE_FLAGS, ENGINE_SWITCHES, LLAMA3_8B, TINY, Server,  # noqa: E402,F401
-                              engine_argv, engine_kwargs, free_port, http, running_sampler)
+from serve_vs_offline import (  # noqa: F401
+    ENGINE_FLAGS,
+    ENGINE_SWITCHES,
+    LLAMA3_8B,
+    TINY,
+    Server,
+    engine_argv,
+    engine_kwargs,
+    free_port,
+    http,
+    running_sampler,
+)
 
 SMOLLM2_VOCAB = 49152
 # the smoke model: serve_vs_offline's tiny Llama with SmolLM2's vocabulary (ShareGPT ids from its tokenizer fit)

@@ -28,8 +28,20 @@ import sys
 import tempfile
 import time
 
-from bench_common import (LOW_ID, Server, add_engine_flags, add_model_args, json_path, log_dir, merge_rows,
-                          model_label, resolve_model, smoke_engine_defaults, table, token_id_chunks)
+from bench_common import (
+    LOW_ID,
+    Server,
+    add_engine_flags,
+    add_model_args,
+    json_path,
+    log_dir,
+    merge_rows,
+    model_label,
+    resolve_model,
+    smoke_engine_defaults,
+    table,
+    token_id_chunks,
+)
 
 KINDS = ("fresh_2048", "cached_prefix", "fresh_3000", "short_37")
 FULL = dict(fresh_len=2048, long_len=3000, short_len=37, suffix_len=128)
@@ -75,7 +87,8 @@ def prompts(a: argparse.Namespace, vocab: int) -> dict[str, list[list[int]]]:
 
 async def probe(url: str, work: dict[str, list[list[int]]], max_tokens: int) -> dict[str, list]:
     """Send every prompt, one at a time, in kind order; {kind: [RequestResult]}."""
-    from radixkv.serve.bench_client import make_session, probe as probe_model, send_request
+    from radixkv.serve.bench_client import make_session, send_request
+    from radixkv.serve.bench_client import probe as probe_model
     from radixkv.serve.bench_results import BenchConfig, BenchError, BenchRequest
 
     cfg = BenchConfig(base_url=url, model="bench", ignore_eos=True, temperature=0.0, timeout_s=1800.0)

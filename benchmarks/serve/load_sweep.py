@@ -44,10 +44,29 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import (LOW_ID, REPO, Server, add_engine_flags, add_model_args, engine_kwargs, fold_ids, http,
-                          json_path, log_dir, merge_rows, model_label, resolve_model, results_from_summary,
-                          running_sampler, sharegpt_file, sharegpt_pairs, smoke_engine_defaults, smollm2_tokenizer,
-                          table, token_id_chunks)
+from bench_common import (
+    LOW_ID,
+    REPO,
+    Server,
+    add_engine_flags,
+    add_model_args,
+    engine_kwargs,
+    fold_ids,
+    http,
+    json_path,
+    log_dir,
+    merge_rows,
+    model_label,
+    resolve_model,
+    results_from_summary,
+    running_sampler,
+    sharegpt_file,
+    sharegpt_pairs,
+    smoke_engine_defaults,
+    smollm2_tokenizer,
+    table,
+    token_id_chunks,
+)
 
 WORKLOADS = ("shared-prefix", "sharegpt")
 MODES = ("server", "inproc")

@@ -29,9 +29,23 @@ import sys
 import time
 from typing import Any
 
-from bench_common import (SMOLLM2_VOCAB, add_engine_flags, add_model_args, engine_kwargs, fold_ids, json_path,
-                          log_dir, merge_rows, model_label, resolve_model, sharegpt_file, sharegpt_pairs,
-                          smoke_engine_defaults, smollm2_tokenizer, table)
+from bench_common import (
+    SMOLLM2_VOCAB,
+    add_engine_flags,
+    add_model_args,
+    engine_kwargs,
+    fold_ids,
+    json_path,
+    log_dir,
+    merge_rows,
+    model_label,
+    resolve_model,
+    sharegpt_file,
+    sharegpt_pairs,
+    smoke_engine_defaults,
+    smollm2_tokenizer,
+    table,
+)
 
 CONFIGS = ("default", "max_num_seqs=1024", "kv_dtype=fp8_e4m3", "kv_dtype=fp8_e4m3,max_num_seqs=1024")
 SMOKE_CAP = (128, 16)  # --smoke: prompts cut to 128 tokens, outputs to 16
