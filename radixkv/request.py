@@ -33,6 +33,8 @@ class Request:
     cached_tokens: prompt tokens served from the prefix cache at first admission.
     pages: physical pages this request holds a reference on, one per block of its computed tokens.
     sampling: the sampler's per-request state (params, seed); the scheduler never reads it.
+    read_cache: False when no cached prefix may be used (prompt logprobs need every prompt position's
+    logits, so such a request computes its whole prompt; its blocks are still cached for others).
     """
 
     rid: int
@@ -42,6 +44,7 @@ class Request:
     namespace: str | None = None
     stop_token_ids: frozenset[int] = frozenset()
     sampling: RequestSampling | None = None
+    read_cache: bool = True
     output: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: FinishReason | None = None
@@ -81,6 +84,31 @@ class Request:
 
 
 @dataclass(frozen=True)
+class PositionLogprobs:
+    """Log-probabilities at one position, as the engine core computes them (log_softmax of the
+    model's raw logits): the token at it (sampled, or the prompt's next token), its log-probability
+    and rank (1: the most likely), and the k most likely tokens with theirs, best first."""
+
+    token: int
+    logprob: float
+    rank: int
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """vLLM's: one token's log-probability, its rank (1: the most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+LogprobsDict = dict[int, Logprob]  # token id -> Logprob: one position's (vLLM's SampleLogprobs entry)
+
+
+@dataclass(frozen=True)
 class CompletionOutput:
     """One completion of a prompt (vLLM's shape). index: which of the prompt's `n` completions.
 
@@ -89,14 +117,14 @@ class CompletionOutput:
     when the model has no tokenizer). finish_reason: "stop", "length" or "abort".
     stop_reason: the stop string or stop token id that ended it (None for EOS, length, abort).
     logprobs: with SamplingParams.logprobs=k, one dict per generated token mapping token id ->
-    log-probability (the sampled token and the k most likely ones), else None.
+    Logprob (the sampled token and the k most likely ones), else None.
     """
 
     index: int
     text: str | None
     token_ids: list[int]
     finish_reason: str | None
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list[LogprobsDict] | None = None
     stop_reason: int | str | None = None
     cumulative_logprob: float | None = None
 
@@ -112,6 +140,8 @@ class RequestOutput:
     outputs (one CompletionOutput per completion: SamplingParams.n of them), num_cached_tokens,
     finished. radixkv's (the first completion's): token_ids, text, cached_tokens (prompt tokens
     served from the prefix cache instead of being computed), finish_reason (a FinishReason, a str).
+    prompt_logprobs: with SamplingParams.prompt_logprobs=k, one entry per prompt token: None for the
+    first (nothing predicts it), then {token id: Logprob} of the prompt's token and the k most likely.
     """
 
     request_id: str
@@ -123,6 +153,7 @@ class RequestOutput:
     prompt: str | None = None
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = True
+    prompt_logprobs: list[LogprobsDict | None] | None = None
 
     @property
     def num_cached_tokens(self) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 GREEDY_BELOW = 1e-5  # vLLM's epsilon: smaller temperatures overflow logits / T, so they mean greedy
 
 
-@dataclass(frozen=True)
+@dataclass
 class SamplingParams:
     """How to generate for one prompt.
 
@@ -30,7 +30,10 @@ class SamplingParams:
     repetition_penalty > 0 (on prompt and generated tokens), as vLLM applies them, before
     temperature. logprobs: k >= 0 returns, per generated token, the log-probabilities (of the
     model's raw distribution) of the sampled token and the k most likely ones. skip_special_tokens:
-    how the text is decoded. cache_salt: the request's prefix-cache namespace: requests with
+    how the text is decoded. prompt_logprobs: k >= 0 returns, per prompt token after the first, its
+    log-probability and the k most likely tokens' (RequestOutput.prompt_logprobs); such a request
+    computes its whole prompt (a cached prefix has no logits). truncate_prompt_tokens: k >= 1 keeps
+    only the prompt's last k tokens (-1: as many as the context leaves room for). cache_salt: the request's prefix-cache namespace: requests with
     different salts never share KV pages, the same salt (or none) shares.
 
     Logits controls (vLLM's; applied before penalties and temperature, greedy rows included):
@@ -41,6 +44,9 @@ class SamplingParams:
     a one-token word is never sampled, and a longer one's last token is banned whenever the output
     ends with the rest of it. Token ids are checked against the vocabulary by `check_vocab`.
     top_k 0 (vLLM's "off") is the same as None.
+
+    Fields may be assigned after construction (as vLLM's may); the engine validates and copies the
+    params when a request is queued (InputProcessor.prepare), so later changes do not reach it.
     """
 
     temperature: float = 1.0
@@ -59,6 +65,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     min_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    truncate_prompt_tokens: int | None = None
     skip_special_tokens: bool = True
     cache_salt: str | None = None
     logit_bias: dict[int, float] | None = None
@@ -88,8 +96,13 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
         if _is_int(self.max_tokens) and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
-            raise ValueError(f"logprobs must be an int >= 0 or None, got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (not _is_int(k) or k < 0):
+                raise ValueError(f"{name} must be an int >= 0 or None, got {k!r}")
+        k = self.truncate_prompt_tokens
+        if k is not None and (not _is_int(k) or (k < 1 and k != -1)):
+            raise ValueError(f"truncate_prompt_tokens must be an int >= 1, -1 (the context) or None, got {k!r}")
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise ValueError(f"cache_salt must be a non-empty string or None, got {self.cache_salt!r}")
         _check_finite("temperature", self.temperature, 0.0, math.inf)

@@ -39,7 +39,7 @@ from radixkv.batch import Batch
 from radixkv.cache import PagePool, RadixCache
 from radixkv.cache.events import KVEventPublisher
 from radixkv.config import EngineConfig
-from radixkv.request import FinishReason, Request
+from radixkv.request import FinishReason, PositionLogprobs, Request
 from radixkv.scheduler import Scheduler
 
 from .runner import Launched, ModelRunner
@@ -53,7 +53,9 @@ class RequestDelta:
     new_token_ids: list[int]
     finish_reason: str | None  # a FinishReason value once the request finished
     cached_tokens: int  # prompt tokens served from the prefix cache (known from its first admission)
-    logprobs: list[dict[int, float]] | None = None  # one per new token, when the request asked for them
+    logprobs: list[PositionLogprobs] | None = None  # one per new token, when the request asked for them
+    # with SamplingParams.prompt_logprobs: one per prompt token after the first, in the request's first delta
+    prompt_logprobs: list[PositionLogprobs] | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ class EngineCore:
         self.steps_ahead = 0  # steps that were scheduled ahead (for tests and benchmarks)
         self._ahead: Launched | None = None  # the step queued behind the last one returned (async scheduling)
         self._sent: dict[int, int] = {}  # rid -> output tokens already reported, for live requests
+        self._prompt_lps: dict[int, list[PositionLogprobs]] = {}  # rid -> prompt positions scored, until sent
         self._ran: set[int] = set()  # requests running after the last successful step
         self.t0 = time.monotonic()  # the clock origin of arrivals (time.monotonic is one clock per machine)
         self._busy = threading.Lock()
@@ -130,11 +133,14 @@ class EngineCore:
                 raise
             for r in reqs:
                 self._sent[r.rid] = len(r.output)
+                if r.sampling is not None and r.sampling.params.prompt_logprobs is not None:
+                    self._prompt_lps[r.rid] = []
 
     def abort(self, rid: int) -> Request | None:
         """Withdraw a request: pages released now, full blocks stay cached. None for an unknown or finished id."""
         with self.exclusive("abort"):
             self._sent.pop(rid, None)
+            self._prompt_lps.pop(rid, None)
             return self.scheduler.abort(rid)
 
     def finish(self, rid: int, reason: FinishReason = FinishReason.STOP) -> Request | None:
@@ -142,6 +148,7 @@ class EngineCore:
         completed, its computed blocks cached. None when it is no longer running."""
         with self.exclusive("finish"):
             self._sent.pop(rid, None)
+            self._prompt_lps.pop(rid, None)
             try:
                 return self.scheduler.finish(rid, reason)
             except ValueError:  # not running (any more)
@@ -214,6 +221,11 @@ class EngineCore:
             sent = self._sent.get(r.rid)
             if sent is None:  # finished or aborted before this step was read: reported already
                 continue
+            scored = self._prompt_lps.get(r.rid)
+            if scored is not None and b in launched.prompt_logprobs:
+                pos, entries = launched.prompt_logprobs[b]
+                assert pos <= len(scored), f"request {r.rid}: prompt position {pos} scored before {len(scored)}"
+                scored.extend(entries[len(scored) - pos:])  # a recomputed chunk adds nothing twice
             new = r.output[sent:]
             if not new and not r.finished:
                 continue
@@ -224,7 +236,7 @@ class EngineCore:
                 del self._sent[r.rid]
             else:
                 self._sent[r.rid] = len(r.output)
-            out.append(RequestDelta(r.rid, new, reason, r.cached_tokens, lps))
+            out.append(RequestDelta(r.rid, new, reason, r.cached_tokens, lps, self._prompt_lps.pop(r.rid, None)))
         return out
 
     def _suspects(self, batch: Batch | None) -> list[int]:

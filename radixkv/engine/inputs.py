@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ class ModelLimits:
     sliding_window: int | None  # the model's window: longer sequences are refused
     page_size: int
     num_pages: int  # the pool: a request may not need more pages than it has
+    prompt_logprobs: bool = True  # whether prompt logprobs can be computed (not under tensor parallelism)
 
     @property
     def max_tokens_room(self) -> int:
@@ -101,13 +102,28 @@ class InputProcessor:
         if params.stop and self.tokenizer is None:
             raise ValueError(f"params {index}: stop strings need a tokenizer; this model has none "
                              f"(use stop_token_ids)")
-        if params.logprobs is not None and params.logprobs > lim.vocab_size:
-            raise ValueError(f"params {index}: logprobs {params.logprobs} exceeds the vocabulary ({lim.vocab_size})")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is not None and k > lim.vocab_size:
+                raise ValueError(f"params {index}: {name} {k} exceeds the vocabulary ({lim.vocab_size})")
+        if params.prompt_logprobs is not None and not lim.prompt_logprobs:
+            raise ValueError(f"params {index}: prompt_logprobs is not supported with tensor parallelism "
+                             f"(tensor_parallel_size > 1)")
+
+    def truncate(self, ids: list[int], k: int | None, room: int) -> list[int]:
+        """The prompt cut to its last k tokens (vLLM's truncate_prompt_tokens; -1: `room`, what the
+        context leaves after max_tokens); unchanged when it is shorter or k is None."""
+        if k is None:
+            return ids
+        if k == -1:
+            k = max(1, room)
+        return ids[-k:] if len(ids) > k else ids
 
     def prepare(self, params: SamplingParams) -> SamplingParams:
-        """params ready for the sampler: bad words tokenised, every token id checked against the
-        vocabulary (ValueError naming the field)."""
-        params = params.with_bad_words_tokenized(self.tokenizer)
+        """params ready for the sampler: a validated copy (fields assigned since construction are
+        checked; later changes to the caller's object do not reach the request), bad words tokenised,
+        every token id checked against the vocabulary (ValueError naming the field)."""
+        params = replace(params).with_bad_words_tokenized(self.tokenizer)
         params.check_vocab(self.limits.vocab_size)
         return params
 
@@ -127,8 +143,9 @@ class InputProcessor:
         for i, p in enumerate(params):
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"params {i} must be a SamplingParams, got {p!r}")
-        ids = [self.encode(p, i) for i, p in enumerate(prompts)]
         params = [self.prepare(sp) for sp in params]
+        ids = [self.truncate(self.encode(p, i), sp.truncate_prompt_tokens, self.limits.max_model_len - sp.max_tokens)
+               for i, (p, sp) in enumerate(zip(prompts, params))]
         for i, (tokens, sp) in enumerate(zip(ids, params)):
             self.check_fits(tokens, sp, i)
         return [self.request(tokens, sp, arrival_s, j, prompt_text(prompt))
@@ -145,7 +162,8 @@ class InputProcessor:
                 else int(torch.randint(0, 2**62, (1,), generator=self._seeds)))
         return Request(rid=next(self._rids), prompt=ids, max_tokens=params.max_tokens, arrival_s=arrival_s,
                        namespace=params.cache_salt, stop_token_ids=frozenset(stop),
-                       sampling=RequestSampling(params, seed, index, text))
+                       sampling=RequestSampling(params, seed, index, text),
+                       read_cache=params.prompt_logprobs is None)
 
 
 def token_id(t: Any) -> int | None:

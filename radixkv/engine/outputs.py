@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from radixkv.request import CompletionOutput, FinishReason, Request, RequestOutput
+from radixkv.request import (CompletionOutput, FinishReason, Logprob, LogprobsDict, PositionLogprobs, Request,
+                             RequestOutput)
 from radixkv.sampling_params import SamplingParams
 
 from .core import RequestDelta
@@ -35,7 +36,8 @@ class RequestState:
     prompt_text: str | None
     text: TextStream | None  # None: no stop strings and nothing streamed (the text is decoded at the end)
     output: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, float]] | None = None  # one per output token, when params.logprobs is set
+    logprobs: list[PositionLogprobs] | None = None  # one per output token, when params.logprobs is set
+    prompt_logprobs: list[PositionLogprobs] | None = None  # one per prompt token after the first, once scored
     cached_tokens: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
@@ -96,6 +98,8 @@ class OutputProcessor:
             state.cached_tokens = d.cached_tokens
             if state.logprobs is not None and d.logprobs:
                 state.logprobs.extend(d.logprobs)
+            if d.prompt_logprobs is not None:
+                state.prompt_logprobs = d.prompt_logprobs
             done = d.finish_reason is not None
             delta = ""
             if state.text is not None:
@@ -136,8 +140,8 @@ class OutputProcessor:
 
     def completion(self, state: RequestState) -> CompletionOutput:
         """vLLM's CompletionOutput of one finished request."""
-        lps = None if state.logprobs is None else list(state.logprobs)
-        cum = None if lps is None else float(sum(d[t] for d, t in zip(lps, state.output)))
+        lps = None if state.logprobs is None else [self.logprobs_dict(p) for p in state.logprobs]
+        cum = None if state.logprobs is None else float(sum(p.logprob for p in state.logprobs))
         return CompletionOutput(state.index, self.final_text(state), list(state.output), state.finish_reason,
                                 lps, state.stop_reason, cum)
 
@@ -145,9 +149,24 @@ class OutputProcessor:
         """The RequestOutput of a prompt's n finished requests."""
         first = states[0]
         outs = [self.completion(s) for s in states]
+        prompt_lps = None
+        if first.params.prompt_logprobs is not None:
+            prompt_lps = [None, *(self.logprobs_dict(p) for p in first.prompt_logprobs or ())]
         return RequestOutput(first.request_id, list(first.prompt_ids), outs[0].token_ids, outs[0].text,
                              first.cached_tokens, FinishReason(first.finish_reason), prompt=first.prompt_text,
-                             outputs=outs, finished=True)
+                             outputs=outs, finished=True, prompt_logprobs=prompt_lps)
+
+    def logprobs_dict(self, p: PositionLogprobs) -> LogprobsDict:
+        """vLLM's {token id: Logprob} of one position: its token first, then the most likely ones."""
+        out = {p.token: Logprob(p.logprob, p.rank, self.token_text(p.token))}
+        for rank, (t, lp) in enumerate(zip(p.top_ids, p.top_logprobs), 1):
+            if t not in out:
+                out[t] = Logprob(lp, rank, self.token_text(t))
+        return out
+
+    def token_text(self, token: int) -> str | None:
+        """One token's text (None without a tokenizer)."""
+        return None if self.tokenizer is None else self.tokenizer.decode([token])
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:

@@ -16,17 +16,20 @@ from torch import Tensor
 from radixkv.batch import Batch
 from radixkv.config import EngineConfig, KVDtype
 from radixkv.plan import kv_sink_for, kv_window_for
+from radixkv.request import PositionLogprobs
 from radixkv.scheduler.cascade_groups import RULE_NEVER, CascadeRule, rule_for
 
 from .attention import Backend, PagedAttention
 from .cuda_graphs import DecodeGraphs
+from .piecewise_graphs import MixedGraphs
 from .device import host_to_device, pick_device
 from .inputs import ModelLimits
 from .kv_store import KVStore, default_num_pages
 from .kv_window import KVWindow
 from .model import LlamaModel
 from .parallel import TPGroup
-from .sampling import penalize, sample, sampling_rows, top_logprobs
+from .logprobs import prompt_logprobs, token_logprobs
+from .sampling import penalize, sample, sampling_rows
 from .tp_workers import TensorParallel
 from .weights import LoadedModel, load_model
 
@@ -39,7 +42,37 @@ class Launched(NamedTuple):
     drawn: Tensor  # int64 [S] sampled tokens, on the device
     host: Tensor | None  # int64 [S] pinned copy of drawn, valid once `ready` has fired (CUDA); None on CPU
     ready: torch.cuda.Event | None
-    logprobs: dict[int, dict[int, float]]  # by row, for rows that asked for them
+    logprobs: dict[int, PositionLogprobs]  # by row, for sampling rows that asked for them
+    # by row, for rows scoring prompt tokens: (the position of the first, one entry a position)
+    prompt_logprobs: dict[int, tuple[int, list[PositionLogprobs]]]
+
+
+class PromptScoring(NamedTuple):
+    """The prompt positions a step scores (SamplingParams.prompt_logprobs): the logits at position i
+    give the log-probability of prompt token i + 1, so a row's positions stop before its prompt's last."""
+
+    index: list[int]  # [N] indices into the step's tokens
+    targets: list[int]  # [N] the prompt token each predicts
+    ks: list[int]  # [N] top alternatives wanted
+    spans: dict[int, tuple[int, int, int]]  # row -> (first position, first entry, entries)
+
+    @classmethod
+    def of(cls, batch: Batch) -> PromptScoring | None:
+        index: list[int] = []
+        targets: list[int] = []
+        ks: list[int] = []
+        spans: dict[int, tuple[int, int, int]] = {}
+        for b, r in enumerate(batch.requests):
+            k = r.sampling.params.prompt_logprobs if r.sampling is not None else None
+            start = batch.seq_lens[b] - batch.q_lens[b]
+            end = min(batch.seq_lens[b], len(r.prompt) - 1)
+            if k is None or end <= start:
+                continue
+            spans[b] = (start, len(index), end - start)
+            index.extend(range(batch.q_start[b], batch.q_start[b] + end - start))
+            targets.extend(int(t) for t in r.prompt[start + 1: end + 1])
+            ks.extend([k] * (end - start))
+        return cls(index, targets, ks, spans) if index else None
 
 
 class ModelRunner:
@@ -88,6 +121,11 @@ class ModelRunner:
             floor = self.cascade_rule.floor if cfg.scheduler.cascade else None
             if floor is not None:  # cascade graphs too, so a workload's cascade steps neither compile nor capture
                 self.graphs.warm_cascade(*floor)
+        # steps with prompt chunks: piecewise graphs (attention eager between them), one token bucket at a time
+        self.mixed_graphs = (MixedGraphs(self.model, self.attention, cfg.scheduler.max_batch_tokens, num_pages)
+                             if use_graphs and window is None and group is None else None)
+        if self.mixed_graphs is not None:
+            self.mixed_graphs.capture_all()
         if device.type == "cuda":  # two pinned token buffers, alternate steps (one may still be filling)
             rows = cfg.scheduler.max_running
             self._token_hosts = [torch.zeros(rows, dtype=torch.int64, pin_memory=True) for _ in range(2)]
@@ -114,7 +152,7 @@ class ModelRunner:
         cap, ctx = self.config.max_model_len, self.spec.max_position
         return ModelLimits(vocab_size=self.vocab_size, max_model_len=ctx if cap is None else min(cap, ctx),
                            sliding_window=self.spec.sliding_window, page_size=self.config.page_size,
-                           num_pages=self.num_pages)
+                           num_pages=self.num_pages, prompt_logprobs=self.tp is None and self.model.tp is None)
 
     @property
     def dead(self) -> bool:
@@ -143,6 +181,8 @@ class ModelRunner:
         """forward_logits on this process's shard only (a tensor-parallel worker runs this each step)."""
         if use_graphs and self.graphs is not None and self.graphs.fits(batch):
             return self.graphs.run(batch, input_ids)  # every decode row samples
+        if use_graphs and self.mixed_graphs is not None and self.mixed_graphs.fits(batch):
+            return self.mixed_graphs.run(batch, input_ids)
         dev = self.device
         self.attention.plan(batch)
         last = [batch.q_start[b] + batch.q_lens[b] - 1 for b, s in enumerate(batch.sample) if s]
@@ -164,7 +204,12 @@ class ModelRunner:
             # every row of prev samples (EngineCore runs ahead only then), so follows indexes prev.drawn
             ids = (prev.drawn if batch.follows == prev.rows
                    else prev.drawn.index_select(0, host_to_device(batch.follows, torch.int64, dev)))
-        raw = logits = self.forward_logits(batch, input_ids=ids)
+        scoring = PromptScoring.of(batch)
+        prompt_lps: dict[int, tuple[int, list[PositionLogprobs]]] = {}
+        if scoring is None:
+            raw = logits = self.forward_logits(batch, input_ids=ids)
+        else:
+            raw = logits = self._forward_scoring(batch, scoring, prompt_lps)
         reqs = [batch.requests[b] for b in rows]
         params = [r.sampling.params for r in reqs]
         if any(p.penalized or p.min_tokens for p in params):
@@ -179,11 +224,11 @@ class ModelRunner:
             drawn = sample(logits, sampling_rows(params, [r.sampling.seed for r in reqs], counters,
                                                  logits.shape[1], dev))
         want = [i for i, p in enumerate(params) if p.logprobs is not None]
-        logprobs: dict[int, dict[int, float]] = {}
+        logprobs: dict[int, PositionLogprobs] = {}
         if want:
             idx = torch.tensor(want, dtype=torch.int64, device=dev)
-            lps = top_logprobs(raw.index_select(0, idx), drawn.index_select(0, idx),
-                               [params[i].logprobs for i in want])
+            lps = token_logprobs(raw.index_select(0, idx), drawn.index_select(0, idx),
+                                 [params[i].logprobs for i in want])
             logprobs = {rows[i]: lp for i, lp in zip(want, lps)}
         host = ready = None
         if dev.type == "cuda":
@@ -194,7 +239,25 @@ class ModelRunner:
             host, ready = self._token_hosts[turn][:len(rows)], self._token_events[turn]
             host.copy_(drawn, non_blocking=True)
             ready.record()
-        return Launched(batch, rows, drawn, host, ready, logprobs)
+        return Launched(batch, rows, drawn, host, ready, logprobs, prompt_lps)
+
+    def _forward_scoring(self, batch: Batch, scoring: PromptScoring,
+                         out: dict[int, tuple[int, list[PositionLogprobs]]]) -> Tensor:
+        """forward_logits (eager) that also scores the step's prompt positions into `out` (by row).
+        Not under tensor parallelism (InputProcessor refuses prompt_logprobs there)."""
+        if self.tp is not None or self.model.tp is not None:
+            raise RuntimeError("prompt logprobs cannot be computed under tensor parallelism")
+        dev = self.device
+        self.attention.plan(batch)
+        h = self.model.hidden(host_to_device(batch.input_ids, torch.int64, dev),
+                              host_to_device(batch.positions, torch.int64, dev), self.attention)  # [T, H]
+        last = [batch.q_start[b] + batch.q_lens[b] - 1 for b, s in enumerate(batch.sample) if s]
+        logits = self.model.logits(h[host_to_device(last, torch.int64, dev)])  # [S, V]
+        entries = prompt_logprobs(self.model.logits, h[host_to_device(scoring.index, torch.int64, dev)],
+                                  scoring.targets, scoring.ks, logits.shape[1])
+        for b, (pos, first, n) in scoring.spans.items():
+            out[b] = (pos, entries[first: first + n])
+        return logits
 
     def collect(self, launched: Launched) -> list[int | None]:
         """The launched step's tokens by row (None for rows that do not sample): waits for them."""

@@ -192,20 +192,3 @@ def _padded(seqs: Sequence[Sequence[int]], pad: int) -> Tensor:
     """int64 [len(seqs), max(1, longest)] of the sequences, right-padded with `pad`."""
     width = max(1, max((len(s) for s in seqs), default=0))
     return torch.tensor([list(map(int, s)) + [pad] * (width - len(s)) for s in seqs], dtype=torch.int64)
-
-
-def top_logprobs(logits: Tensor, tokens: Tensor, ks: Sequence[int]) -> list[dict[int, float]]:
-    """For each row: {token id: log-probability} of the sampled token and the row's k most likely
-    tokens, under log_softmax(logits). One host copy for the whole batch."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    k = max(ks)
-    sampled = lp.gather(1, tokens.view(-1, 1)).squeeze(1)
-    top_v, top_i = lp.topk(k, dim=-1) if k > 0 else (lp[:, :0], lp[:, :0].long())
-    sampled, top_v, top_i, toks = sampled.tolist(), top_v.tolist(), top_i.tolist(), tokens.tolist()
-    result = []
-    for b, kb in enumerate(ks):
-        d = {int(toks[b]): float(sampled[b])}
-        for i, v in zip(top_i[b][:kb], top_v[b][:kb]):
-            d.setdefault(int(i), float(v))
-        result.append(d)
-    return result

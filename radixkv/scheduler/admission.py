@@ -33,25 +33,26 @@ class Admission(PageHolding):
 
     def _match(self, e: Entry) -> None:
         """Match a queued request against the tree now; the ranker orders by the result."""
-        tokens = e.waiting_tokens() if self.config.prefix_caching else e.prompt_arr[:0]
+        tokens = e.waiting_tokens() if self._reads_cache(e) else e.prompt_arr[:0]
         m = e.last = self.cache.match(tokens, e.req.namespace, since=e.last)
         e.score, e.node = m.num_tokens, m.node
 
     def _match_all(self, entries: list[Entry]) -> None:
         """_match for each of entries, in order, through one RadixCache.match_many call."""
-        if self.config.prefix_caching:
-            queries = [(e.prompt_arr if not e.req.output else e.waiting_tokens(), e.req.namespace, e.last)
-                       for e in entries]
-        else:
-            queries = [(e.prompt_arr[:0], e.req.namespace, e.last) for e in entries]
+        queries = [((e.prompt_arr if not e.req.output else e.waiting_tokens()) if self._reads_cache(e)
+                    else e.prompt_arr[:0], e.req.namespace, e.last) for e in entries]
         for e, m in zip(entries, self.cache.match_many(queries)):
             e.last = m
             e.score, e.node = m.num_tokens, m.node
 
-    def _lookup(self, tokens: np.ndarray, namespace: str | None, since: MatchResult | None = None) -> MatchResult:
-        """The cached prefix of tokens; with prefix caching off, always the empty one. `since`: the
-        request's previous match (while it still holds, re-checking it skips the walk)."""
-        return self.cache.match(tokens if self.config.prefix_caching else tokens[:0], namespace, since=since)
+    def _reads_cache(self, e: Entry) -> bool:
+        """Whether e may start from a cached prefix: prefix caching is on and the request reads the cache."""
+        return self.config.prefix_caching and e.req.read_cache
+
+    def _lookup(self, e: Entry, tokens: np.ndarray) -> MatchResult:
+        """The cached prefix of tokens for e; the empty one when e does not read the cache. Re-checks
+        e's previous match first (while it still holds, that skips the walk)."""
+        return self.cache.match(tokens if self._reads_cache(e) else tokens[:0], e.req.namespace, since=e.last)
 
     def _admit(self, rows: BatchBuilder, budget: int, shared: set[ShareKey], now: float) -> None:
         """Admit waiting requests into this step. If anything raises (a Ctrl-C in the pool, an
@@ -96,9 +97,9 @@ class Admission(PageHolding):
             req = e.req
             total = req.num_tokens
             tokens = e.token_array(total)
-            m = e.last = self._lookup(tokens, req.namespace, e.last)
+            m = e.last = self._lookup(e, tokens)
             usable = min(m.num_tokens, (total - 1) // ps * ps)  # leave >= 1 token to compute
-            if (cfg.in_batch_sharing and cfg.prefix_caching and shared and usable == m.num_tokens
+            if (cfg.in_batch_sharing and self._reads_cache(e) and shared and usable == m.num_tokens
                     and share_key(m, tokens, ps) in shared):
                 # Another row computes this block now: hit it next step instead. The starved
                 # head defers too (one step), but then nothing that arrived later is admitted.
@@ -157,7 +158,7 @@ class Admission(PageHolding):
     def _add_row(self, rows: BatchBuilder, e: Entry, start: int, q_len: int,
                  shared: set[ShareKey]) -> None:
         rows.add(e.req, start, q_len)
-        if not (self.config.in_batch_sharing and self.config.prefix_caching) or q_len == 1:
+        if not (self.config.in_batch_sharing and self._reads_cache(e)) or q_len == 1:
             return
         ps, base = self.page_size, e.locked.num_tokens
         if start + q_len >= base + ps:  # this chunk completes the first block past the cached path

@@ -24,6 +24,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -37,7 +38,7 @@ from .streams import merge_streams
 from .metrics import ServeMetrics
 from .api_errors import APIError, validation_error
 from .protocol import ChatCompletionRequest, CompletionRequest
-from .responses import LogprobsFormat, _event, _Shape, _sse, _stream_error, _usage
+from .responses import LogprobsFormat, _event, _Shape, _sse, _stream_error, _usage, prompt_logprobs_json
 
 
 def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = None, api_key: str | None = None,
@@ -189,7 +190,7 @@ class _Handlers:
                                   frequency_penalty=body.frequency_penalty or 0.0,
                                   repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
                                   min_tokens=body.min_tokens or 0, logprobs=body.sampling_logprobs,
-                                  logit_bias=body.logit_bias, allowed_token_ids=body.allowed_token_ids,
+                                  prompt_logprobs=body.scored_prompt, logit_bias=body.logit_bias, allowed_token_ids=body.allowed_token_ids,
                                   bad_words=tuple(body.bad_words or ()))
             return self.inputs.prepare(params)
         except ValueError as err:
@@ -222,20 +223,31 @@ class _Handlers:
         model = self._check_model(body.model)
         tok = self.engine.tokenizer
         plain = body.add_special_tokens is False and tok is not None  # vLLM's default: True
-        prompts = [self._encode(list(tok(p, add_special_tokens=False).input_ids) if plain and isinstance(p, str)
-                                and p else p, "prompt") for p in body.prompts()]
+        prompts = [self._truncate(self._encode(list(tok(p, add_special_tokens=False).input_ids)
+                                               if plain and isinstance(p, str) and p else p, "prompt"), body)
+                   for p in body.prompts()]
         rid = f"cmpl-{uuid.uuid4().hex}"
-        streams = await self._submit(body, prompts, body.max_tokens, "prompt", rid)
+        echo_only = body.max_tokens == 0  # the prompt alone: one token is computed and not returned
+        streams = await self._submit(body, prompts, 1 if echo_only else body.max_tokens, "prompt", rid)
         echo = [self._echo_text(ids) if body.echo else "" for ids in prompts]
         shape = _Shape("text_completion", rid, model, chat=False)
         if body.stream:
-            return _sse(self._stream(body, streams, shape, echo))
+            return _sse(self._stream(body, streams, shape, echo, prompts))
         finals = await _collect(streams, raw, self.engine)
-        choices = [{"index": k, "text": echo[k // body.n] + f.text,
-                    "logprobs": self._logprobs(body, f, len(echo[k // body.n])),
-                    "finish_reason": f.finish_reason, "stop_reason": f.stop_reason,
-                    **({"token_ids": f.token_ids, "prompt_token_ids": f.prompt_token_ids}
-                       if body.return_token_ids else {})} for k, f in enumerate(finals)]
+        if echo_only:
+            finals = [replace(f, text="", token_ids=[], logprobs=None if f.logprobs is None else [])
+                      for f in finals]
+        choices = []
+        for k, f in enumerate(finals):
+            ids = prompts[k // body.n]
+            choice = {"index": k, "text": echo[k // body.n] + f.text,
+                      "logprobs": self._logprobs(body, f, ids if body.echo else None),
+                      "finish_reason": f.finish_reason, "stop_reason": f.stop_reason}
+            if body.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs_json(tok, f.prompt_logprobs)
+            if body.return_token_ids:
+                choice.update(token_ids=f.token_ids, prompt_token_ids=f.prompt_token_ids)
+            choices.append(choice)
         return JSONResponse({**shape.head(), "choices": choices, "usage": _usage(finals, body.n)})
 
     async def chat(self, body: ChatCompletionRequest, raw: Request) -> Response:
@@ -244,13 +256,22 @@ class _Handlers:
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self._submit(body, [ids], body.max_new_tokens, "messages", rid)
         shape = _Shape("chat.completion", rid, model, chat=True)
+        # vLLM's chat echo: the last message's content first, when it is the assistant's (being continued)
+        last = body.messages[-1]
+        echo = last.text() if body.echo and last.role == "assistant" else ""
         if body.stream:
-            return _sse(self._stream(body, streams, shape, [""]))
+            return _sse(self._stream(body, streams, shape, [echo], [ids]))
         finals = await _collect(streams, raw, self.engine)
-        choices = [{"index": k, "message": {"role": "assistant", "content": f.text},
-                    "logprobs": self._logprobs(body, f), "finish_reason": f.finish_reason,
-                    "stop_reason": f.stop_reason,
-                    **({"token_ids": f.token_ids} if body.return_token_ids else {})} for k, f in enumerate(finals)]
+        choices = []
+        for k, f in enumerate(finals):
+            choice = {"index": k, "message": {"role": "assistant", "content": echo + f.text},
+                      "logprobs": self._logprobs(body, f), "finish_reason": f.finish_reason,
+                      "stop_reason": f.stop_reason}
+            if body.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs_json(self.engine.tokenizer, f.prompt_logprobs)
+            if body.return_token_ids:
+                choice["token_ids"] = f.token_ids
+            choices.append(choice)
         out = {**shape.head(), "choices": choices, "usage": _usage(finals, body.n)}
         if body.return_token_ids:
             out["prompt_token_ids"] = ids
@@ -280,41 +301,63 @@ class _Handlers:
             raise APIError(400, "the rendered chat prompt is empty", param="messages")
         return self._encode(ids, "messages")
 
-    def _logformat(self, body: Any, offset: int = 0) -> LogprobsFormat | None:
+    def _logformat(self, body: Any) -> LogprobsFormat | None:
         if body.sampling_logprobs is None:
             return None
         chat = isinstance(body, ChatCompletionRequest)
-        return LogprobsFormat(self.engine.tokenizer, chat, body.sampling_logprobs, offset)
+        return LogprobsFormat(self.engine.tokenizer, chat, body.sampling_logprobs)
 
-    def _logprobs(self, body: Any, final: StreamOutput, offset: int = 0) -> dict[str, Any] | None:
-        """A finished choice's logprobs in OpenAI's shape (None unless asked)."""
-        fmt = self._logformat(body, offset)
+    def _logprobs(self, body: Any, final: StreamOutput, echoed: list[int] | None = None) -> dict[str, Any] | None:
+        """A finished choice's logprobs in OpenAI's shape (None unless asked); echoed: the prompt's ids,
+        whose tokens (and logprobs) come first."""
+        fmt = self._logformat(body)
         if fmt is None:
             return None
+        if echoed is not None:
+            fmt.add_prompt(echoed, final.prompt_logprobs)
         fmt.add(final, whole=True)
         return fmt.take()
+
+    def _truncate(self, ids: list[int], body: Any) -> list[int]:
+        """vLLM's truncate_prompt_tokens: the prompt's last k tokens (-1: what the context leaves room for)."""
+        k = body.truncate_prompt_tokens
+        if k is None:
+            return ids
+        room = self.inputs.limits.max_model_len - (body.max_tokens or 0)
+        return self.inputs.truncate(ids, k, room)
 
     def _echo_text(self, ids: list[int]) -> str:
         tok = self.engine.tokenizer
         return "" if tok is None else tok.decode(ids, skip_special_tokens=False)
 
     async def _stream(self, body: Any, streams: list[RequestStream], shape: "_Shape",
-                      echo: list[str]) -> AsyncIterator[str]:
-        """SSE lines of every choice as its deltas arrive, then usage (if asked), then [DONE]."""
+                      echo: list[str], prompts: list[list[int]]) -> AsyncIterator[str]:
+        """SSE lines of every choice as its deltas arrive, then usage (if asked), then [DONE]. An echo
+        with logprobs is sent with the first delta, which brings the prompt's logprobs."""
         items, tasks = merge_streams(streams)
         finals: dict[int, StreamOutput] = {}
-        lps = [self._logformat(body, len(echo[k // body.n])) for k in range(len(streams))]
+        lps = [self._logformat(body) for _ in streams]
+        echo_only = not shape.chat and body.max_tokens == 0
+        held_echo = [bool(echo[k // body.n]) and lps[k] is not None and not shape.chat for k in range(len(streams))]
         try:
-            if shape.chat:
-                for k in range(len(streams)):
-                    yield _event(shape.chunk(k, {"role": "assistant", "content": ""}, None))
-            elif body.echo:
-                for k in range(len(streams)):
+            for k in range(len(streams)):
+                if shape.chat:
+                    yield _event(shape.chunk(k, {"role": "assistant", "content": echo[0]}, None))
+                elif echo[k // body.n] and not held_echo[k]:
                     yield _event(shape.chunk(k, echo[k // body.n], None))
             async for k, out in items:
                 if isinstance(out, BaseException):
                     yield _event(_stream_error(out))
                     continue
+                if held_echo[k]:  # the prompt's logprobs came with this first delta
+                    held_echo[k] = False
+                    lps[k].add_prompt(prompts[k // body.n], out.prompt_logprobs)
+                    yield _event(shape.chunk(k, echo[k // body.n], None, logprobs=lps[k].take()))
+                if echo_only:
+                    out = replace(out, delta_text="", delta_token_ids=[], text="", token_ids=[],
+                                  logprobs=None if out.logprobs is None else [])
+                    if not out.finished:
+                        continue
                 if out.finished:
                     finals[k] = out
                 if lps[k] is not None:

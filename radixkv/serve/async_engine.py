@@ -248,7 +248,8 @@ class AsyncLLM:
             lps = None if s.logprobs is None else list(s.logprobs[: len(s.output)])
             out = StreamOutput(p.request_id, s.take_text(), list(new), s.text.text if s.text else "",
                                list(s.output), p.prompt_ids, s.cached_tokens, reason is not None, reason,
-                               s.stop_reason if reason == FinishReason.STOP.value else None, lps)
+                               s.stop_reason if reason == FinishReason.STOP.value else None, lps,
+                               s.prompt_logprobs)
             by_loop.setdefault(p.loop, []).append((p.outbox, out))
             if reason is not None:
                 ended.append(p)

@@ -56,10 +56,8 @@ ACCEPTED: dict[str, str] = {
 # vLLM fields radixkv does not implement -> (their neutral values, why): 400 naming the field otherwise
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "use_beam_search": ((False,), "beam search is not implemented"),
-    "prompt_logprobs": ((), "prompt logprobs are not implemented yet"),
     "logprob_token_ids": ((), "logprobs of chosen token ids are not implemented"),
-    "truncate_prompt_tokens": ((), "prompt truncation is not implemented yet"),
-    "truncation_side": ((), "prompt truncation is not implemented yet"),
+    "truncation_side": (("left",), "truncating the prompt's end is not implemented (its start is cut: 'left')"),
     "spaces_between_special_tokens": ((True,), "detokenising without spaces between special tokens "
                                                "is not implemented"),
     "watermarking": ((False,), "watermarking is not implemented"),
@@ -149,6 +147,8 @@ class _Common(BaseModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     add_special_tokens: bool | None = None  # default: completions True, chat False (vLLM's)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's default cap (--max-logprobs 20)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
     # refused unless neutral (radixkv does not implement them)
     best_of: int | None = None
 
@@ -163,6 +163,13 @@ class _Common(BaseModel):
         if v is not None and v < -1:
             raise ValueError("top_k must be 0 or -1 (off) or >= 1")
         return None if v in (0, -1) else v
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _truncate(cls, v: int | None) -> int | None:
+        if v == 0:
+            raise ValueError("truncate_prompt_tokens must be >= 1, or -1 (the context's length)")
+        return v
 
     @field_validator("logit_bias")
     @classmethod
@@ -199,7 +206,15 @@ class _Common(BaseModel):
     def _unsupported(self) -> "_Common":
         if self.best_of is not None and self.best_of != self.n:
             raise UnsupportedField("best_of", "best_of must equal n (radixkv returns every sample)")
+        if self.stream and self.prompt_logprobs is not None:
+            raise UnsupportedField("prompt_logprobs", "prompt_logprobs are not available with stream true "
+                                                      "(as in vLLM); use echo with logprobs to stream them")
         return self
+
+    @property
+    def scored_prompt(self) -> int | None:
+        """SamplingParams.prompt_logprobs: top alternatives per prompt token (None: the prompt is not scored)."""
+        return self.prompt_logprobs
 
     @property
     def sampling_logprobs(self) -> int | None:
@@ -229,7 +244,7 @@ class CompletionRequest(_Common):
     """POST /v1/completions. prompt: text, token ids, or a list of either (one choice set each)."""
 
     prompt: str | list[str] | TokenIds | list[TokenIds]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0)  # 0 with echo: the prompt alone (and its logprobs)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's default cap (--max-logprobs 20)
     suffix: str | None = None
@@ -248,9 +263,9 @@ class CompletionRequest(_Common):
     def _completion_unsupported(self) -> "CompletionRequest":
         if self.suffix:
             raise UnsupportedField("suffix", "suffix is not supported by radixkv")
-        if self.echo and self.logprobs is not None:
-            raise UnsupportedField("logprobs", "echo with logprobs needs prompt logprobs, which radixkv does "
-                                               "not implement yet")
+        if self.max_tokens == 0 and not self.echo:
+            raise UnsupportedField("max_tokens", "max_tokens 0 returns nothing without echo; send echo true "
+                                                 "to get the prompt (and its logprobs) alone")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise UnsupportedField("response_format", "only response_format {'type': 'text'} is supported")
         return self
@@ -258,6 +273,12 @@ class CompletionRequest(_Common):
     @property
     def sampling_logprobs(self) -> int | None:
         return self.logprobs
+
+    @property
+    def scored_prompt(self) -> int | None:
+        """Echo with logprobs scores the echoed prompt too (OpenAI's legacy completions, lm-eval)."""
+        ks = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        return max(ks) if ks else None
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: text or token ids."""
@@ -313,8 +334,6 @@ class ChatCompletionRequest(_Common):
             raise UnsupportedField("top_logprobs", "top_logprobs needs logprobs true")
         if self.tools:
             raise UnsupportedField("tools", "tools: tool calling is not supported by radixkv")
-        if self.echo:
-            raise UnsupportedField("echo", "chat echo (prepending the last message) is not supported by radixkv")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise UnsupportedField("response_format", "only response_format {'type': 'text'} is supported")
         if self.continue_final_message and self.add_generation_prompt:

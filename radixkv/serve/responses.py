@@ -8,6 +8,8 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
+from radixkv.request import PositionLogprobs
+
 from .protocol import error_body
 from .streams import EngineDeadError, EngineStepError, StreamOutput
 
@@ -57,15 +59,16 @@ def _sse(gen: AsyncIterator[str]) -> StreamingResponse:
 class LogprobsFormat:
     """OpenAI's logprobs of one choice, built as its tokens arrive.
 
-    Completions: {tokens, token_logprobs, top_logprobs, text_offset} (top_logprobs: the sampled
-    token and the `top` most likely, by token text). Chat: {content: [{token, logprob, bytes,
-    top_logprobs: [{token, logprob, bytes}] (the `top` most likely)}]}. A model without a
-    tokenizer names tokens "token_id:N", as vLLM does.
+    Completions: {tokens, token_logprobs, top_logprobs, text_offset} (top_logprobs: the token and
+    the `top` most likely, by token text); an echoed prompt's tokens come first (`add_prompt`), the
+    first with null logprob and top_logprobs, as OpenAI and vLLM send them. Chat: {content: [{token,
+    logprob, bytes, top_logprobs: [{token, logprob, bytes}] (the `top` most likely)}]}. A model
+    without a tokenizer names tokens "token_id:N", as vLLM does.
     """
 
     def __init__(self, tokenizer: Any, chat: bool, top: int, offset: int = 0) -> None:
         self.tok, self.chat, self.top, self.offset = tokenizer, chat, top, offset
-        self._held: list[tuple[int, dict[int, float]]] = []
+        self._held: list[tuple[int, PositionLogprobs | None]] = []
 
     def add(self, out: StreamOutput, whole: bool = False) -> None:
         """Hold out's new tokens' logprobs (whole: all of its tokens', for a final output)."""
@@ -74,6 +77,11 @@ class LogprobsFormat:
             start = len(out.token_ids) - len(ids)
             self._held.extend(zip(ids, out.logprobs[start:]))
 
+    def add_prompt(self, prompt_ids: list[int], scored: list[PositionLogprobs] | None) -> None:
+        """Hold an echoed prompt's tokens: the first unscored, then each with its logprobs."""
+        self._held.append((prompt_ids[0], None))
+        self._held.extend(zip(prompt_ids[1:], scored or ()))
+
     def _text(self, t: int) -> str:
         return f"token_id:{t}" if self.tok is None else self.tok.decode([t])
 
@@ -81,18 +89,19 @@ class LogprobsFormat:
         """The logprobs of the tokens added since the last take."""
         held, self._held = self._held, []
         if self.chat:
-            content = []
-            for t, d in held:
-                best = sorted(d.items(), key=lambda kv: -kv[1])[: self.top]
-                content.append({**self._entry(t, d.get(t, float("-inf"))),
-                                "top_logprobs": [self._entry(k, v) for k, v in best]})
-            return {"content": content}
+            return {"content": [{**self._entry(t, p.logprob), "top_logprobs": [
+                self._entry(i, v) for i, v in zip(p.top_ids[: self.top], p.top_logprobs)]} for t, p in held if p]}
         out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for t, d in held:
+        for t, p in held:
             text = self._text(t)
             out["tokens"].append(text)
-            out["token_logprobs"].append(_finite(d.get(t, float("-inf"))))
-            out["top_logprobs"].append({self._text(k): _finite(v) for k, v in d.items()})
+            out["token_logprobs"].append(None if p is None else _finite(p.logprob))
+            top = None
+            if p is not None:
+                top = {self._text(p.token): _finite(p.logprob)}
+                for i, v in zip(p.top_ids[: self.top], p.top_logprobs):
+                    top.setdefault(self._text(i), _finite(v))
+            out["top_logprobs"].append(top)
             out["text_offset"].append(self.offset)
             self.offset += len(text)
         return out
@@ -100,6 +109,22 @@ class LogprobsFormat:
     def _entry(self, t: int, lp: float) -> dict[str, Any]:
         text = self._text(t)
         return {"token": text, "logprob": _finite(lp), "bytes": list(text.encode("utf-8"))}
+
+
+def prompt_logprobs_json(tokenizer: Any, scored: list[PositionLogprobs] | None) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs` of a choice: None for the first prompt token, then per token
+    {token id (a string): {logprob, rank, decoded_token}} of the token and the most likely ones."""
+    def entry(t: int, lp: float, rank: int) -> dict[str, Any]:
+        return {"logprob": _finite(lp), "rank": rank,
+                "decoded_token": f"token_id:{t}" if tokenizer is None else tokenizer.decode([t])}
+
+    out: list[dict[str, dict[str, Any]] | None] = [None]
+    for p in scored or ():
+        d = {str(p.token): entry(p.token, p.logprob, p.rank)}
+        for rank, (t, v) in enumerate(zip(p.top_ids, p.top_logprobs), 1):
+            d.setdefault(str(t), entry(t, v, rank))
+        out.append(d)
+    return out
 
 
 def _finite(x: float) -> float:

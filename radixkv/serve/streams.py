@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from radixkv.engine.core import EngineStats
 from radixkv.engine.outputs import RequestState
+from radixkv.request import PositionLogprobs
 
 from . import wire
 
@@ -42,8 +43,9 @@ class StreamOutput:
     finish_reason: None while running, else "stop" (a stop token or stop string), "length" or
     "abort". num_cached_tokens: prompt tokens served from the prefix cache (known from the
     first token on). stop_reason: the stop string or stop token id that ended it (None for EOS,
-    length, abort). logprobs: with SamplingParams.logprobs, one {token id: log-probability} per
-    token of token_ids (all so far; else None).
+    length, abort). logprobs: with SamplingParams.logprobs, one PositionLogprobs per token of
+    token_ids (all so far; else None). prompt_logprobs: with SamplingParams.prompt_logprobs, one per
+    prompt token after the first (from the first token on; else None).
     """
 
     request_id: str
@@ -56,7 +58,8 @@ class StreamOutput:
     finished: bool
     finish_reason: str | None
     stop_reason: int | str | None = None
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list[PositionLogprobs] | None = None
+    prompt_logprobs: list[PositionLogprobs] | None = None
 
 
 @dataclass

@@ -177,9 +177,10 @@ def test_logprobs_of_the_sampled_token_and_the_top_k(llm: LLM) -> None:
     c = out.outputs[0]
     assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids) == 5
     for t, d in zip(c.token_ids, c.logprobs):
-        assert t in d and len(d) == 3 and all(v <= 0.0 for v in d.values())
-        assert d[t] == max(d.values())  # greedy: the sampled token is the most likely
-    assert c.cumulative_logprob == pytest.approx(sum(d[t] for t, d in zip(c.token_ids, c.logprobs)))
+        assert t in d and len(d) == 3 and all(v.logprob <= 0.0 for v in d.values())
+        assert d[t].logprob == max(v.logprob for v in d.values()) and d[t].rank == 1  # greedy: the most likely
+        assert sorted(v.rank for v in d.values()) == [1, 2, 3] and d[t].decoded_token is None  # no tokenizer
+    assert c.cumulative_logprob == pytest.approx(sum(d[t].logprob for t, d in zip(c.token_ids, c.logprobs)))
     zero = llm.generate([PROMPT], SamplingParams(temperature=1.0, seed=2, max_tokens=3, ignore_eos=True,
                                                  logprobs=0))[0].outputs[0]
     assert [list(d) for d in zero.logprobs] == [[t] for t in zero.token_ids]
@@ -234,6 +235,18 @@ def smol(tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(gguf.CACHE_ENV, str(tmp_path_factory.mktemp("radixkv-cache")))
         yield LLM(path, dtype="float32", device="cpu", num_pages=256)
+
+
+def test_logprobs_carry_rank_and_decoded_text_with_a_tokenizer(smol: LLM) -> None:
+    llm = smol
+    out = llm.generate(["The capital of France is"], SamplingParams(temperature=0.0, max_tokens=2, logprobs=2,
+                                                                     prompt_logprobs=1))[0]
+    ids = out.prompt_token_ids
+    for i, d in enumerate(out.prompt_logprobs[1:], 1):
+        lp = d[ids[i]]
+        assert lp.decoded_token == llm.get_tokenizer().decode([ids[i]]) and lp.rank >= 1
+    first = out.outputs[0].logprobs[0]
+    assert first[out.token_ids[0]].rank == 1 and all(v.decoded_token for v in first.values())
 
 
 def test_stop_strings_cut_the_text(smol: LLM) -> None:

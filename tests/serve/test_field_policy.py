@@ -23,8 +23,8 @@ COMMON = {
     "stop_token_ids": ([7], OK), "include_stop_str_in_output": (True, OK), "ignore_eos": (True, OK),
     "min_tokens": (1, OK), "skip_special_tokens": (False, OK),
     "spaces_between_special_tokens": (False, "spaces_between_special_tokens"),
-    "truncate_prompt_tokens": (1, "truncate_prompt_tokens"), "truncation_side": ("left", "truncation_side"),
-    "allowed_token_ids": ([10, 11], OK), "prompt_logprobs": (1, "prompt_logprobs"),
+    "truncate_prompt_tokens": (1, OK), "truncation_side": ("right", "truncation_side"),
+    "allowed_token_ids": ([10, 11], OK), "prompt_logprobs": (1, OK),
     "logprob_token_ids": ([3], "logprob_token_ids"), "bad_words": (["a"], OK), "add_special_tokens": (True, OK),
     "response_format": ({"type": "json_object"}, "response_format"),
     "structured_outputs": ({"regex": "a+"}, "structured_outputs"), "guided_json": ({"type": "object"}, "guided_json"),
@@ -47,11 +47,12 @@ CHAT_FIELDS = {**COMMON, "messages": (MSGS, OK), "logprobs": (True, OK), "top_lo
                    [{"type": "function", "function": {"name": "f"}}], "tools"),
                "tool_choice": ("auto", "tool_choice"), "reasoning_effort": ("low", OK),
                "include_reasoning": (False, OK), "parallel_tool_calls": (False, OK), "best_of": (3, "best_of"),
-               "echo": (True, "echo"), "add_generation_prompt": (False, OK), "continue_final_message": (True, OK),
+               "echo": (True, OK), "add_generation_prompt": (False, OK), "continue_final_message": (True, OK),
                "documents": ([{"title": "t", "text": "x"}], OK), "chat_template": ("{{ messages[0]['content'] }}", OK),
                "chat_template_kwargs": ({"x": 1}, OK), "mm_processor_kwargs": ({"a": 1}, "mm_processor_kwargs"),
                "media_io_kwargs": ({"image": {}}, "media_io_kwargs"), "return_prompt_text": (True, "return_prompt_text")}
 NEEDS = {"continue_final_message": {"add_generation_prompt": False}, "stream_options": {"stream": True},
+         "prompt_logprobs": {"stream": False},
          "top_logprobs": {"logprobs": True}}
 
 
@@ -151,7 +152,10 @@ def test_top_k_zero_logprobs_twenty_and_many_stop_strings(server) -> None:
     (C, {"bad_words": [""]}, "bad_words"),
     (C, {"top_k": -2}, "top_k"),
     (C, {"logprobs": 21}, "logprobs"),
-    (C, {"echo": True, "logprobs": 1}, "logprobs"),
+    (C, {"max_tokens": 0}, "max_tokens"),
+    (C, {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    (C, {"prompt_logprobs": 21}, "prompt_logprobs"),
+    (C, {"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     (CHAT, {"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
     (CHAT, {"allowed_token_ids": [-1]}, "allowed_token_ids"),
 ])

@@ -232,7 +232,7 @@ def test_completion_and_chat_logprobs_in_openai_shape(server) -> None:
     assert lp["tokens"] == [tok.decode([t]) for t in want.token_ids]
     assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(5)]
     got = want.outputs[0].logprobs
-    assert lp["token_logprobs"] == pytest.approx([d[t] for d, t in zip(got, want.token_ids)])
+    assert lp["token_logprobs"] == pytest.approx([d[t].logprob for d, t in zip(got, want.token_ids)])
     assert all(2 <= len(top) <= 3 for top in lp["top_logprobs"])
     streamed = sse_chunks(httpx.post(f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=60))
     toks = sum((ch["choices"][0]["logprobs"]["tokens"] for ch in streamed if ch["choices"][0]["logprobs"]), [])
