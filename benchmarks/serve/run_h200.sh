@@ -67,10 +67,10 @@ stamp() { echo "=== [$((SECONDS - t0)) s] $*"; }
 
 if [ "$stage" = all ] || [ "$stage" = serve ]; then
   stamp "cold start (fresh server, empty Triton cache)"
-  timeout 150 python3 benchmarks/serve/cold_start.py $S --keep-triton-cache --log-dir /tmp/rkv-cold
+  timeout 200 python3 benchmarks/serve/cold_start.py $S --keep-triton-cache --log-dir /tmp/rkv-cold
   save
   stamp "load sweep: shared-prefix + ShareGPT at 4/16/48/96 req/s, server then in-process"
-  timeout 380 python3 benchmarks/serve/load_sweep.py $S $LOAD_SIZES --log-dir /tmp/rkv-load
+  timeout 370 python3 benchmarks/serve/load_sweep.py $S $LOAD_SIZES --log-dir /tmp/rkv-load
   save
 fi
 if [ "$stage" = all ] || [ "$stage" = offline ]; then
