@@ -205,10 +205,17 @@ class SamplingParams:
         return bool(self.logit_bias or self.allowed_token_ids or self.bad_words or self.bad_words_token_ids)
 
     @property
+    def reads_output(self) -> bool:
+        """Whether sampling this row's next token reads its latest tokens on the host: penalties,
+        min_tokens, or a bad word of several tokens (EngineCore schedules such rows only after their
+        tokens are read; logit_bias, allowed_token_ids and one-token bad words do not need to wait)."""
+        words = self.bad_words_token_ids
+        multi = bool(self.bad_words) if words is None else any(len(w) > 1 for w in words)
+        return self.has_penalties or self.min_tokens > 0 or multi
+
+    @property
     def penalized(self) -> bool:
-        """Whether the sampler must run `penalize` on this row's logits (penalties or logits controls).
-        The runner calls penalize for such rows and EngineCore does not schedule them ahead (bad words
-        and penalties read the request's latest tokens on the host)."""
+        """Whether the sampler must run `penalize` on this row's logits (penalties or logits controls)."""
         return self.has_penalties or self.constrains_logits
 
 

@@ -14,8 +14,8 @@ same rows is scheduled ahead and queued behind it, its input ids taken from thos
 So the host's work between steps (reading tokens, update, the front end's output processing,
 scheduling and planning the step after) runs while the GPU computes, and step() returns with the next
 step in flight. Rows that finished meanwhile are dropped from the step ahead; a step that cannot be
-planned ahead (admissions, prefill chunks, penalties, min_tokens, logprobs, pages short) runs after
-the update, as without async scheduling.
+planned ahead (admissions, prefill chunks, penalties, min_tokens, bad words of several tokens, logprobs,
+pages short) runs after the update, as without async scheduling.
 
 Failure: a step is failure-atomic. If anything raises before its tokens are applied, the batch goes
 back to the scheduler as if it never ran and the next step recomputes the same work. An Exception
@@ -252,14 +252,15 @@ class EngineCore:
 
     def _may_run_ahead(self, launched: Launched) -> bool:
         """Whether the step after `launched` may be scheduled before its tokens are read: every row
-        samples, and none needs its own latest token on the host to sample the next (penalties,
-        min_tokens) or asks for logprobs (read when the step is launched)."""
+        samples, and none needs its own latest token on the host to sample the next
+        (SamplingParams.reads_output: penalties, min_tokens, bad words of several tokens) or asks for
+        logprobs (read when the step is launched)."""
         batch = launched.batch
         if not all(batch.sample):
             return False
         for r in batch.requests:
             p = r.sampling.params if r.sampling is not None else None
-            if p is None or p.penalized or p.min_tokens or p.logprobs is not None:
+            if p is None or p.reads_output or p.logprobs is not None:
                 return False
         return True
 

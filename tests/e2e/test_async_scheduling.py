@@ -50,6 +50,25 @@ def test_async_equals_sync_for_every_kind_of_request() -> None:
     _whole(llm)
 
 
+def test_logits_controls_that_read_no_output_keep_the_overlap() -> None:
+    """logit_bias, allowed_token_ids and one-token bad words do not wait for the host's tokens (issue 32,
+    item 3); a bad word of several tokens, penalties and min_tokens do (their rows read the output)."""
+    prompts = _prompts(4, seed=6)
+    free = [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logit_bias={7: 3.0, 9: -100}),
+            SamplingParams(temperature=0.8, seed=3, max_tokens=10, ignore_eos=True, allowed_token_ids=[5, 6, 7, 8]),
+            SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, bad_words_token_ids=[[11], [12]]),
+            SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)]
+    assert not any(p.reads_output for p in free)
+    want = _outputs(_llm(False).generate(prompts, free))
+    llm = _llm(True)
+    assert _outputs(llm.generate(prompts, free)) == want
+    assert llm.core.steps_ahead >= 7, llm.core.steps_ahead
+    assert set(want[1][0][0]) <= {5, 6, 7, 8} and not {11, 12} & set(want[2][0][0])
+    waiting = [SamplingParams(bad_words_token_ids=[[11, 12]]), SamplingParams(presence_penalty=0.5),
+               SamplingParams(min_tokens=2)]
+    assert all(p.reads_output for p in waiting)
+
+
 def test_stop_strings_end_rows_of_the_step_ahead_without_harm() -> None:
     class Tok:  # one "word" a token: stop strings are token ids in angle brackets
         def decode(self, ids, skip_special_tokens=True):
