@@ -1,0 +1,74 @@
+"""What prompt logprobs cost (issue 32 target: 64 x 1k-token prompts with prompt_logprobs=1 within 1.3x
+of the same batch without), on the H200.
+
+    python benchmarks/engine/prompt_logprobs_cost.py --json OUT.json     # GPU machine
+    python benchmarks/engine/prompt_logprobs_cost.py --smoke             # CPU, tiny model: checks the script
+
+A Llama-3-8B-shaped model (random bf16 weights, its 128,256-word vocabulary: the LM head over every
+prompt position is the added work). One generate of `--prompts` random prompts of `--len` tokens,
+max_tokens 1, timed with and without prompt_logprobs (k = 1, and k = 20 for the top-k's cost), each
+after a warm-up run of the same shapes, the prefix cache reset before every run so both compute
+every prompt token. Prints a table last; rows to --json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_engine_check import llama3_8b_config  # noqa: E402
+
+from radixkv import LLM, SamplingParams  # noqa: E402
+
+
+def timed(llm: LLM, prompts: list[list[int]], k: int | None, device: str) -> tuple[float, object]:
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, prompt_logprobs=k)
+    llm.reset_prefix_cache()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t, outs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--len", type=int, default=1024)
+    ap.add_argument("--smoke", action="store_true", help="tiny model, CPU sizes")
+    ap.add_argument("--json", help="write the rows here")
+    a = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    n, length = (4, 40) if a.smoke else (a.prompts, a.len)
+    llm = LLM(llama3_8b_config(a.smoke), dtype="bfloat16" if device == "cuda" else "float32", device=device,
+              **({"num_pages": 64, "page_size": 16} if a.smoke else {}))
+    g = torch.Generator().manual_seed(0)
+    vocab = llm.inputs.limits.vocab_size
+    prompts = [torch.randint(10, vocab, (length,), generator=g).tolist() for _ in range(n)]
+    rows = []
+    base = None
+    for k in (None, 1, 20):
+        timed(llm, prompts, k, device)  # warm-up: same shapes, compiles and captures
+        secs, outs = timed(llm, prompts, k, device)
+        if k is not None:
+            assert all(len(o.prompt_logprobs) == length and o.num_cached_tokens == 0 for o in outs)
+        base = secs if k is None else base
+        rows.append({"prompts": n, "prompt_len": length, "prompt_logprobs": k, "seconds": round(secs, 4),
+                     "prompt_tok_s": round(n * length / secs, 1), "vs_without": round(secs / base, 3),
+                     "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"})
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    print(f"\n{'prompt_logprobs':>15} {'seconds':>9} {'prompt tok/s':>13} {'vs without':>11}")
+    for r in rows:
+        print(f"{str(r['prompt_logprobs']):>15} {r['seconds']:>9.3f} {r['prompt_tok_s']:>13,.0f} {r['vs_without']:>11.3f}")
+
+
+if __name__ == "__main__":
+    main()
