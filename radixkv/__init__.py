@@ -41,6 +41,9 @@ _LAZY = {
     "Session": "radixkv.engine.session",
     "SamplingParams": "radixkv.sampling_params",
     "RequestOutput": "radixkv.request",
+    "CompletionOutput": "radixkv.request",
+    "Logprob": "radixkv.request",
+    "EngineArgs": "radixkv.engine_args",
     "Scheduler": "radixkv.scheduler",
 }
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from radixkv.cache.events import KVEventPublisher
 from radixkv.config import EngineConfig, budget_given
+from radixkv.engine_args import vllm_port_kwargs
 from radixkv.request import FinishReason, Request, RequestOutput
 from radixkv.sampling_params import SamplingParams
 
@@ -31,7 +32,7 @@ from .outputs import OutputProcessor, RequestState, Update
 from .runner import ModelRunner
 from .session import Session
 from .warmup import prepare_engine, use_radixkv_triton_cache
-from .weights import model_source
+from .weights import folder_tokenizer, model_source
 
 
 class LLM:
@@ -51,10 +52,14 @@ class LLM:
     def __init__(self, model: Any, dtype: Any = "auto", kv_dtype: Any = "auto", page_size: int = 16,
                  device: Any = None, *, attention_backend: Backend = Backend.AUTO,
                  kv_events: KVEventPublisher | None = None, **more: Any) -> None:
+        more = vllm_port_kwargs(more)
+        tokenizer = more.pop("tokenizer", None)
         self.config = cfg = engine_config(dtype, kv_dtype, page_size, device, more)
         use_radixkv_triton_cache()  # compiled kernels persist across restarts
         self.runner, loaded = ModelRunner.load(model_source(model, cfg.load_format), cfg, attention_backend)
         self.tokenizer, self.hf_config, self.eos_token_ids = loaded.tokenizer, loaded.config, loaded.eos_token_ids
+        if tokenizer is not None and tokenizer != model:  # vLLM's tokenizer=: another folder's tokenizer
+            self.tokenizer = tokenizer_from(str(tokenizer))
         self.core = EngineCore(self.runner, cfg, kv_events)
         self.warmup_report = prepare_engine(self.core, budget_given=budget_given(more))  # warm before ready
         self.inputs = InputProcessor(self.tokenizer, self.runner.limits, self.eos_token_ids, cfg.seed)
@@ -320,6 +325,15 @@ def engine_config(dtype: Any, kv_dtype: Any, page_size: int, device: Any, more: 
     if kv_dtype != "auto" or "kv_cache_dtype" not in more:
         named["kv_dtype"] = kv_dtype
     return EngineConfig.from_kwargs(**named, **more)
+
+
+def tokenizer_from(path: str) -> Any:
+    """The tokenizer of folder `path` (vLLM's LLM(tokenizer=...)); ValueError when it holds none."""
+    tok = folder_tokenizer(path) if os.path.isdir(path) else None
+    if tok is None:
+        raise ValueError(f"tokenizer={path!r}: not a folder holding tokenizer files (tokenizer.json, "
+                         f"tokenizer_config.json, ...)")
+    return tok
 
 
 def _is_single_prompt(prompts: Any) -> bool:
