@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 import uuid
@@ -40,13 +41,17 @@ from .api_errors import APIError, validation_error
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import LogprobsFormat, _event, _Shape, _sse, _stream_error, _usage, prompt_logprobs_json
 
+log = logging.getLogger("radixkv.serve")
+
 
 def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = None, api_key: str | None = None,
                log_interval_s: float | None = 10.0, engine: AsyncLLM | None = None,
-               metrics: ServeMetrics | None = None) -> FastAPI:
+               metrics: ServeMetrics | None = None, log_requests: bool = False) -> FastAPI:
     """The app serving `engine` (an AsyncLLM, whose core may run in another process: `radixkv serve`),
     or `llm` through an in-process AsyncLLM it starts. An engine it started, or one given with its
-    `metrics`, is shut down when the app's lifespan ends. app.state: engine, metrics, model_names."""
+    `metrics`, is shut down when the app's lifespan ends. app.state: engine, metrics, model_names.
+    log_requests: one info line a generation request (its id, prompt length and sampling params;
+    vLLM's --enable-log-requests), off by default."""
     names = ([served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])) \
         or ["radixkv"]
     own = engine is None or metrics is not None
@@ -65,7 +70,7 @@ def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = N
     app = FastAPI(title="radixkv", lifespan=lifespan)
     app.state.engine, app.state.metrics, app.state.model_names = engine, metrics, names
     app.add_middleware(_Guard, api_key=api_key, metrics=metrics)
-    api = _Handlers(engine, names, metrics)
+    api = _Handlers(engine, names, metrics, log_requests)
     from .routes_extra import add_extra_routes  # /tokenize, /detokenize, /version
     add_extra_routes(app, engine, names, api_key)
 
@@ -95,12 +100,19 @@ def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = N
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=metrics.content_type)
 
+    def card(name: str, created: int) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": created, "owned_by": "radixkv", "root": names[0],
+                "max_model_len": engine.inputs.limits.max_model_len}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         created = int(time.time())
-        return {"object": "list", "data": [
-            {"id": n, "object": "model", "created": created, "owned_by": "radixkv", "root": n,
-             "max_model_len": engine.inputs.limits.max_model_len} for n in names]}
+        return {"object": "list", "data": [card(n, created) for n in names]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model_card(model: str) -> dict[str, Any]:
+        """OpenAI's retrieve-model: any served name (names may hold slashes, as hub ids do)."""
+        return card(api.check_model(model), int(time.time()))
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> dict[str, Any]:
@@ -153,12 +165,12 @@ class _Guard:
 class _Handlers:
     """The two generation endpoints: build the engine requests, answer in full or as SSE."""
 
-    def __init__(self, engine: AsyncLLM, names: list[str], metrics: ServeMetrics) -> None:
-        self.engine, self.names, self.metrics = engine, names, metrics
+    def __init__(self, engine: AsyncLLM, names: list[str], metrics: ServeMetrics, log_requests: bool = False) -> None:
+        self.engine, self.names, self.metrics, self.log_requests = engine, names, metrics, log_requests
         self.inputs = engine.inputs
 
     # ---- request building --------------------------------------------------------------------
-    def _check_model(self, model: str | None) -> str:
+    def check_model(self, model: str | None) -> str:
         if model is not None and model not in self.names:
             raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         return model or self.names[0]
@@ -208,6 +220,8 @@ class _Handlers:
                     self.inputs.check_fits(ids, params)
                     req = self.inputs.request(ids, params, self.engine.now())
                     streams.append(self.engine.add(req, f"{base_id}-{i * body.n + j}"))
+                    if self.log_requests:
+                        log.info("request %s-%d: %d prompt tokens, %s", base_id, i * body.n + j, len(ids), params)
         except BaseException as err:
             for s in streams:
                 self.engine.abort(s.request_id)
@@ -220,7 +234,7 @@ class _Handlers:
 
     # ---- endpoints ---------------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, raw: Request) -> Response:
-        model = self._check_model(body.model)
+        model = self.check_model(body.model)
         tok = self.engine.tokenizer
         plain = body.add_special_tokens is False and tok is not None  # vLLM's default: True
         prompts = [self._truncate(self._encode(list(tok(p, add_special_tokens=False).input_ids)
@@ -251,7 +265,7 @@ class _Handlers:
         return JSONResponse({**shape.head(), "choices": choices, "usage": _usage(finals, body.n)})
 
     async def chat(self, body: ChatCompletionRequest, raw: Request) -> Response:
-        model = self._check_model(body.model)
+        model = self.check_model(body.model)
         ids = self._render(body)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self._submit(body, [ids], body.max_new_tokens, "messages", rid)

@@ -3,6 +3,7 @@ shapes, agreement with the tokenizer and the chat endpoint, 400s naming the fiel
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 
@@ -219,3 +220,37 @@ def test_serve_with_a_chat_template_renders_chat_and_tokenize_with_it(tiny_folde
         uv.should_exit = True
         thread.join(10)
     assert not app.state.engine.is_running
+
+
+def test_a_served_model_is_retrieved_by_name(server) -> None:
+    import httpx
+
+    from .conftest import MODEL_NAME
+
+    r = httpx.get(f"{server.url}/v1/models/{MODEL_NAME}", timeout=10)
+    assert r.status_code == 200 and r.json()["id"] == MODEL_NAME and r.json()["object"] == "model"
+    missing = httpx.get(f"{server.url}/v1/models/org/other-model", timeout=10)
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+    openai = pytest.importorskip("openai")
+    assert openai.OpenAI(base_url=server.url + "/v1", api_key="x").models.retrieve(MODEL_NAME).id == MODEL_NAME
+
+
+def test_every_served_name_is_accepted_and_requests_are_logged_when_asked(server, caplog) -> None:
+    from fastapi.testclient import TestClient
+
+    from radixkv.serve.app import create_app
+
+    app = create_app(None, engine=server.engine, served_model_name=["a/b", "c"], log_requests=True)
+    with TestClient(app) as client, caplog.at_level(logging.INFO, logger="radixkv.serve"):
+        for name in ("a/b", "c"):
+            r = client.post("/v1/completions", json={"model": name, "prompt": "hi", "max_tokens": 2})
+            assert r.status_code == 200 and r.json()["model"] == name
+        assert client.get("/v1/models/a/b").json()["id"] == "a/b"
+        assert client.post("/v1/completions", json={"model": "d", "prompt": "hi"}).status_code == 404
+    logged = [m for m in caplog.messages if m.startswith("request cmpl-")]
+    assert len(logged) == 2 and "prompt tokens" in logged[0] and "max_tokens=2" in logged[0]
+    quiet = create_app(None, engine=server.engine, served_model_name="q")
+    caplog.clear()
+    with TestClient(quiet) as client, caplog.at_level(logging.INFO, logger="radixkv.serve"):
+        assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+    assert not [m for m in caplog.messages if m.startswith("request cmpl-")]
