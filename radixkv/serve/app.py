@@ -49,7 +49,7 @@ def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = N
                metrics: ServeMetrics | None = None, log_requests: bool = False) -> FastAPI:
     """The app serving `engine` (an AsyncLLM, whose core may run in another process: `radixkv serve`),
     or `llm` through an in-process AsyncLLM it starts. An engine it started, or one given with its
-    `metrics`, is shut down when the app's lifespan ends. app.state: engine, metrics, model_names.
+    `metrics`, is shut down when the app's lifespan ends. app.state: engine, metrics, model_names, log_requests.
     log_requests: one info line a generation request (its id, prompt length and sampling params;
     vLLM's --enable-log-requests), off by default."""
     names = ([served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])) \
@@ -69,6 +69,7 @@ def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = N
 
     app = FastAPI(title="radixkv", lifespan=lifespan)
     app.state.engine, app.state.metrics, app.state.model_names = engine, metrics, names
+    app.state.log_requests = log_requests
     app.add_middleware(_Guard, api_key=api_key, metrics=metrics)
     api = _Handlers(engine, names, metrics, log_requests)
     from .routes_extra import add_extra_routes  # /tokenize, /detokenize, /version

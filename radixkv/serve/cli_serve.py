@@ -22,7 +22,7 @@ DEFAULTS: dict[str, Any] = {
     "device": None, "gpu_memory_utilization": 0.9, "num_gpu_blocks_override": None, "max_model_len": None,
     "max_num_seqs": None, "max_num_batched_tokens": None, "enable_prefix_caching": True, "enforce_eager": False,
     "seed": 0, "tensor_parallel_size": 1, "api_key": None, "served_model_name": None, "disable_log_stats": False,
-    "log_level": "info", "chat_template": None, "load_format": "auto",
+    "log_level": "info", "chat_template": None, "load_format": "auto", "enable_log_requests": False,
 }
 # config-file spellings that differ from the dest
 _ALIASES = {"block_size": "page_size", "block-size": "page_size"}
@@ -79,6 +79,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--chat-template", metavar="FILE_OR_STRING",
                    help="Jinja chat template for /v1/chat/completions and /tokenize: a file, or the template "
                         "itself (default: the tokenizer's)")
+    s.add_argument("--enable-log-requests", action="store_true", default=None,
+                   help="log one line a request: its id, prompt length and sampling params (default off)")
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                    help="log level (default info)")
     s.set_defaults(run=run_serve)
@@ -173,7 +175,8 @@ def build_app(opts: dict[str, Any]) -> Any:
             engine.shutdown()
             raise ValueError("--chat-template: the model has no tokenizer to apply it with")
         engine.tokenizer.chat_template = template  # the API process's tokenizer: chat and /tokenize read it
-    return create_app(None, served_model_name=names, api_key=opts["api_key"], engine=engine, metrics=metrics)
+    return create_app(None, served_model_name=names, api_key=opts["api_key"], engine=engine, metrics=metrics,
+                      log_requests=bool(opts["enable_log_requests"]))
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -207,7 +207,8 @@ def test_serve_with_a_chat_template_renders_chat_and_tokenize_with_it(tiny_folde
     f.write_text("{% for m in messages %}<{{ m['content'] }}>{% endfor %}")
     app = build_app(resolve_options(_parse([tiny_folder, "--device", "cpu", "--dtype", "float32",
                                             "--num-gpu-blocks-override", "32", "--disable-log-stats",
-                                            "--chat-template", str(f)])))
+                                            "--chat-template", str(f), "--enable-log-requests"])))
+    assert resolve_options(_parse(["m"]))["enable_log_requests"] is False  # off by default
     url, uv, thread = serve_in_thread(app)
     try:
         ids = httpx.post(f"{url}/tokenize", json={"messages": SYSTEM_USER}, timeout=30).json()["tokens"]
@@ -216,6 +217,7 @@ def test_serve_with_a_chat_template_renders_chat_and_tokenize_with_it(tiny_folde
         chat = httpx.post(f"{url}/v1/chat/completions", timeout=30,
                           json={"messages": SYSTEM_USER, "max_tokens": 1, "return_token_ids": True}).json()
         assert chat["prompt_token_ids"] == ids
+        assert app.state.model_names == [tiny_folder] and app.state.log_requests
     finally:
         uv.should_exit = True
         thread.join(10)
