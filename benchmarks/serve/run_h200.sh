@@ -82,6 +82,9 @@ if [ "$stage" = all ] || [ "$stage" = offline ]; then
   timeout 180 python3 benchmarks/engine/bench_e2e_gpu.py $S --parts B --skip-checks --only few-shot --configs default \
     --gsm8k .devshare/gsm8k --json $R/e2e.json
   save
+  stamp "prompt logprobs: 64 x 1k-token prompts with and without (issue 32 target)"
+  timeout 150 python3 benchmarks/engine/prompt_logprobs_cost.py $S --json $R/prompt_logprobs.json
+  cp -f $R/prompt_logprobs.json "$OUT"/ 2>/dev/null
 fi
 tar czf "$OUT/logs.tgz" -C /tmp rkv-cold/server.log rkv-load/server.log 2>/dev/null || true
 stamp "done"
