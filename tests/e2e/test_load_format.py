@@ -154,3 +154,28 @@ def test_a_budget_larger_than_a_sized_pool_is_refused_once_the_pool_is_sized() -
     sized = LLM(tiny_config("llama")).num_pages  # the pool the CPU sizes by default
     with pytest.raises(ValueError, match="is larger than the KV pool"):
         LLM(tiny_config("llama"), max_num_batched_tokens=sized * 16 + 1)
+
+
+def test_the_servers_core_process_loads_dummy_weights_and_warms_up(dummy_folder: str) -> None:
+    """`radixkv serve --load-format dummy`'s engine: the core process loads the dummy weights and warms up
+    (forced on here) before it reports ready; its tokenizer streams text; outputs equal the offline engine's."""
+    import asyncio
+
+    from radixkv.serve.async_engine import AsyncLLM
+
+    kw = {"load_format": "dummy", "device": "cpu", "num_pages": 64, "max_num_seqs": 4}
+    want = LLM(dummy_folder, **kw).generate("hello", GREEDY)[0]
+    engine = AsyncLLM.start(dummy_folder, warmup=True, log_interval_s=None, log_level="warning", **kw)
+    try:
+        assert engine.tokenizer is not None and engine.tokenizer.chat_template == CHATML
+
+        async def run():
+            stream = await engine.add_request("hello", GREEDY)
+            return await stream.final()
+
+        got = asyncio.run(run())
+        assert got.token_ids == want.token_ids and got.text == want.text
+        s = engine.engine_stats
+        assert s is None or s.num_steps <= 1 + len(want.token_ids)  # the warm-up's steps are not counted
+    finally:
+        engine.shutdown()
