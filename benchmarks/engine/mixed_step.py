@@ -263,9 +263,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--chunks", default="32,128,256,512,1024,2048,4096")
+    ap.add_argument("--chunks", default="32,128,256,512,1024,2048,4096,8128")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--profile", default="32,512")
+    ap.add_argument("--profile-modes", default="before,graphs")
     ap.add_argument("--no-greedy", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -305,7 +306,7 @@ def main() -> None:
     results["rows_table"] = rows
     prof = {}
     for c in [int(x) for x in a.profile.split(",") if x]:
-        for mode in ("before", "graphs"):
+        for mode in a.profile_modes.split(","):
             set_mode(llm, mode, saved)
             prof[f"{mode}_{c}"] = section(f"profile {mode} {c}", lambda c=c, mode=mode: profile_step(eng, c, device, mode))
     set_mode(llm, "graphs", saved)

@@ -126,6 +126,10 @@ def window_plan(page_table: Tensor, seq_lens: Tensor, q_start: Tensor, q_lens: T
                       q_lens - skip)
 
 
+def _round4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
 def _resolve(backend: Backend, device: torch.device) -> Backend:
     if not isinstance(backend, Backend):
         raise TypeError(f"backend must be a Backend, got {backend!r}")
@@ -184,9 +188,18 @@ class PagedAttention:
         if B == 0:
             raise ValueError("empty batch")
         max_pages = max(1, max(len(p) for p in batch.page_tables))
-        table = np.zeros((B, max_pages), dtype=np.int32)  # [B, max_pages], unused entries page 0
+        # one int32 upload: page_table [B, max_pages] (unused entries page 0), seq_lens, q_start, q_lens [B],
+        # each part starting 16-byte aligned (the kernels' pointer specialisations stay the same)
+        cut = [_round4(B * max_pages)]
+        for _ in range(3):
+            cut.append(cut[-1] + _round4(B))
+        ints = np.zeros(cut[-1], dtype=np.int32)
+        table = ints[:B * max_pages].reshape(B, max_pages)
         for b, p in enumerate(batch.page_tables):
             table[b, :len(p)] = p
+        ints[cut[0]:cut[0] + B] = batch.seq_lens
+        ints[cut[1]:cut[1] + B] = batch.q_start
+        ints[cut[2]:cut[2] + B] = batch.q_lens
         if table.min() < 0 or table.max() >= self.kv.num_pages:
             bad = next(p for p in batch.page_tables if p and (min(p) < 0 or max(p) >= self.kv.num_pages))
             raise ValueError(f"page id out of range [0, {self.kv.num_pages}) in page table {bad}")
@@ -201,12 +214,13 @@ class PagedAttention:
              and self.window is None else 0)
         num_splits = (self.decode_splits(B, max_seq) if decode
                       else self.decode_splits(D, max(batch.seq_lens[:D])) if D else 1)
+        ints_dev = host_to_device(ints, torch.int32, dev)
         plan = AttentionPlan(
             path=Path.DECODE if decode else Path.PREFILL,
-            page_table=host_to_device(table, torch.int32, dev),
-            seq_lens=host_to_device(batch.seq_lens, torch.int32, dev),
-            q_start=host_to_device(batch.q_start, torch.int32, dev),
-            q_lens=host_to_device(batch.q_lens, torch.int32, dev),
+            page_table=ints_dev[:B * max_pages].view(B, max_pages),
+            seq_lens=ints_dev[cut[0]:cut[0] + B],
+            q_start=ints_dev[cut[1]:cut[1] + B],
+            q_lens=ints_dev[cut[2]:cut[2] + B],
             slots=host_to_device(batch.slots, torch.int64, dev),
             num_tokens=len(batch.slots),
             max_q_len=max(batch.q_lens),

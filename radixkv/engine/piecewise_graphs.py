@@ -14,7 +14,7 @@ and between piece i and piece i + 1 PagedAttention.attend(q, i) runs eagerly ove
 real T tokens. What crosses a piece boundary lives in static buffers outside the graphs' memory pool:
 
     inputs (int64, one upload from a pinned twin, two of them, alternate steps): ids [Tm], positions [Tm],
-           slots [Tm]
+           slots [Tm], and the sampling rows' token indices [Tm] (read by the eager logits)
     h [Tm, H] (residual stream, updated in place), q [Tm, Hq, D], o [Tm, Hq, D], cos, sin [Tm, 1, D]
 
 with Tm the largest bucket. A step of T tokens replays bucket Tb >= T; tokens T..Tb are padding: token 0
@@ -37,16 +37,17 @@ from torch import Tensor
 from radixkv.batch import Batch
 
 from .attention import PagedAttention
-from .device import host_to_device
 from .model import LlamaModel
 
-# buckets: powers of two up to 256 (padding is nearly free while the weights' reads bound a step), then
-# steps of 64 up to 1024 and of 256 beyond (a step's padding at most 25%), up to LARGEST_BUCKET
-LARGEST_BUCKET = 2048
+# buckets: powers of two up to 128 (padding is nearly free while the weights' reads bound a step), then
+# steps of 32 up to 512 and of 64 up to LARGEST_BUCKET (a step's padding at most 25%, 6% from 512 on).
+# Past 1024 tokens a step is eager: its launches hide behind ~30 ms of device work, and a bucket's
+# padding would cost more (H200, Llama-3-8B: benchmarks/RESULTS.md)
+LARGEST_BUCKET = 1024
 
 
 def token_buckets(max_tokens: int, largest: int = LARGEST_BUCKET) -> list[int]:
-    """Token-count buckets of the piecewise graphs: 16, 32, 64, 128, 256, 320, ..., 1024, 1280, ..., up to
+    """Token-count buckets of the piecewise graphs: 16, 32, 64, 128, 160, ..., 512, 576, ..., up to
     min(max_tokens, largest) (itself the last, rounded up to a multiple of 16)."""
     if max_tokens < 1 or largest < 1:
         raise ValueError(f"token_buckets: max_tokens {max_tokens} and largest {largest} must be >= 1")
@@ -54,7 +55,7 @@ def token_buckets(max_tokens: int, largest: int = LARGEST_BUCKET) -> list[int]:
     out, t = [], 16
     while t < top:
         out.append(t)
-        t = t * 2 if t < 256 else t + (64 if t < 1024 else 256)
+        t = t * 2 if t < 128 else t + (32 if t < 512 else 64)
     return out + [top]
 
 
@@ -67,9 +68,9 @@ def bucket_for(buckets: Sequence[int], num_tokens: int) -> int | None:
 
 
 def fill_inputs(buf: np.ndarray, largest: int, bucket: int, ids: Sequence[int], positions: Sequence[int],
-                slots: Sequence[int], scratch_slot: int) -> None:
-    """Write a step's T tokens into buf (int64 [3 * largest]: ids, positions, slots) and padding tokens up to
-    bucket: id 0, position 0, the scratch slot."""
+                slots: Sequence[int], scratch_slot: int, sample: Sequence[int] = ()) -> None:
+    """Write a step's T tokens into buf (int64 [4 * largest]: ids, positions, slots, sample indices) and padding
+    tokens up to bucket: id 0, position 0, the scratch slot; sample: the S sampling rows' token indices."""
     T = len(ids)
     if not len(positions) == len(slots) == T <= bucket <= largest:
         raise ValueError(f"fill_inputs: {T} ids, {len(positions)} positions, {len(slots)} slots, "
@@ -78,6 +79,7 @@ def fill_inputs(buf: np.ndarray, largest: int, bucket: int, ids: Sequence[int], 
         base = i * largest
         buf[base:base + T] = rows
         buf[base + T:base + bucket] = pad
+    buf[3 * largest:3 * largest + len(sample)] = sample
 
 
 class MixedGraphs:
@@ -98,11 +100,11 @@ class MixedGraphs:
         s, dev, dt = model.shard_spec, kv.device, model.dtype
         Tm = self.largest = self.buckets[-1]
         pin = dev.type == "cuda"
-        self._hosts = [torch.zeros(3 * Tm, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._hosts = [torch.zeros(4 * Tm, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self._hosts_np = [h.numpy() for h in self._hosts]
         self._turn = 0
-        self._inputs = torch.zeros(3 * Tm, dtype=torch.int64, device=dev)
-        self._ids, self._pos, self._slots = self._inputs[:Tm], self._inputs[Tm:2 * Tm], self._inputs[2 * Tm:]
+        self._inputs = torch.zeros(4 * Tm, dtype=torch.int64, device=dev)
+        self._ids, self._pos, self._slots, self._sample = self._inputs.view(4, Tm).unbind(0)
         self._h = torch.zeros(Tm, model.spec.hidden_size, dtype=dt, device=dev)  # [Tm, H]
         self._q = torch.zeros(Tm, s.num_q_heads, s.head_dim, dtype=dt, device=dev)  # [Tm, Hq, D]
         self._o = torch.zeros_like(self._q)  # [Tm, Hq, D]
@@ -125,8 +127,7 @@ class MixedGraphs:
         """Logits [S, V] float32 of the step's sampling rows (stores the step's K/V). input_ids: int64 [T] on
         the device in place of batch.input_ids."""
         h = self.hidden(batch, input_ids)
-        last = [batch.q_start[b] + batch.q_lens[b] - 1 for b, s in enumerate(batch.sample) if s]
-        return self.model.logits(h[host_to_device(last, torch.int64, self._h.device)])
+        return self.model.logits(h[self._sample[:sum(batch.sample)]])
 
     def hidden(self, batch: Batch, input_ids: Tensor | None = None) -> Tensor:
         """LlamaModel.hidden of the step: h [T, H], a view of the static buffer (use it before the next step)."""
@@ -135,8 +136,9 @@ class MixedGraphs:
         if bucket is None or batch.is_decode_only:
             raise ValueError(f"MixedGraphs: a step of {T} tokens (decode-only: {batch.is_decode_only}) does not fit")
         self.attention.plan(batch)
+        last = [batch.q_start[b] + batch.q_lens[b] - 1 for b, s in enumerate(batch.sample) if s]
         fill_inputs(self._hosts_np[self._turn], self.largest, bucket, batch.input_ids, batch.positions, batch.slots,
-                    self.scratch_slot)
+                    self.scratch_slot, last)
         self._upload()
         if input_ids is not None:
             self._ids[:T].copy_(input_ids)

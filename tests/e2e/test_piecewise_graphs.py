@@ -26,21 +26,22 @@ PS, PAGES = 4, 32  # page size, pages of the pool (page PAGES is the scratch pag
 
 def test_token_buckets() -> None:
     b = token_buckets(8192)
-    assert b[:6] == [16, 32, 64, 128, 256, 320] and b[-1] == 2048 and 1024 in b and 1280 in b
+    assert b[:7] == [16, 32, 64, 128, 160, 192, 224] and b[-1] == 1024 and 512 in b and 576 in b and 544 not in b
     assert b == sorted(set(b)) and all(x % 16 == 0 for x in b)
-    assert all(nxt - cur <= cur // 4 for cur, nxt in zip(b, b[1:]) if cur >= 256)  # padding at most 25% past 256
+    assert all(nxt - cur <= cur // 4 for cur, nxt in zip(b, b[1:]) if cur >= 128)  # padding at most 25% past 128
     assert token_buckets(100) == [16, 32, 64, 112] and token_buckets(16) == [16] and token_buckets(1) == [16]
-    assert token_buckets(8192, largest=512)[-1] == 512
-    assert bucket_for(b, 1) == 16 and bucket_for(b, 97) == 128 and bucket_for(b, 2048) == 2048
-    assert bucket_for(b, 2049) is None
+    assert token_buckets(8192, largest=2048)[-1] == 2048
+    assert bucket_for(b, 1) == 16 and bucket_for(b, 97) == 128 and bucket_for(b, 1024) == 1024
+    assert bucket_for(b, 1025) is None
     with pytest.raises(ValueError):
         token_buckets(0)
 
 
 def test_padding_tokens_store_to_the_scratch_slot() -> None:
-    buf = np.full(3 * 32, -1, dtype=np.int64)
-    fill_inputs(buf, 32, 16, [5, 6, 7], [10, 11, 0], [40, 41, 8], scratch_slot=99)
-    ids, pos, slots = buf[:32], buf[32:64], buf[64:]
+    buf = np.full(4 * 32, -1, dtype=np.int64)
+    fill_inputs(buf, 32, 16, [5, 6, 7], [10, 11, 0], [40, 41, 8], scratch_slot=99, sample=[1, 2])
+    ids, pos, slots = buf[:32], buf[32:64], buf[64:96]
+    assert buf[96:99].tolist() == [1, 2, -1]
     assert ids[:16].tolist() == [5, 6, 7] + [0] * 13 and pos[:16].tolist() == [10, 11, 0] + [0] * 13
     assert slots[:16].tolist() == [40, 41, 8] + [99] * 13
     assert (ids[16:] == -1).all()  # past the bucket: untouched, never read
@@ -108,6 +109,8 @@ def test_pieces_give_the_eager_residual_stream(backend: Backend) -> None:
     assert mg.replays == 3 and mg.num_graphs == 0 and mg.fits(batch)
     logits = mg.run(batch)
     assert logits.shape == (5, model.vocab_rows)
+    last = torch.tensor([batch.q_start[b] + batch.q_lens[b] - 1 for b in range(5)])
+    torch.testing.assert_close(logits, model.logits(model.hidden(ids, pos, eager)[last]), atol=1e-4, rtol=1e-4)
 
 
 def test_cpu_engine_builds_no_mixed_graphs() -> None:
