@@ -66,6 +66,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixkv.kernels import dispatch
 from radixkv.request import Request
 from radixkv.sampling_params import RequestSampling, SamplingParams
 from radixkv.scheduler.metrics import SchedulerMetrics
@@ -364,7 +365,7 @@ class _Warmup:
         buckets = graphs.buckets if graphs is not None else batch_buckets(self.max_rows)
         longest = min(self.max_len - 4, (self.pages - 2 - self.max_rows) * ps)
         contexts = [k * ps - 1 for k in range(1, longest // ps + 1) if k * ps - 1 >= 2] or [2]
-        hkv = runner.kv.num_kv_heads
+        hkv, sms = runner.kv.num_kv_heads, dispatch.sm_count(runner.device)
         seen: dict[tuple, tuple[int, int]] = {}
         for rows in buckets:
             if not self.fits([2] * rows, 4):
@@ -376,7 +377,7 @@ class _Warmup:
                 else:
                     width = -(-ctx // ps)
                     key = ("eager", _width_class(splits), _pow2(splits), _width_class(width), _width_class(rows),
-                           rows * hkv >= 15 * 132)  # FP8's wide launch (dispatch.fp8_wide_launch, H200 SMs)
+                           dispatch.fp8_wide_launch(rows * hkv, sms))  # FP8's register cap of a wide launch
                 if key not in seen:
                     seen[key] = (rows, ctx)
         probes = sorted(seen.values())
