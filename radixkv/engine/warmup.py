@@ -5,7 +5,7 @@ reach, before `LLM(...)` returns and before the server's core process reports re
 front end's, and no seed drawn from the engine's stream), then leaves no trace: every request ends, the
 prefix cache is emptied (every page back in the pool) and every counter the steps moved is back at 0
 (EngineStats' num_steps, mixed_steps; the scheduler's metrics: prompt/hit tokens, preemptions, waits;
-steps_ahead; the graphs' and attention's replay and cascade counters). `prepare_engine(core)` runs it
+steps_ahead; the graphs' (decode and piecewise) and attention's replay and cascade counters). `prepare_engine(core)` runs it
 when EngineConfig.warmup says so (None: on CUDA only; Triton's interpreter makes it slow on CPU) and logs
 the start-up lines (KV dtype, pages x page size = tokens, concurrent requests at max_model_len, graphs,
 warm-up seconds). `use_radixkv_triton_cache()` points TRITON_CACHE_DIR (when unset) at
@@ -18,6 +18,10 @@ engine's fresh tensors always have. Everything fixed by the model and the KV dty
 size, tiles by dtype, window and sink, strides of the fused QKV rows) is the same for every step. What
 varies with a step, and what the warm-up therefore covers:
 
+Mixed steps of up to 1,024 tokens replay piecewise graphs (piecewise_graphs.py: every token bucket captured at
+start-up, so their norms, RoPE, MLP and stores are compiled there), with attention run eagerly between the
+pieces on the step's real rows: the attention below is what such a step can still meet for the first time.
+
 1. Prefill / extend attention (paged_prefill, its Hopper Gluon kernel, the INT kernel): the tile tier by
    the longest new-token row (<= 64, <= 128, more: launch.PREFILL_*_BY_LEN, and the Hopper kernel above 64
    new tokens on sm_90) and the page table's row stride, i.e. the widest row's page count W (1, a multiple
@@ -25,7 +29,8 @@ varies with a step, and what the warm-up therefore covers:
    class, reached by a cached prefix c (a multiple of the page size, so it is a real prefix-cache hit):
    c + q lands in page W. With a recent-token window (INT pages) the page attention reads a table W - sink
    pages wide (and window_attention the full one), so W - sink pages is put in each class too.
-2. The step's token count T, which rms_norm takes as an int (rows = T x heads): T = 1 (a prompt whose
+2. The token count T of an eager step (past the piecewise buckets, or without them), which rms_norm takes as an
+   int (rows = T x heads): T = 1 (a prompt whose
    every page but its last token is cached: a re-sent prompt), a multiple of 16 (48, 128) and other; the
    sampling rows S likewise (the final norm): single requests (S = 1) and the decode batches below.
 3. Fresh prompts and long ones: a 37-token prompt first (the shape the issue measured), then one long
@@ -42,7 +47,9 @@ varies with a step, and what the warm-up therefore covers:
 5. Sampler: greedy rows (argmax), unfiltered sampled rows (gumbel_argmax, whose split count, merge tile
    and partial flag depend on S: every distinct signature for S up to max_num_seqs gets a batch of S
    rows), filtered rows (top-k, top-p, min-p: nucleus_draw), logprobs, penalties and min_tokens.
-6. A mixed step: decode rows running while a fresh prompt's chunk is admitted.
+6. Mixed steps: decode rows running while a fresh prompt's chunk is admitted. With CUDA graphs a mixed step's
+   leading decode rows run paged_decode eagerly (attention.py's MixedSplit), so each eager decode signature of
+   item 4 is also stepped as the decode rows of a mixed step (37 new tokens beside them).
 7. Cascade (cascade=True, a rule that takes groups): batches of rows sharing a cached prefix of the rule's
    floor (rows, tokens), one per cascade bucket from the floor up, and a two-level batch (two groups over
    one outer prefix); capture_all/warm_cascade already captured the keys reachable on padding rows.
@@ -140,7 +147,10 @@ def startup_lines(core: EngineCore, report: WarmupReport | None) -> list[str]:
     kv = f"KV cache: {runner.kv_dtype.value}, {pages:,} pages x {ps} tokens = {pages * ps:,} tokens"
     fit = (f"max concurrent requests at max_model_len {max_len:,}: {pages // per_request:,} "
            f"({per_request:,} pages each); max_num_seqs {cfg.scheduler.max_running}")
-    lines = [kv, fit, f"CUDA graphs captured: {graphs.num_graphs}" if graphs is not None
+    mixed = getattr(runner, "mixed_graphs", None)
+    pieces = (f"; mixed steps: {len(mixed.buckets)} token buckets of piecewise graphs"
+              if mixed is not None and getattr(mixed, "use_graphs", False) else "")
+    lines = [kv, fit, f"CUDA graphs captured: {graphs.num_graphs} decode{pieces}" if graphs is not None
              else "CUDA graphs: none (eager steps)"]
     if report is None:
         lines.append("warm-up: off")
@@ -181,6 +191,9 @@ def _reset(core: EngineCore) -> None:
     graphs, attn = core.runner.graphs, core.runner.attention
     if graphs is not None:
         graphs.replays = graphs.cascade_replays = 0
+    mixed = getattr(core.runner, "mixed_graphs", None)  # piecewise graphs of mixed steps (piecewise_graphs.py)
+    if mixed is not None:
+        mixed.replays = 0
     attn.cascade_steps = attn.two_level_steps = 0
     if core.pool.num_free != core.pool.num_pages:  # a bug elsewhere: say so, do not hide it
         log.warning("warm-up left %d of %d KV pages in use", core.pool.num_pages - core.pool.num_free,
@@ -309,7 +322,11 @@ class _Warmup:
         for rows, ctx in decodes:
             self.decode(rows, ctx)
         self.sampler_probes(sorted({rows for rows, _ in decodes}))
-        self.mixed()
+        self.mixed(min(8, max(1, self.max_rows - 1)), 2, 200)
+        attn = self.core.runner.attention
+        if self.core.runner.graphs is not None and getattr(attn, "split_mixed", False) and attn.window is None:
+            for rows, ctx in self.decode_probes(eager=True):  # a mixed step's decode rows run paged_decode eagerly
+                self.mixed(min(rows, self.max_rows - 1), ctx, 37)
         self.cascade()
 
     def cache_base(self, longest: int) -> None:
@@ -356,12 +373,13 @@ class _Warmup:
         self.phase(f"extend c={c} q={q} W={width}",
                    [self.request(prompt, SamplingParams(temperature=0.0, ignore_eos=True), 2)])
 
-    def decode_probes(self) -> list[tuple[int, int]]:
+    def decode_probes(self, eager: bool = False) -> list[tuple[int, int]]:
         """(rows, context) of every decode batch to step: one per graph key (bucket, power-of-two splits) with
-        CUDA graphs, else one per eager signature; contexts end one token short of a page boundary, so the
-        batch's steps keep its width."""
+        CUDA graphs (unless `eager`), else one per eager signature of paged_decode (which a mixed step's leading
+        decode rows run too); contexts end one token short of a page boundary, so the batch's steps keep its
+        width."""
         runner, ps = self.core.runner, self.ps
-        graphs, attn = runner.graphs, runner.attention
+        graphs, attn = (None if eager else runner.graphs), runner.attention
         buckets = graphs.buckets if graphs is not None else batch_buckets(self.max_rows)
         longest = min(self.max_len - 4, (self.pages - 2 - self.max_rows) * ps)
         contexts = [k * ps - 1 for k in range(1, longest // ps + 1) if k * ps - 1 >= 2] or [2]
@@ -425,15 +443,17 @@ class _Warmup:
             if few > 1:
                 self.decode(few, 2, [p, sampled], f"{name} rows={few}")
 
-    def mixed(self) -> None:
-        """Decode rows running while a fresh prompt's chunk is admitted: one step of both."""
-        rows = min(8, max(1, self.max_rows - 1))
-        q = min(200, self.budget - rows, self.max_len - 2)
-        if q < 1 or not self.fits([2] * rows + [q], 8):
+    def mixed(self, rows: int, ctx: int, q: int) -> None:
+        """`rows` decode rows running (one with `ctx` tokens of cached prefix, at least two) while a fresh
+        prompt's chunk of `q` tokens is admitted: steps of both."""
+        ctx = max(2, min(ctx, len(self.base) + 1))
+        q = min(q, self.budget - rows, self.max_len - 2)
+        if rows < 1 or q < 1 or not self.fits([ctx] + [2] * (rows - 1) + [q], 8):
             return
         p = SamplingParams(temperature=0.0, ignore_eos=True)
-        reqs = [self.request(self.tokens(2), p, 16) for _ in range(rows)]
-        self.phase(f"mixed rows={rows} + chunk q={q}", reqs, 3,
+        prompts = [self.base[:ctx - 1] if ctx > 2 else self.tokens(2)] + [self.tokens(2) for _ in range(rows - 1)]
+        reqs = [self.request(prompt, p, 16) for prompt in prompts]
+        self.phase(f"mixed rows={rows} ctx={ctx} + chunk q={q}", reqs, 3,
                    then=lambda: [self.request(self.tokens(q), p, 2)])
 
     def cascade(self) -> None:
