@@ -60,7 +60,7 @@ def test_auto_on_a_folder_without_weights_still_needs_them(dummy_folder: str) ->
         LLM(dummy_folder, num_pages=64)
 
 
-@pytest.mark.parametrize("bad", ["pt", "DUMMY", "", None, 1])
+@pytest.mark.parametrize("bad", ["pt", "DUMMY", "", 1])  # None: the default (vLLM port, engine_args.py)
 def test_an_unknown_load_format_is_refused_naming_it_and_the_allowed_ones(dummy_folder: str, bad: object) -> None:
     with pytest.raises(ValueError, match=r"load_format .* is not supported; expected one of auto, dummy") as e:
         LLM(dummy_folder, load_format=bad, num_pages=64)
