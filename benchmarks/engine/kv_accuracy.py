@@ -282,7 +282,8 @@ def run_dtype(model: str, kv: str, args: argparse.Namespace, preset: Preset, inp
     t0 = time.perf_counter()
     name, window, sink = split_window(kv)
     llm = LLM(model, dtype=args.dtype, kv_dtype=name, device=args.device, num_pages=preset.num_pages, seed=0,
-              max_batch_tokens=preset.max_batch_tokens, enforce_eager=args.eager, kv_window=window, kv_sink=sink)
+              max_batch_tokens=min(preset.max_batch_tokens, preset.num_pages * 16),  # a step fits the pool
+              enforce_eager=args.eager, kv_window=window, kv_sink=sink)
     out: dict[str, Any] = {"kv_dtype": llm.runner.kv_dtype.value, "kv_window": llm.runner.kv_window, "kv_sink": llm.runner.kv_sink,
                            "compute_dtype": str(llm.runner.dtype).removeprefix("torch."),
                            "kv_bytes": llm.runner.kv.total_bytes, "num_pages": llm.num_pages}
