@@ -30,15 +30,16 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_engine_check import llama3_8b_config, small_config  # noqa: E402
+from gpu_engine_check import llama3_8b_config, small_config
 
-from radixkv import LLM, SamplingParams  # noqa: E402
+from radixkv import LLM, SamplingParams
 
 MODES = ("before", "split", "graphs")
 
@@ -139,7 +140,6 @@ def profile_step(eng: Engine, chunk: int, device: str, label: str) -> dict:
         for _ in range(n):
             eng.mixed_once(chunk)
             eng.llm.step()  # decode steps profiled too: subtracted below
-    dec = None
     with profile(activities=acts) as prof_dec:
         for _ in range(n):
             eng.llm.step()
@@ -252,7 +252,7 @@ def section(name: str, fn: Callable[[], Any]) -> Any:
         r = fn()
         log(f"[{name}: {time.perf_counter() - t:.1f} s]")
         return r
-    except Exception:
+    except Exception:  # noqa: BLE001 (a failed section is reported, the others still run)
         log(f"[{name} FAILED after {time.perf_counter() - t:.1f} s]\n{traceback.format_exc()}")
         return None
 
@@ -313,7 +313,6 @@ def main() -> None:
     results["profile"] = prof
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1, default=str))
-    del eng, llm
     if not a.no_greedy:
         results["greedy"] = section("greedy check", lambda: greedy_check(device, a.smoke))
         if a.json:
@@ -326,7 +325,7 @@ def main() -> None:
     for r in rows:
         g = r.get("graphs")
         target = (1.3 * dec) if r["chunk"] <= 128 else 1.2 * max(dec, r["compute_ms"])
-        fmt = lambda v: f"{v:8.2f}" if isinstance(v, float) else f"{'-':>8}"  # noqa: E731
+        fmt = lambda v: f"{v:8.2f}" if isinstance(v, float) else f"{'-':>8}"
         tok = f"{r['chunk'] / (g / 1e3):13.0f}" if isinstance(g, float) else f"{'-':>13}"
         log(f"{r['chunk']:>6} {r['compute_ms']:8.2f} " + " ".join(fmt(r.get(m)) for m in a.modes.split(","))
             + (f" {g / dec:10.2f}" if isinstance(g, float) else f" {'-':>10}") + f" {target:8.2f} {tok}")

@@ -4,22 +4,28 @@ PagedAttention (decode rows through paged_decode) against the reference. The gra
 the H200 by benchmarks/engine/mixed_step.py (graph logits vs eager, greedy tokens)."""
 from __future__ import annotations
 
+import itertools
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import pytest
+import torch
 
-from radixkv import LLM  # noqa: E402
-from radixkv.batch import Batch  # noqa: E402
-from radixkv.engine.attention import Backend, PagedAttention, leading_decode_rows  # noqa: E402
-from radixkv.engine.kv_store import KVStore  # noqa: E402
-from radixkv.engine.piecewise_graphs import MixedGraphs, bucket_for, fill_inputs, token_buckets  # noqa: E402
-from radixkv.request import Request  # noqa: E402
+from radixkv import LLM
+from radixkv.batch import Batch
+from radixkv.engine.attention import Backend, PagedAttention, leading_decode_rows
+from radixkv.engine.kv_store import KVStore
+from radixkv.engine.piecewise_graphs import (
+    MixedGraphs,
+    bucket_for,
+    fill_inputs,
+    token_buckets,
+)
+from radixkv.request import Request
 
-from .tiny_models import tiny_config  # noqa: E402
+from .tiny_models import tiny_config
 
 PS, PAGES = 4, 32  # page size, pages of the pool (page PAGES is the scratch page)
 
@@ -28,7 +34,7 @@ def test_token_buckets() -> None:
     b = token_buckets(8192)
     assert b[:7] == [16, 32, 64, 128, 160, 192, 224] and b[-1] == 1024 and 512 in b and 576 in b and 544 not in b
     assert b == sorted(set(b)) and all(x % 16 == 0 for x in b)
-    assert all(nxt - cur <= cur // 4 for cur, nxt in zip(b, b[1:]) if cur >= 128)  # padding at most 25% past 128
+    assert all(nxt - cur <= cur // 4 for cur, nxt in itertools.pairwise(b) if cur >= 128)  # padding at most 25% past 128
     assert token_buckets(100) == [16, 32, 64, 112] and token_buckets(16) == [16] and token_buckets(1) == [16]
     assert token_buckets(8192, largest=2048)[-1] == 2048
     assert bucket_for(b, 1) == 16 and bucket_for(b, 97) == 128 and bucket_for(b, 1024) == 1024
