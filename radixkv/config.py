@@ -169,6 +169,12 @@ def check_load_format(value: object) -> str:
     return value
 
 
+# LLM(...)'s default per-step token budget (SchedulerConfig's own, 8192, stays the replay's): the knee of the
+# measured latency/throughput curve (benchmarks/RESULTS.md, "Mixed steps"): 64 decode rows + a 2,048-token
+# chunk take 54 ms a step at 38k prefill tokens/s, the plateau; 8,192 gains nothing and stalls decode 227 ms.
+ENGINE_STEP_BUDGET = 2048
+
+
 def budget_given(kwargs: dict[str, object]) -> bool:
     """Whether LLM(...)'s keyword arguments set the per-step token budget (max_batch_tokens, vLLM's
     max_num_batched_tokens, or a SchedulerConfig passed whole)."""
@@ -245,6 +251,8 @@ class EngineConfig:
             if name in target:
                 raise TypeError(f"LLM() got {name!r} twice (as {key!r} too)")
             target[name] = value
+        if not budget_given(kwargs):
+            sched["max_batch_tokens"] = ENGINE_STEP_BUDGET
         if sched:
             base = mine.get("scheduler", SchedulerConfig())
             if not isinstance(base, SchedulerConfig):

@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--len", type=int, default=1024)
     ap.add_argument("--smoke", action="store_true", help="tiny model, CPU sizes")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--profile", action="store_true", help="also profile one k=1 run (cProfile + torch.profiler)")
     a = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     n, length = (4, 40) if a.smoke else (a.prompts, a.len)
@@ -65,6 +66,24 @@ def main() -> None:
                      "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"})
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
+    if a.profile:
+        import cProfile
+        import io
+        import pstats
+
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        pr = cProfile.Profile()
+        with profile(activities=acts) as prof:
+            pr.enable()
+            timed(llm, prompts[: max(2, n // 4)], 1, device)
+            pr.disable()
+        out = io.StringIO()
+        pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(18)
+        print(out.getvalue()[-6000:])
+        key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=14, max_name_column_width=60))
     print(f"\n{'prompt_logprobs':>15} {'seconds':>9} {'prompt tok/s':>13} {'vs without':>11}")
     for r in rows:
         print(f"{str(r['prompt_logprobs']):>15} {r['seconds']:>9.3f} {r['prompt_tok_s']:>13,.0f} {r['vs_without']:>11.3f}")

@@ -214,7 +214,8 @@ class LLMMachine(RuleBasedStateMachine):
         self.tiny = tiny
         pool_tokens = 40 if tiny else 1024  # tiny: a few requests at once, preemption and eviction
         self.llm = LLM(_config(), dtype="float32", page_size=ps, num_pages=pool_tokens // ps,
-                       max_batch_tokens=budget, max_running=max_running, policy=policy, async_scheduling=overlap)
+                       max_batch_tokens=min(budget, pool_tokens // ps * ps),  # an explicit budget fits the pool
+                       max_running=max_running, policy=policy, async_scheduling=overlap)
         self.next_rid = 0
         self.known: list[list[int]] = [list(range(1, 17)), list(range(1, 9)) + [99] * 8]  # new prompts continue these
         self.pending: dict[int, tuple[Any, SamplingParams]] = {}  # rid -> (Request, params) of add_requests
