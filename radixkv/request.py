@@ -6,6 +6,7 @@ Lifetime: WAITING -> RUNNING -> FINISHED; preemption sends RUNNING back to WAITI
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from radixkv.sampling_params import RequestSampling
@@ -153,7 +154,7 @@ class RequestOutput:
     prompt: str | None = None
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = True
-    prompt_logprobs: list[LogprobsDict | None] | None = None
+    prompt_logprobs: Sequence[LogprobsDict | None] | None = None  # a PromptLogprobs: dicts built when read
 
     @property
     def num_cached_tokens(self) -> int:

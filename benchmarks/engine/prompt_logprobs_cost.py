@@ -8,7 +8,8 @@ A Llama-3-8B-shaped model (random bf16 weights, its 128,256-word vocabulary: the
 prompt position is the added work). One generate of `--prompts` random prompts of `--len` tokens,
 max_tokens 1, timed with and without prompt_logprobs (k = 1, and k = 20 for the top-k's cost), each
 after a warm-up run of the same shapes, the prefix cache reset before every run so both compute
-every prompt token. Prints a table last; rows to --json.
+every prompt token. RequestOutput.prompt_logprobs builds vLLM's dicts when read: the time to read them
+all is its own column. Prints a table last; rows to --json.
 """
 from __future__ import annotations
 
@@ -58,11 +59,16 @@ def main() -> None:
     for k in (None, 1, 20):
         timed(llm, prompts, k, device)  # warm-up: same shapes, compiles and captures
         secs, outs = timed(llm, prompts, k, device)
+        dicts = 0.0
         if k is not None:
             assert all(len(o.prompt_logprobs) == length and o.num_cached_tokens == 0 for o in outs)
+            t = time.perf_counter()  # vLLM's {token id: Logprob} dicts, built when read: read them all
+            assert sum(len(d) for o in outs for d in o.prompt_logprobs[1:]) >= n * (length - 1)
+            dicts = time.perf_counter() - t
         base = secs if k is None else base
         rows.append({"prompts": n, "prompt_len": length, "prompt_logprobs": k, "seconds": round(secs, 4),
                      "prompt_tok_s": round(n * length / secs, 1), "vs_without": round(secs / base, 3),
+                     "read_all_dicts_s": round(dicts, 4),
                      "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"})
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
@@ -84,9 +90,10 @@ def main() -> None:
         print(out.getvalue()[-6000:])
         key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
         print(prof.key_averages().table(sort_by=key, row_limit=14, max_name_column_width=60))
-    print(f"\n{'prompt_logprobs':>15} {'seconds':>9} {'prompt tok/s':>13} {'vs without':>11}")
+    print(f"\n{'prompt_logprobs':>15} {'seconds':>9} {'prompt tok/s':>13} {'vs without':>11} {'read all dicts s':>17}")
     for r in rows:
-        print(f"{str(r['prompt_logprobs']):>15} {r['seconds']:>9.3f} {r['prompt_tok_s']:>13,.0f} {r['vs_without']:>11.3f}")
+        print(f"{str(r['prompt_logprobs']):>15} {r['seconds']:>9.3f} {r['prompt_tok_s']:>13,.0f} {r['vs_without']:>11.3f} "
+              f"{r['read_all_dicts_s']:>17.3f}")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from radixkv.batch import Batch
 from radixkv.cache import PagePool, RadixCache
 from radixkv.cache.events import KVEventPublisher
 from radixkv.config import EngineConfig
+from radixkv.prompt_logprobs import LogprobsBlock
 from radixkv.request import FinishReason, PositionLogprobs, Request
 from radixkv.scheduler import Scheduler
 
@@ -54,8 +55,8 @@ class RequestDelta:
     finish_reason: str | None  # a FinishReason value once the request finished
     cached_tokens: int  # prompt tokens served from the prefix cache (known from its first admission)
     logprobs: list[PositionLogprobs] | None = None  # one per new token, when the request asked for them
-    # with SamplingParams.prompt_logprobs: one per prompt token after the first, in the request's first delta
-    prompt_logprobs: list[PositionLogprobs] | None = None
+    # with SamplingParams.prompt_logprobs: every prompt token's after the first, in the request's first delta
+    prompt_logprobs: LogprobsBlock | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,9 @@ class EngineStats:
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+_EMPTY_BLOCK = LogprobsBlock(0, 0, b"", b"", b"", b"", b"")  # a one-token prompt scores no position
 
 
 class StepFailed(Exception):
@@ -108,7 +112,7 @@ class EngineCore:
         self.steps_ahead = 0  # steps that were scheduled ahead (for tests and benchmarks)
         self._ahead: Launched | None = None  # the step queued behind the last one returned (async scheduling)
         self._sent: dict[int, int] = {}  # rid -> output tokens already reported, for live requests
-        self._prompt_lps: dict[int, list[PositionLogprobs]] = {}  # rid -> prompt positions scored, until sent
+        self._prompt_lps: dict[int, list[LogprobsBlock]] = {}  # rid -> its prompt's scores so far, until sent
         self._ran: set[int] = set()  # requests running after the last successful step
         self.t0 = time.monotonic()  # the clock origin of arrivals (time.monotonic is one clock per machine)
         self._busy = threading.Lock()
@@ -223,9 +227,11 @@ class EngineCore:
                 continue
             scored = self._prompt_lps.get(r.rid)
             if scored is not None and b in launched.prompt_logprobs:
-                pos, entries = launched.prompt_logprobs[b]
-                assert pos <= len(scored), f"request {r.rid}: prompt position {pos} scored before {len(scored)}"
-                scored.extend(entries[len(scored) - pos:])  # a recomputed chunk adds nothing twice
+                pos, block = launched.prompt_logprobs[b]
+                have = sum(x.n for x in scored)
+                assert pos <= have, f"request {r.rid}: prompt position {pos} scored before {have}"
+                if pos + block.n > have:  # a recomputed chunk adds nothing twice
+                    scored.append(block if pos == have else block.slice(have - pos, block.n))
             new = r.output[sent:]
             if not new and not r.finished:
                 continue
@@ -236,7 +242,9 @@ class EngineCore:
                 del self._sent[r.rid]
             else:
                 self._sent[r.rid] = len(r.output)
-            out.append(RequestDelta(r.rid, new, reason, r.cached_tokens, lps, self._prompt_lps.pop(r.rid, None)))
+            blocks = self._prompt_lps.pop(r.rid, None)
+            prompt_lps = None if blocks is None else LogprobsBlock.concat(blocks) if blocks else _EMPTY_BLOCK
+            out.append(RequestDelta(r.rid, new, reason, r.cached_tokens, lps, prompt_lps))
         return out
 
     def _suspects(self, batch: Batch | None) -> list[int]:

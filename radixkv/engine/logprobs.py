@@ -7,7 +7,8 @@ log-probability, its rank (1 + the tokens strictly more likely), and the k most 
 Prompt logprobs score every prompt position a step computes: the logits at position i give the
 log-probability of prompt token i + 1. Those logits come from the residual rows of the step
 (LlamaModel.hidden), run through the LM head a slice at a time so that at most MAX_LOGIT_ELEMENTS
-float32 logits exist at once, whatever the prompt's length; one host copy per step.
+float32 logits exist at once, whatever the prompt's length; a step's scores come back as one
+LogprobsBlock (columns, radixkv/prompt_logprobs.py), not an object a position.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from radixkv.prompt_logprobs import LogprobsBlock
 from radixkv.request import PositionLogprobs
 
 MAX_LOGIT_ELEMENTS = 1 << 27  # 512 MiB of float32 logits in flight per slice
@@ -45,17 +47,15 @@ def token_logprobs(logits: Tensor, tokens: Tensor, ks: Sequence[int]) -> list[Po
     return _rows(tokens.tolist(), lp.tolist(), rank.tolist(), top_v.tolist(), top_i.tolist(), ks)
 
 
-def prompt_logprobs(logits_of: Callable[[Tensor], Tensor], hidden: Tensor, targets: list[int],
-                    ks: Sequence[int], vocab_size: int) -> list[PositionLogprobs]:
-    """Score `targets` (the prompt's next tokens) at the residual rows `hidden` [N, H].
+def prompt_logprobs(logits_of: Callable[[Tensor], Tensor], hidden: Tensor, targets: list[int], k: int,
+                    vocab_size: int) -> LogprobsBlock:
+    """Score `targets` (the prompt's next tokens) at the residual rows `hidden` [N, H]; k top alternatives.
 
-    logits_of: rows [n, H] -> logits [n, V] float32 (LlamaModel.logits); vocab_size: V. ks[n]: top
-    alternatives for row n. Slices of rows keep the logits in flight under MAX_LOGIT_ELEMENTS."""
-    n = hidden.shape[0]
-    if n == 0:
-        return []
-    k, step = max(ks), max(1, MAX_LOGIT_ELEMENTS // vocab_size)
+    logits_of: rows [n, H] -> logits [n, V] float32 (LlamaModel.logits); vocab_size: V. Slices of rows keep
+    the logits in flight under MAX_LOGIT_ELEMENTS; one host copy a field."""
+    step = max(1, MAX_LOGIT_ELEMENTS // vocab_size)
     tok = torch.tensor(targets, dtype=torch.int64, device=hidden.device)  # [N]
-    parts = [_score(logits_of(hidden[lo: lo + step]), tok[lo: lo + step], k) for lo in range(0, n, step)]
+    parts = [_score(logits_of(hidden[lo: lo + step]), tok[lo: lo + step], k) for lo in range(0, hidden.shape[0], step)]
     lp, rank, top_v, top_i = (torch.cat(x) for x in zip(*parts))
-    return _rows(targets, lp.tolist(), rank.tolist(), top_v.tolist(), top_i.tolist(), ks)
+    return LogprobsBlock.of(tok.cpu().numpy(), lp.cpu().numpy(), rank.cpu().numpy(), top_i.cpu().numpy(),
+                            top_v.cpu().numpy())

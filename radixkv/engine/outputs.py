@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from radixkv.prompt_logprobs import LogprobsBlock, PromptLogprobs
 from radixkv.request import (CompletionOutput, FinishReason, Logprob, LogprobsDict, PositionLogprobs, Request,
                              RequestOutput)
 from radixkv.sampling_params import SamplingParams
@@ -37,7 +38,7 @@ class RequestState:
     text: TextStream | None  # None: no stop strings and nothing streamed (the text is decoded at the end)
     output: list[int] = field(default_factory=list)
     logprobs: list[PositionLogprobs] | None = None  # one per output token, when params.logprobs is set
-    prompt_logprobs: list[PositionLogprobs] | None = None  # one per prompt token after the first, once scored
+    prompt_logprobs: LogprobsBlock | None = None  # every prompt token's after the first, once scored
     cached_tokens: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
@@ -151,7 +152,7 @@ class OutputProcessor:
         outs = [self.completion(s) for s in states]
         prompt_lps = None
         if first.params.prompt_logprobs is not None:
-            prompt_lps = [None, *(self.logprobs_dict(p) for p in first.prompt_logprobs or ())]
+            prompt_lps = PromptLogprobs(first.prompt_logprobs, self.token_text)
         return RequestOutput(first.request_id, list(first.prompt_ids), outs[0].token_ids, outs[0].text,
                              first.cached_tokens, FinishReason(first.finish_reason), prompt=first.prompt_text,
                              outputs=outs, finished=True, prompt_logprobs=prompt_lps)

@@ -16,6 +16,7 @@ from torch import Tensor
 from radixkv.batch import Batch
 from radixkv.config import EngineConfig, KVDtype
 from radixkv.plan import kv_sink_for, kv_window_for
+from radixkv.prompt_logprobs import LogprobsBlock
 from radixkv.request import PositionLogprobs
 from radixkv.scheduler.cascade_groups import RULE_NEVER, CascadeRule, rule_for
 
@@ -43,8 +44,8 @@ class Launched(NamedTuple):
     host: Tensor | None  # int64 [S] pinned copy of drawn, valid once `ready` has fired (CUDA); None on CPU
     ready: torch.cuda.Event | None
     logprobs: dict[int, PositionLogprobs]  # by row, for sampling rows that asked for them
-    # by row, for rows scoring prompt tokens: (the position of the first, one entry a position)
-    prompt_logprobs: dict[int, tuple[int, list[PositionLogprobs]]]
+    # by row, for rows scoring prompt tokens: (the position of the first, their scores)
+    prompt_logprobs: dict[int, tuple[int, LogprobsBlock]]
 
 
 class PromptScoring(NamedTuple):
@@ -53,26 +54,23 @@ class PromptScoring(NamedTuple):
 
     index: list[int]  # [N] indices into the step's tokens
     targets: list[int]  # [N] the prompt token each predicts
-    ks: list[int]  # [N] top alternatives wanted
-    spans: dict[int, tuple[int, int, int]]  # row -> (first position, first entry, entries)
+    spans: dict[int, tuple[int, int, int, int]]  # row -> (first position, first entry, entries, top k)
 
     @classmethod
     def of(cls, batch: Batch) -> PromptScoring | None:
         index: list[int] = []
         targets: list[int] = []
-        ks: list[int] = []
-        spans: dict[int, tuple[int, int, int]] = {}
+        spans: dict[int, tuple[int, int, int, int]] = {}
         for b, r in enumerate(batch.requests):
             k = r.sampling.params.prompt_logprobs if r.sampling is not None else None
             start = batch.seq_lens[b] - batch.q_lens[b]
             end = min(batch.seq_lens[b], len(r.prompt) - 1)
             if k is None or end <= start:
                 continue
-            spans[b] = (start, len(index), end - start)
+            spans[b] = (start, len(index), end - start, k)
             index.extend(range(batch.q_start[b], batch.q_start[b] + end - start))
             targets.extend(int(t) for t in r.prompt[start + 1: end + 1])
-            ks.extend([k] * (end - start))
-        return cls(index, targets, ks, spans) if index else None
+        return cls(index, targets, spans) if index else None
 
 
 class ModelRunner:
@@ -205,7 +203,7 @@ class ModelRunner:
             ids = (prev.drawn if batch.follows == prev.rows
                    else prev.drawn.index_select(0, host_to_device(batch.follows, torch.int64, dev)))
         scoring = PromptScoring.of(batch)
-        prompt_lps: dict[int, tuple[int, list[PositionLogprobs]]] = {}
+        prompt_lps: dict[int, tuple[int, LogprobsBlock]] = {}
         if scoring is None:
             raw = logits = self.forward_logits(batch, input_ids=ids)
         else:
@@ -242,7 +240,7 @@ class ModelRunner:
         return Launched(batch, rows, drawn, host, ready, logprobs, prompt_lps)
 
     def _forward_scoring(self, batch: Batch, scoring: PromptScoring,
-                         out: dict[int, tuple[int, list[PositionLogprobs]]]) -> Tensor:
+                         out: dict[int, tuple[int, LogprobsBlock]]) -> Tensor:
         """forward_logits (eager) that also scores the step's prompt positions into `out` (by row).
         Not under tensor parallelism (InputProcessor refuses prompt_logprobs there)."""
         if self.tp is not None or self.model.tp is not None:
@@ -253,10 +251,10 @@ class ModelRunner:
                               host_to_device(batch.positions, torch.int64, dev), self.attention)  # [T, H]
         last = [batch.q_start[b] + batch.q_lens[b] - 1 for b, s in enumerate(batch.sample) if s]
         logits = self.model.logits(h[host_to_device(last, torch.int64, dev)])  # [S, V]
-        entries = prompt_logprobs(self.model.logits, h[host_to_device(scoring.index, torch.int64, dev)],
-                                  scoring.targets, scoring.ks, logits.shape[1])
-        for b, (pos, first, n) in scoring.spans.items():
-            out[b] = (pos, entries[first: first + n])
+        block = prompt_logprobs(self.model.logits, h[host_to_device(scoring.index, torch.int64, dev)],
+                                scoring.targets, max(k for *_, k in scoring.spans.values()), logits.shape[1])
+        for b, (pos, first, n, k) in scoring.spans.items():
+            out[b] = (pos, block if len(scoring.spans) == 1 and k == block.k else block.slice(first, first + n, k))
         return logits
 
     def collect(self, launched: Launched) -> list[int | None]:

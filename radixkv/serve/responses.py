@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
+from radixkv.prompt_logprobs import LogprobsBlock
 from radixkv.request import PositionLogprobs
 
 from .protocol import error_body
@@ -77,10 +78,10 @@ class LogprobsFormat:
             start = len(out.token_ids) - len(ids)
             self._held.extend(zip(ids, out.logprobs[start:]))
 
-    def add_prompt(self, prompt_ids: list[int], scored: list[PositionLogprobs] | None) -> None:
+    def add_prompt(self, prompt_ids: list[int], scored: LogprobsBlock | None) -> None:
         """Hold an echoed prompt's tokens: the first unscored, then each with its logprobs."""
         self._held.append((prompt_ids[0], None))
-        self._held.extend(zip(prompt_ids[1:], scored or ()))
+        self._held.extend(zip(prompt_ids[1:], scored.positions() if scored is not None else ()))
 
     def _text(self, t: int) -> str:
         return f"token_id:{t}" if self.tok is None else self.tok.decode([t])
@@ -111,7 +112,7 @@ class LogprobsFormat:
         return {"token": text, "logprob": _finite(lp), "bytes": list(text.encode("utf-8"))}
 
 
-def prompt_logprobs_json(tokenizer: Any, scored: list[PositionLogprobs] | None) -> list[dict[str, dict[str, Any]] | None]:
+def prompt_logprobs_json(tokenizer: Any, scored: LogprobsBlock | None) -> list[dict[str, dict[str, Any]] | None]:
     """vLLM's `prompt_logprobs` of a choice: None for the first prompt token, then per token
     {token id (a string): {logprob, rank, decoded_token}} of the token and the most likely ones."""
     def entry(t: int, lp: float, rank: int) -> dict[str, Any]:
@@ -119,7 +120,7 @@ def prompt_logprobs_json(tokenizer: Any, scored: list[PositionLogprobs] | None) 
                 "decoded_token": f"token_id:{t}" if tokenizer is None else tokenizer.decode([t])}
 
     out: list[dict[str, dict[str, Any]] | None] = [None]
-    for p in scored or ():
+    for p in scored.positions() if scored is not None else ():
         d = {str(p.token): entry(p.token, p.logprob, p.rank)}
         for rank, (t, v) in enumerate(zip(p.top_ids, p.top_logprobs), 1):
             d.setdefault(str(t), entry(t, v, rank))

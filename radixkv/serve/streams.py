@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from radixkv.engine.core import EngineStats
 from radixkv.engine.outputs import RequestState
+from radixkv.prompt_logprobs import LogprobsBlock
 from radixkv.request import PositionLogprobs
 
 from . import wire
@@ -44,8 +45,8 @@ class StreamOutput:
     "abort". num_cached_tokens: prompt tokens served from the prefix cache (known from the
     first token on). stop_reason: the stop string or stop token id that ended it (None for EOS,
     length, abort). logprobs: with SamplingParams.logprobs, one PositionLogprobs per token of
-    token_ids (all so far; else None). prompt_logprobs: with SamplingParams.prompt_logprobs, one per
-    prompt token after the first (from the first token on; else None).
+    token_ids (all so far; else None). prompt_logprobs: with SamplingParams.prompt_logprobs, the scores
+    of every prompt token after the first (from the first token on; else None).
     """
 
     request_id: str
@@ -59,7 +60,7 @@ class StreamOutput:
     finish_reason: str | None
     stop_reason: int | str | None = None
     logprobs: list[PositionLogprobs] | None = None
-    prompt_logprobs: list[PositionLogprobs] | None = None
+    prompt_logprobs: LogprobsBlock | None = None
 
 
 @dataclass

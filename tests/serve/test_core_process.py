@@ -58,6 +58,19 @@ def test_outputs_equal_the_offline_engine(proc_engine: AsyncLLM, tiny_folder: st
     assert _idle_and_whole(proc_engine)
 
 
+def test_prompt_logprobs_cross_the_process_boundary(proc_engine: AsyncLLM, tiny_folder: str) -> None:
+    """The core's columns of prompt scores (LogprobsBlock) travel as bytes and equal the offline engine's."""
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, prompt_logprobs=2, logprobs=1)
+    want = LLM(tiny_folder, dtype="float32", device="cpu", num_pages=64).generate(["hello there"], params)[0]
+    got = asyncio.run(_final(proc_engine, "hello there", params))
+    assert got.prompt_logprobs is not None and got.prompt_logprobs.n == len(want.prompt_token_ids) - 1
+    positions = got.prompt_logprobs.positions()
+    for p, d in zip(positions, want.prompt_logprobs[1:]):
+        assert p.logprob == pytest.approx(d[p.token].logprob, abs=1e-5) and p.rank == d[p.token].rank
+        assert set(p.top_ids) <= set(d)
+    assert _idle_and_whole(proc_engine)
+
+
 def test_stop_strings_and_streaming_deltas(proc_engine: AsyncLLM, tiny_folder: str) -> None:
     base = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     full = LLM(tiny_folder, dtype="float32", device="cpu", num_pages=64).generate(["hello world"], base)[0].text
