@@ -5,6 +5,9 @@
 
 Lifetime rules (the contract the scheduler relies on):
 - `pool.alloc(n)` hands out n pages at refcount 1, or raises OutOfPages and allocates nothing.
+- Every pool operation is all or nothing, also against a KeyboardInterrupt at any bytecode inside it;
+  `alloc_into` / `alloc_each` / `adopt` / `release` / `exchange` move pages to or from their holder's
+  list in the same step, so an interrupt never leaves a page held by nobody (the scheduler uses these).
 - `cache.insert(tokens, pages)` takes the tree's own reference on every page it adopts; the
   caller keeps, and later drops, its own.
 - `cache.match(tokens)` returns the longest cached block-aligned prefix (a MatchResult); a caller

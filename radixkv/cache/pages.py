@@ -4,6 +4,14 @@ Invariant: a page is either free (refcount 0, on the free list exactly once) or 
 (refcount >= 1, not on the free list). `alloc` is all-or-nothing; a bad incref/decref
 raises before changing anything. Counts live in numpy arrays so that pools of millions
 of pages cost no Python objects (and no garbage-collector time).
+
+Failure atomicity: every operation that changes the pool is all or nothing at every bytecode
+boundary, also against an exception raised in the middle of it (a KeyboardInterrupt from Ctrl-C):
+what it changed is put back before the exception propagates. The pages an operation hands out or
+takes back pass to or from their holder inside the same operation (`alloc_into`, `alloc_each`,
+`adopt`, `release`, `exchange`), so no instant exists at which a page is held by nobody: callers
+that must survive an interrupt (the scheduler) use those, never `alloc()` followed by a store.
+(One exception at a time: a second interrupt raised while the first is being undone is not covered.)
 """
 from __future__ import annotations
 
@@ -104,29 +112,84 @@ class PagePool:
     def num_used(self) -> int:
         return self.num_pages - self._top
 
-    def alloc(self, n: int) -> list[int]:
-        """Take `n` free pages, each with refcount 1; all or nothing (OutOfPages)."""
+    def _take(self, n: int) -> np.ndarray:
+        """The n pages alloc(n) would hand out (a view of the free stack; nothing changes)."""
         if n < 0:
             raise ValueError(f"cannot allocate {n} pages")
         if n > self._top:
             raise OutOfPages(n, self._top)
+        return self._free[self._top - n: self._top][::-1]
+
+    def alloc(self, n: int) -> list[int]:
+        """Take `n` free pages, each with refcount 1; all or nothing (OutOfPages).
+
+        The caller owns the pages once this returns: one that must not lose them to an interrupt
+        between the return and its own store uses `alloc_into`."""
+        pages = self._take(n)
         if n == 0:
             return []
-        pages = self._free[self._top - n: self._top][::-1]
-        self._top -= n
-        self._refs[pages] = 1
+        top = self._top
+        try:
+            self._refs[pages] = 1
+            self._top = top - n
+        except BaseException:
+            self._refs[pages] = 0
+            self._top = top
+            raise
         return pages.tolist()
+
+    def alloc_into(self, dest: list[int], n: int) -> None:
+        """Append `n` free pages to the list `dest` (a holder's pages), each with refcount 1: the
+        pages are the holder's in the same step as they leave the free list. All or nothing, also
+        against an interrupt anywhere inside (OutOfPages: nothing allocated)."""
+        pages = self._take(n)
+        if n == 0:
+            return
+        top, size = self._top, len(dest)
+        ids = pages.tolist()
+        try:
+            self._refs[pages] = 1
+            dest.extend(ids)
+            self._top = top - n
+        except BaseException:
+            del dest[size:]
+            self._refs[pages] = 0
+            self._top = top
+            raise
+
+    def alloc_each(self, dests: list[list[int]]) -> None:
+        """Append one free page to each of the distinct lists `dests`, as alloc_into(d, 1) for
+        each would, in one all-or-nothing step."""
+        n = len(dests)
+        pages = self._take(n)
+        if n == 0:
+            return
+        top, sizes = self._top, [len(d) for d in dests]
+        ids = pages.tolist()
+        try:
+            self._refs[pages] = 1
+            for d, page in zip(dests, ids):
+                d.append(page)
+            self._top = top - n
+        except BaseException:
+            for d, size in zip(dests, sizes):
+                del d[size:]
+            self._refs[pages] = 0
+            self._top = top
+            raise
 
     def alloc_array(self, n: int) -> np.ndarray:
         """alloc(n) as a fresh int32 array [n] (no list of Python ints is built): the same
         pages in the same order, each with refcount 1; all or nothing (OutOfPages)."""
-        if n < 0:
-            raise ValueError(f"cannot allocate {n} pages")
-        if n > self._top:
-            raise OutOfPages(n, self._top)
-        pages = self._free[self._top - n: self._top][::-1].copy()  # a copy: frees reuse the stack
-        self._top -= n
-        self._refs[pages] = 1
+        pages = self._take(n).copy()  # a copy: frees reuse the stack
+        top = self._top
+        try:
+            self._refs[pages] = 1
+            self._top = top - n
+        except BaseException:
+            self._refs[pages] = 0
+            self._top = top
+            raise
         return pages
 
     def are_distinct(self, pages: np.ndarray) -> bool:
@@ -163,10 +226,32 @@ class PagePool:
         held = self._refs[arr]
         if (held <= 0).any():
             raise ValueError(f"incref of free page {int(arr[held <= 0][0])}")
+        self._add_refs(arr, held)
+
+    def _add_refs(self, arr: np.ndarray, held: np.ndarray) -> None:
+        """One more reference on each page of arr (held: their refcounts now): one numpy write."""
         if self.are_distinct(arr):
             self._refs[arr] = held + 1
         else:
-            np.add.at(self._refs, arr, 1)
+            np.add.at(self._refs, arr, 1)  # (C: no bytecode boundary inside)
+
+    def adopt(self, holder: object, pages: list[int]) -> None:
+        """Take one reference on each held page of `pages` and make the list `holder.pages`, in one
+        all-or-nothing step (a holder's pages until now are replaced, not released: they must be
+        none). Raises, changing nothing, if a page is outside the pool or free."""
+        arr = _as_pages(pages, self.num_pages)
+        held = self._refs[arr]
+        if held.size and held.min() <= 0:
+            raise ValueError(f"incref of free page {int(arr[held <= 0][0])}")
+        was = holder.pages
+        try:
+            if arr.size:
+                self._add_refs(arr, held)
+            holder.pages = pages
+        except BaseException:
+            self._refs[arr] = held
+            holder.pages = was
+            raise
 
     def incref_distinct(self, pages: np.ndarray, held: np.ndarray | None = None) -> None:
         """incref for an integer array known to hold no page twice (the tree's adoption path).
@@ -178,6 +263,15 @@ class PagePool:
                 raise ValueError(f"incref of free page {int(pages[held <= 0][0])}")
         self._refs[pages] = held + 1
 
+    def _drops(self, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For a decref of arr: (distinct pages, their refcounts now, their refcounts after)."""
+        if self.are_distinct(arr):
+            held = self._refs[arr]
+            return arr, held, held - 1
+        uniq, counts = np.unique(arr, return_counts=True)
+        held = self._refs[uniq]
+        return uniq, held, held - counts
+
     def decref(self, pages: Iterable[int]) -> int:
         """Drop one reference from each page; a page reaching 0 returns to the free list.
 
@@ -186,32 +280,86 @@ class PagePool:
         arr = _as_pages(pages, self.num_pages)
         if arr.size == 0:
             return 0
-        if self.are_distinct(arr):
-            return self.decref_distinct(arr)
-        uniq, counts = np.unique(arr, return_counts=True)
-        return self._set_refs(uniq, self._refs[uniq] - counts)
+        return self._set_refs(*self._drops(arr))
 
     def decref_distinct(self, pages: np.ndarray) -> int:
         """decref for an integer array known to hold no page twice (the tree's eviction path)."""
-        return self._set_refs(pages, self._refs[pages] - 1)
+        held = self._refs[pages]
+        return self._set_refs(pages, held, held - 1)
 
-    def _set_refs(self, pages: np.ndarray, after: np.ndarray) -> int:
+    def release(self, holder: object) -> int:
+        """Drop the references of every page in the list `holder.pages` and give the holder a new
+        empty list, in one all-or-nothing step (the list itself is left as it was: a batch may
+        still read it). Returns how many pages were freed; raises, changing nothing, as decref."""
+        pages = holder.pages
+        arr = _as_pages(pages, self.num_pages)
+        if arr.size == 0:
+            holder.pages = []
+            return 0
+        uniq, held, after = self._drops(arr)
+        top = self._top
+        try:
+            freed = self._set_refs(uniq, held, after)
+            holder.pages = []
+        except BaseException:
+            self._refs[uniq] = held
+            self._top = top
+            holder.pages = pages
+            raise
+        return freed
+
+    def exchange(self, dest: list[int], index: list[int], new: list[int]) -> None:
+        """dest[index[j]] = new[j] for each j, moving the references with the ids: one more on each
+        new page (held already), one fewer on each page it replaces (freed at zero). All or nothing."""
+        if len(index) != len(new):
+            raise ValueError(f"exchange of {len(index)} positions for {len(new)} pages")
+        if not index:
+            return
+        old = [dest[i] for i in index]
+        new_arr, old_arr = _as_pages(new, self.num_pages), _as_pages(old, self.num_pages)
+        touched = np.concatenate([new_arr, old_arr])
+        held = self._refs[touched]  # a copy: what a failure puts back
+        if (held[: len(new_arr)] <= 0).any():
+            raise ValueError(f"incref of free page {int(new_arr[held[: len(new_arr)] <= 0][0])}")
+        top = self._top
+        try:
+            self._add_refs(new_arr, held[: len(new_arr)])
+            self._set_refs(*self._drops(old_arr))
+            for i, page in zip(index, new):
+                dest[i] = page
+        except BaseException:
+            for i, page in zip(index, old):
+                dest[i] = page
+            self._refs[touched] = held
+            self._top = top
+            raise
+
+    def _set_refs(self, pages: np.ndarray, held: np.ndarray, after: np.ndarray) -> int:
+        """Refcounts of the distinct `pages` go from `held` to `after` (all lower); pages at zero
+        are pushed on the free list. All or nothing."""
         if after.size == 0:
             return 0
         if after.min() < 0:
             bad = int(pages[after < 0][0])
             raise ValueError(f"decref of page {bad} below zero (double free): "
                              f"refcount {int(self._refs[bad])}")
-        self._refs[pages] = after
         if after.any():
             freed = pages[after == 0]
         else:
             freed = pages  # the common eviction case: every page was the tree's alone
         n = freed.size
-        if n:
-            # Pushed in reverse so the lowest-positioned freed id is popped first.
-            self._free[self._top: self._top + n] = freed[::-1]
-            self._top += n
+        top = self._top
+        try:
+            self._refs[pages] = after
+            if n:
+                # Pushed in reverse so the lowest-positioned freed id is popped first; the slots
+                # above the top are no one's, so writing them changes nothing until the top moves.
+                self._free[top: top + n] = freed[::-1]
+                self._top = top + n
+        except BaseException:
+            self._refs[pages] = held
+            self._top = top
+            raise
         return int(n)
 
     def refcount(self, page: int) -> int:

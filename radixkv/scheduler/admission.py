@@ -75,10 +75,9 @@ class Admission(PageHolding):
     def _unadmit(self, e: Entry) -> None:
         """Undo an admission of this step: its lock and pages released, back to WAITING."""
         req = e.req
+        self.pool.release(req)
         self.cache.unlock(e.locked)
         e.locked = None
-        self.pool.decref(req.pages)
-        req.pages = []
         req.num_computed = 0
         req.status = Status.WAITING
 
@@ -122,9 +121,7 @@ class Admission(PageHolding):
             else:  # alone: it may take the whole pool, a chunk at a time
                 want = min(want, avail * ps)
             self.running.append(e)  # from here on, an exception is undone by _unadmit
-            pages = m.pages[: usable // ps]
-            pool.incref(pages)
-            req.pages = pages
+            pool.adopt(req, m.pages[: usable // ps])  # references and list in one step
             req.num_computed = usable
             req.status = Status.RUNNING
             e.admit_seq = next(self._admit_seq)

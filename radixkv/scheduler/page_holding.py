@@ -49,7 +49,7 @@ class PageHolding:
             free = self._room(-(-(want - have) // ps))
             q_len = min(want, have + free * ps)
             if q_len > 0:
-                req.pages.extend(self.pool.alloc(-(-(q_len - have) // ps)))
+                self.pool.alloc_into(req.pages, -(-(q_len - have) // ps))  # theirs in one step
                 return q_len
             victim = next((v for v in reversed(self.running[index + 1:]) if id(v) not in keep), None)
             if victim is None:
@@ -79,10 +79,11 @@ class PageHolding:
 
     def _release(self, e: Entry) -> None:
         self._cache_progress(e)
+        # The pages first, in one all-or-nothing step of the pool: an interrupt inside it leaves the
+        # request as it was, still locked (the lock is dropped only after its pages are).
+        self.pool.release(e.req)
         self.cache.unlock(e.locked)
         e.locked = None
-        self.pool.decref(e.req.pages)
-        e.req.pages = []
 
     def _cache_progress(self, e: Entry) -> None:
         """Insert the full blocks computed past the locked path and lock the longer path (one
@@ -97,13 +98,6 @@ class PageHolding:
         m = self.cache.extend(old, e.token_slice(old.num_tokens, full), req.pages[start: full // ps])
         e.locked = m
         pages = req.pages
-        theirs: list[int] = []
-        ours: list[int] = []
-        for i, page in enumerate(m.pages, start):
-            if pages[i] != page:
-                theirs.append(page)
-                ours.append(pages[i])
-                pages[i] = page
-        if ours:
-            self.pool.incref(theirs)
-            self.pool.decref(ours)
+        at = [i for i, page in enumerate(m.pages, start) if pages[i] != page]
+        if at:  # the ids and the references move together (all or nothing)
+            self.pool.exchange(pages, at, [m.pages[i - start] for i in at])

@@ -236,8 +236,7 @@ class Scheduler(Admission):
         short = [r for r, p in zip(reqs, positions) if p >= len(r.pages) * ps]
         if short and self._room(len(short)) < len(short):
             return None
-        for r, page in zip(short, self.pool.alloc(len(short))):
-            r.pages.append(page)
+        self.pool.alloc_each([r.pages for r in short])  # a page each, theirs in the same step
         n = len(rows)
         batch = Batch(reqs, [0] * n, positions, list(range(n)), [1] * n, [p + 1 for p in positions],
                       [r.pages for r in reqs], [r.pages[p // ps] * ps + p % ps for r, p in zip(reqs, positions)],

@@ -173,9 +173,43 @@ def test_an_interrupt_inside_schedule_loses_nothing(monkeypatch) -> None:
     want = _expected(theirs, 14)
     llm = _llm(14)
     other = llm.add_requests(theirs, GREEDY)
-    _fail_once(monkeypatch, llm.core.pool, "alloc", KeyboardInterrupt())
+    _fail_once(monkeypatch, llm.core.pool, "alloc_into", KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         llm.step()
+    monkeypatch.undo()
+    assert llm.core.scheduler.in_flight is None
+    while llm.has_work():
+        llm.step()
+    assert [r.output for r in other] == want
+    _assert_whole(llm)
+
+
+@pytest.mark.parametrize("after", [0, 1, 3])
+def test_an_interrupt_right_after_the_pool_allocates_loses_nothing(monkeypatch, after) -> None:
+    """Issue 33 item 3: a Ctrl-C landing just after the pool has handed out pages (before the caller
+    stored them) once lost them for good. Whatever allocation call the scheduler makes, it raises
+    right after the real one returns; no page is lost and the requests end as on a fresh engine."""
+    theirs = _prompts(4, seed=3)
+    want = _expected(theirs, 14)
+    llm = _llm(14)
+    other = llm.add_requests(theirs, GREEDY)
+    pool, calls = llm.core.pool, [0]
+    for name in ("alloc", "alloc_into", "alloc_each"):
+        real = getattr(pool, name, None)
+        if real is None:
+            continue
+
+        def then_interrupt(*args, _real=real, **kwargs):
+            out = _real(*args, **kwargs)
+            calls[0] += 1
+            if calls[0] == after + 1:
+                raise KeyboardInterrupt
+            return out
+
+        monkeypatch.setattr(pool, name, then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        while llm.has_work():
+            llm.step()
     monkeypatch.undo()
     assert llm.core.scheduler.in_flight is None
     while llm.has_work():

@@ -324,7 +324,7 @@ def test_timeline_stays_bounded_and_evenly_spaced():
     assert m.steps == 100 and m.peak_pages == 6
 
 
-@pytest.mark.parametrize("where", ["alloc", "incref", "lock"])
+@pytest.mark.parametrize("where", ["alloc_into", "adopt", "lock"])  # the pool calls admission makes
 def test_an_exception_inside_admission_undoes_the_steps_admissions(monkeypatch, where):
     """schedule() raising mid-admission (a Ctrl-C in the pool, an error in the tree) leaves
     every request waiting as before, no page or lock held; the next schedule() serves them."""
