@@ -152,7 +152,8 @@ class Server:
     def __init__(self, model: str, a: argparse.Namespace, log: Path) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
         cmd = [sys.executable, "-m", "radixkv", "serve", model, "--host", "127.0.0.1", "--port",
-               self.url.rsplit(":", 1)[1], "--served-model-name", "bench", *engine_argv(a)]
+               self.url.rsplit(":", 1)[1], "--served-model-name", "bench", "--enable-reset-prefix-cache",
+               *engine_argv(a)]
         print("$", " ".join(cmd), f"  (log: {log})", flush=True)
         self.log = log.open("w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)

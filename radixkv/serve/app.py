@@ -2,7 +2,7 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions (`stream: true` -> server-sent events,
 `data: {...}` chunks then `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus),
-POST /reset_prefix_cache.
+POST /reset_prefix_cache (only with enable_reset_prefix_cache: `--enable-reset-prefix-cache`; 404 otherwise).
 
 - usage.prompt_tokens_details.cached_tokens: prompt tokens served from the prefix cache (per
   prompt: its first choice's hit; summed over prompts).
@@ -10,7 +10,10 @@ POST /reset_prefix_cache.
   different salts (or one with and one without) never share KV pages. Requests without a salt
   share one namespace.
 - `api_key`: every /v1/* route and /reset_prefix_cache need `Authorization: Bearer KEY` (401
-  otherwise); /health and /metrics stay open for probes and scrapers.
+  otherwise); /health stays open for probes, and /metrics for scrapers unless metrics_require_key.
+- Request work off the event loop: tokenising, bad words and chat templates run on worker threads; a
+  prompt (or the messages together) over 16 x max_model_len characters is refused before any of it; a
+  request's own `chat_template` only with trust_request_chat_template (`--trust-request-chat-template`).
 - Errors are OpenAI's object {"error": {"message", "type", "param", "code"}}: 400 for a bad body
   (param names the field) or a refused request (too long for the context or the pool), 401, 404
   for an unknown model, 500 when the engine step running the request failed (other requests go
@@ -34,24 +37,32 @@ from fastapi.responses import JSONResponse, Response
 
 from radixkv.engine.llm import LLM
 
-from .async_engine import AsyncLLM, EngineDeadError, EngineStepError, RequestStream, StreamOutput
-from .streams import merge_streams
-from .metrics import ServeMetrics
 from .api_errors import APIError, validation_error
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .async_engine import AsyncLLM, EngineDeadError, EngineStepError, RequestStream, StreamOutput
+from .metrics import ServeMetrics
+from .protocol import (PROMPT_CHARS_PER_TOKEN, ChatCompletionRequest, CompletionRequest, lone_surrogate,
+                       prompt_bound)
 from .responses import LogprobsFormat, _event, _Shape, _sse, _stream_error, _usage, prompt_logprobs_json
+from .routes_extra import add_extra_routes, check_request_template, render_chat
+from .streams import merge_streams
 
 log = logging.getLogger("radixkv.serve")
 
 
 def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = None, api_key: str | None = None,
                log_interval_s: float | None = 10.0, engine: AsyncLLM | None = None,
-               metrics: ServeMetrics | None = None, log_requests: bool = False) -> FastAPI:
+               metrics: ServeMetrics | None = None, log_requests: bool = False,
+               trust_request_chat_template: bool = False, metrics_require_key: bool = False,
+               enable_reset_prefix_cache: bool = False) -> FastAPI:
     """The app serving `engine` (an AsyncLLM, whose core may run in another process: `radixkv serve`),
     or `llm` through an in-process AsyncLLM it starts. An engine it started, or one given with its
     `metrics`, is shut down when the app's lifespan ends. app.state: engine, metrics, model_names, log_requests.
     log_requests: one info line a generation request (its id, prompt length and sampling params;
-    vLLM's --enable-log-requests), off by default."""
+    vLLM's --enable-log-requests), off by default. trust_request_chat_template: accept a request's own
+    `chat_template` (a template is code the server runs; vLLM's --trust-request-chat-template), refused by
+    default. metrics_require_key: /metrics needs the API key too (default: open). enable_reset_prefix_cache:
+    serve POST /reset_prefix_cache (any client could flush every tenant's cache; vLLM serves it only in its
+    dev mode), off by default: 404."""
     names = ([served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])) \
         or ["radixkv"]
     own = engine is None or metrics is not None
@@ -70,10 +81,9 @@ def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = N
     app = FastAPI(title="radixkv", lifespan=lifespan)
     app.state.engine, app.state.metrics, app.state.model_names = engine, metrics, names
     app.state.log_requests = log_requests
-    app.add_middleware(_Guard, api_key=api_key, metrics=metrics)
-    api = _Handlers(engine, names, metrics, log_requests)
-    from .routes_extra import add_extra_routes  # /tokenize, /detokenize, /version
-    add_extra_routes(app, engine, names, api_key)
+    app.add_middleware(_Guard, api_key=api_key, metrics=metrics, metrics_require_key=metrics_require_key)
+    api = _Handlers(engine, names, metrics, log_requests, trust_request_chat_template)
+    add_extra_routes(app, engine, names, api_key, trust_request_chat_template)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -115,9 +125,10 @@ def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = N
         """OpenAI's retrieve-model: any served name (names may hold slashes, as hub ids do)."""
         return card(api.check_model(model), int(time.time()))
 
-    @app.post("/reset_prefix_cache")
-    async def reset_prefix_cache() -> dict[str, Any]:
-        return {"success": await engine.reset_prefix_cache()}
+    if enable_reset_prefix_cache:
+        @app.post("/reset_prefix_cache")
+        async def reset_prefix_cache() -> dict[str, Any]:
+            return {"success": await engine.reset_prefix_cache()}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: Request) -> Response:
@@ -131,10 +142,12 @@ def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = N
 
 
 class _Guard:
-    """ASGI middleware: bearer-key check (/v1/*, /reset_prefix_cache) and HTTP request counts."""
+    """ASGI middleware: bearer-key check (/v1/*, /reset_prefix_cache; /metrics too with metrics_require_key)
+    and HTTP request counts."""
 
-    def __init__(self, app: Any, api_key: str | None, metrics: ServeMetrics) -> None:
+    def __init__(self, app: Any, api_key: str | None, metrics: ServeMetrics, metrics_require_key: bool = False) -> None:
         self.app, self.api_key, self.metrics = app, api_key, metrics
+        self.keyed = ("/reset_prefix_cache", "/metrics") if metrics_require_key else ("/reset_prefix_cache",)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -148,7 +161,7 @@ class _Guard:
             await send(message)
 
         try:
-            if self.api_key is not None and (path.startswith("/v1/") or path == "/reset_prefix_cache"):
+            if self.api_key is not None and (path.startswith("/v1/") or path in self.keyed):
                 headers = dict(scope.get("headers") or [])
                 auth = headers.get(b"authorization", b"").decode("latin-1")
                 given = auth[7:] if auth.lower().startswith("bearer ") else ""
@@ -166,9 +179,11 @@ class _Guard:
 class _Handlers:
     """The two generation endpoints: build the engine requests, answer in full or as SSE."""
 
-    def __init__(self, engine: AsyncLLM, names: list[str], metrics: ServeMetrics, log_requests: bool = False) -> None:
+    def __init__(self, engine: AsyncLLM, names: list[str], metrics: ServeMetrics, log_requests: bool = False,
+                 trust_request_chat_template: bool = False) -> None:
         self.engine, self.names, self.metrics, self.log_requests = engine, names, metrics, log_requests
         self.inputs = engine.inputs
+        self.trust_request_chat_template = trust_request_chat_template
 
     # ---- request building --------------------------------------------------------------------
     def check_model(self, model: str | None) -> str:
@@ -176,11 +191,37 @@ class _Handlers:
             raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         return model or self.names[0]
 
+    @property
+    def bound(self) -> int:
+        """Characters of a prompt (or of a chat's messages together), or ids of a token-id prompt, at most."""
+        return prompt_bound(self.inputs.limits.max_model_len)
+
     def _encode(self, prompt: Any, param: str) -> list[int]:
         try:
             return self.inputs.encode(prompt)
         except (TypeError, ValueError) as err:
             raise APIError(400, str(err), param=param) from None
+
+    def _check_prompt_sizes(self, body: CompletionRequest) -> None:
+        """400 naming `prompt` before any work for a prompt over the bound or one that is not valid Unicode."""
+        for i, p in enumerate(body.prompts()):
+            if len(p) > self.bound:
+                what = "characters" if isinstance(p, str) else "token ids"
+                raise APIError(400, f"prompt {i} has {len(p)} {what}; at most {self.bound} "
+                                    f"({PROMPT_CHARS_PER_TOKEN} x max_model_len {self.inputs.limits.max_model_len})", param="prompt")
+            if isinstance(p, str) and lone_surrogate(p) is not None:
+                raise APIError(400, f"prompt {i} holds a lone surrogate, which is not valid Unicode", param="prompt")
+
+    def _prompt_ids(self, body: CompletionRequest) -> list[list[int]]:
+        """Every prompt's token ids, truncated as asked (run on a worker thread)."""
+        tok = self.engine.tokenizer
+        plain = body.add_special_tokens is False and tok is not None  # vLLM's default: True
+        try:
+            return [self._truncate(self._encode(list(tok(p, add_special_tokens=False).input_ids)
+                                                if plain and isinstance(p, str) and p else p, "prompt"), body)
+                    for p in body.prompts()]
+        except (TypeError, ValueError) as err:  # the tokenizer's own refusal of a text
+            raise APIError(400, f"the prompt cannot be tokenised: {err}", param="prompt") from None
 
     def _params(self, body: Any, prompt_len: int, max_tokens: int | None, index: int) -> Any:
         from radixkv.sampling_params import SamplingParams
@@ -215,9 +256,12 @@ class _Handlers:
         """Queue prompt x n requests (all or none): choice index = prompt index * n + sample."""
         streams: list[RequestStream] = []
         try:
+            # SamplingParams of every choice (bad words tokenised) on a worker thread, before any is queued
+            every = await asyncio.to_thread(lambda: [[self._params(body, len(ids), max_tokens, j)
+                                                      for j in range(body.n)] for ids in prompts])
             for i, ids in enumerate(prompts):
                 for j in range(body.n):
-                    params = self._params(body, len(ids), max_tokens, j)
+                    params = every[i][j]
                     self.inputs.check_fits(ids, params)
                     req = self.inputs.request(ids, params, self.engine.now())
                     streams.append(self.engine.add(req, f"{base_id}-{i * body.n + j}"))
@@ -237,10 +281,8 @@ class _Handlers:
     async def completions(self, body: CompletionRequest, raw: Request) -> Response:
         model = self.check_model(body.model)
         tok = self.engine.tokenizer
-        plain = body.add_special_tokens is False and tok is not None  # vLLM's default: True
-        prompts = [self._truncate(self._encode(list(tok(p, add_special_tokens=False).input_ids)
-                                               if plain and isinstance(p, str) and p else p, "prompt"), body)
-                   for p in body.prompts()]
+        self._check_prompt_sizes(body)
+        prompts = await asyncio.to_thread(self._prompt_ids, body)
         rid = f"cmpl-{uuid.uuid4().hex}"
         echo_only = body.max_tokens == 0  # the prompt alone: one token is computed and not returned
         streams = await self._submit(body, prompts, 1 if echo_only else body.max_tokens, "prompt", rid)
@@ -267,7 +309,15 @@ class _Handlers:
 
     async def chat(self, body: ChatCompletionRequest, raw: Request) -> Response:
         model = self.check_model(body.model)
-        ids = self._render(body)
+        if self.engine.tokenizer is None:
+            raise APIError(400, "this model has no tokenizer, so it cannot chat; use /v1/completions with "
+                                "token ids", param="messages")
+        check_request_template(body.chat_template, self.trust_request_chat_template)
+        size = sum(len(m.text()) for m in body.messages)
+        if size > self.bound:
+            raise APIError(400, f"the messages hold {size} characters; at most {self.bound} "
+                                f"({PROMPT_CHARS_PER_TOKEN} x max_model_len {self.inputs.limits.max_model_len})", param="messages")
+        ids = await asyncio.to_thread(self._render, body)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self._submit(body, [ids], body.max_new_tokens, "messages", rid)
         shape = _Shape("chat.completion", rid, model, chat=True)
@@ -293,25 +343,18 @@ class _Handlers:
         return JSONResponse(out)
 
     def _render(self, body: ChatCompletionRequest) -> list[int]:
+        """The chat prompt's token ids (run on a worker thread; the request template already allowed)."""
         tok = self.engine.tokenizer
-        if tok is None:
-            raise APIError(400, "this model has no tokenizer, so it cannot chat; use /v1/completions with "
-                                "token ids", param="messages")
-        template = body.chat_template
-        if template is None and getattr(tok, "chat_template", None) is None:
-            raise APIError(400, "the model's tokenizer has no chat template; pass `chat_template`",
-                           param="chat_template")
         extra = {k: v for k, v in (("documents", body.documents), ("reasoning_effort", body.reasoning_effort))
                  if v is not None}  # handed to the template, as vLLM does
+        text = render_chat(tok, body.template_messages(), body.chat_template,
+                           {**extra, **(body.chat_template_kwargs or {})}, self.bound,
+                           add_generation_prompt=body.add_generation_prompt,
+                           continue_final_message=body.continue_final_message)
         try:
-            text = tok.apply_chat_template(body.template_messages(), tokenize=False, chat_template=template,
-                                           add_generation_prompt=body.add_generation_prompt,
-                                           continue_final_message=body.continue_final_message,
-                                           **{**extra, **(body.chat_template_kwargs or {})})
-        except Exception as err:  # noqa: BLE001 - a template error is the body's fault
-            raise APIError(400, f"the chat template failed on these messages: {err}",
-                           param="chat_template" if template else "messages") from None
-        ids = list(tok(text, add_special_tokens=bool(body.add_special_tokens)).input_ids)  # vLLM's default: False
+            ids = list(tok(text, add_special_tokens=bool(body.add_special_tokens)).input_ids)  # vLLM's default: False
+        except (TypeError, ValueError) as err:
+            raise APIError(400, f"the rendered chat prompt cannot be tokenised: {err}", param="messages") from None
         if not ids:
             raise APIError(400, "the rendered chat prompt is empty", param="messages")
         return self._encode(ids, "messages")

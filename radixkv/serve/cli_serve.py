@@ -23,6 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "max_num_seqs": None, "max_num_batched_tokens": None, "enable_prefix_caching": True, "enforce_eager": False,
     "seed": 0, "tensor_parallel_size": 1, "api_key": None, "served_model_name": None, "disable_log_stats": False,
     "log_level": "info", "chat_template": None, "load_format": "auto", "enable_log_requests": False,
+    "trust_request_chat_template": False, "metrics_require_key": False, "enable_reset_prefix_cache": False,
 }
 # config-file spellings that differ from the dest
 _ALIASES = {"block_size": "page_size", "block-size": "page_size"}
@@ -44,8 +45,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "serve", help="OpenAI-compatible HTTP server (completions, chat, SSE streaming, /metrics)",
         description="Serve MODEL over OpenAI's HTTP API: POST /v1/completions, /v1/chat/completions "
                     "(stream: true -> server-sent events), GET /v1/models, /health, /metrics (Prometheus), "
-                    "POST /reset_prefix_cache, /tokenize, /detokenize, GET /version. `cache_salt` in a body isolates "
-                    "a tenant's prefix cache.")
+                    "POST /tokenize, /detokenize, GET /version (and POST /reset_prefix_cache with "
+                    "--enable-reset-prefix-cache). `cache_salt` in a body isolates a tenant's prefix cache.")
     s.add_argument("model", nargs="?", metavar="MODEL",
                    help="Hugging Face folder, .gguf file, hub id in the local cache, or config.json (random weights)")
     s.add_argument("--config", metavar="FILE.yaml", help="YAML file of these options (flags given here win)")
@@ -81,6 +82,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "itself (default: the tokenizer's)")
     s.add_argument("--enable-log-requests", action="store_true", default=None,
                    help="log one line a request: its id, prompt length and sampling params (default off)")
+    s.add_argument("--trust-request-chat-template", action="store_true", default=None,
+                   help="accept a request's own `chat_template` (a template is code the server runs; "
+                        "default: refused with 400)")
+    s.add_argument("--metrics-require-key", action="store_true", default=None,
+                   help="with --api-key, /metrics needs the key too (default: open for scrapers)")
+    s.add_argument("--enable-reset-prefix-cache", action="store_true", default=None,
+                   help="serve POST /reset_prefix_cache, with which a client flushes every tenant's prefix cache "
+                        "(default: off, 404; vLLM serves it in its dev mode only)")
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                    help="log level (default info)")
     s.set_defaults(run=run_serve)
@@ -117,6 +126,8 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["api_key"] = os.environ.get("RADIXKV_API_KEY") or None
     elif not str(opts["api_key"]).strip():  # an empty key would silently turn authentication off
         raise ValueError("--api-key is empty; give a key, or leave the flag out to serve without one")
+    if opts["metrics_require_key"] and opts["api_key"] is None:
+        raise ValueError("--metrics-require-key needs an API key (--api-key or $RADIXKV_API_KEY)")
     if opts["model"] is None:
         raise ValueError("MODEL is required (as an argument or `model:` in --config)")
     check_load_format(opts["load_format"])  # a flag or a config-file value, refused before the model loads
@@ -176,7 +187,10 @@ def build_app(opts: dict[str, Any]) -> Any:
             raise ValueError("--chat-template: the model has no tokenizer to apply it with")
         engine.tokenizer.chat_template = template  # the API process's tokenizer: chat and /tokenize read it
     return create_app(None, served_model_name=names, api_key=opts["api_key"], engine=engine, metrics=metrics,
-                      log_requests=bool(opts["enable_log_requests"]))
+                      log_requests=bool(opts["enable_log_requests"]),
+                      trust_request_chat_template=bool(opts["trust_request_chat_template"]),
+                      metrics_require_key=bool(opts["metrics_require_key"]),
+                      enable_reset_prefix_cache=bool(opts["enable_reset_prefix_cache"]))
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -85,6 +85,47 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
+# Size limits checked before any work (docs/serving.md): a text prompt, or a chat request's messages
+# together, of more than PROMPT_CHARS_PER_TOKEN x max_model_len characters (a token-id prompt: that many
+# ids), and a rendered chat prompt longer than that, are refused with 400 before they are tokenised.
+PROMPT_CHARS_PER_TOKEN = 16
+
+
+def prompt_bound(max_model_len: int) -> int:
+    """The most characters (or token ids) a prompt may hold before it is refused unread."""
+    return PROMPT_CHARS_PER_TOKEN * max_model_len
+
+
+# chat_template_kwargs keys refused by name: apply_chat_template's own parameters (radixkv sets them), and the
+# request fields the template is handed or that the field policy decides (send those as fields, where it applies)
+TEMPLATE_PARAMETERS = frozenset({
+    "conversation", "messages", "chat_template", "add_generation_prompt", "continue_final_message", "tokenize",
+    "sanitize_control_tokens", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
+TEMPLATE_FIELDS = frozenset({"tools", "documents", "reasoning_effort"})
+
+
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
+    """UnsupportedField naming `chat_template_kwargs` (and the key) for a key that would set an
+    apply_chat_template parameter or bypass the field policy (tools, documents, ...)."""
+    for key in kwargs or {}:
+        if key in TEMPLATE_PARAMETERS:
+            raise UnsupportedField("chat_template_kwargs", f"chat_template_kwargs may not set {key!r}: it is a "
+                                   "parameter of the chat template's rendering, which the request's own fields set")
+        if key in TEMPLATE_FIELDS or key in REFUSED:
+            raise UnsupportedField("chat_template_kwargs", f"chat_template_kwargs may not set {key!r}: send it as "
+                                   "the request's own field, where the field policy applies")
+
+
+def lone_surrogate(text: str) -> int | None:
+    """The index of the first lone surrogate in text (not valid Unicode: no tokenizer can encode it), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return err.start
+    return None
+
+
 def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
     if value is None or (isinstance(value, (list, dict)) and not value):
         return True
@@ -308,6 +349,16 @@ class ChatMessage(BaseModel):
             return self.content
         return "".join(part.text for part in self.content)
 
+    @model_validator(mode="after")
+    def _valid_unicode(self) -> "ChatMessage":
+        for name, value in (("role", self.role), ("content", self.text()), *(
+                (k, v) for k, v in (self.model_extra or {}).items() if isinstance(v, str))):
+            at = lone_surrogate(value)
+            if at is not None:
+                raise UnsupportedField("messages", f"messages: a message's {name} holds a lone surrogate "
+                                                   f"(U+{ord(value[at]):04X} at {at}), which is not valid Unicode")
+        return self
+
 
 class ChatCompletionRequest(_Common):
     """POST /v1/chat/completions; the prompt is the tokenizer's chat template (or `chat_template`)
@@ -339,6 +390,7 @@ class ChatCompletionRequest(_Common):
         if self.continue_final_message and self.add_generation_prompt:
             raise UnsupportedField("continue_final_message",
                                    "continue_final_message needs add_generation_prompt false")
+        check_template_kwargs(self.chat_template_kwargs)
         return self
 
     @property

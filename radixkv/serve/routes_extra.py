@@ -14,12 +14,22 @@ OpenAI's error shape naming the field; a model without a tokenizer is a 400 sayi
 unknown `model` is a 404. Tokenising runs on a worker thread (a large prompt never stalls the
 event loop). /tokenize and /detokenize need the API key when the server has one (as /v1/* do);
 /version stays open, like /health.
+
+Also here, shared with POST /v1/chat/completions: `check_request_template` (a request's own
+`chat_template` only when the operator trusts them: `--trust-request-chat-template`, as vLLM) and
+`render_chat` (the template over the messages, on a worker thread; a request's own template is stopped
+after TEMPLATE_TIME_LIMIT_S of Python work, and a rendered prompt over the size bound is refused before
+it is tokenised).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
+import sys
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,11 +37,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .api_errors import APIError, validation_error
 from .async_engine import AsyncLLM
-from .protocol import ChatMessage, UnsupportedField, template_messages
+from .protocol import (PROMPT_CHARS_PER_TOKEN, ChatMessage, UnsupportedField, check_template_kwargs,
+                       lone_surrogate, prompt_bound, template_messages)
 
-MAX_TEXT_CHARS = 4 * 2**20  # /tokenize: characters of prompt + messages at most
+MAX_TEXT_CHARS = 4 * 2**20  # /tokenize: characters of prompt + messages at most (and 16 x max_model_len)
 MAX_DETOKENIZE_TOKENS = 2**20  # /detokenize: token ids at most
 MAX_BODY_BYTES = 32 * 2**20  # either endpoint: the raw body at most
+MAX_TEMPLATE_CHARS = 256 * 2**10  # a request's own chat template: characters at most
+TEMPLATE_TIME_LIMIT_S = 5.0  # a request's own chat template: seconds of rendering at most
 
 
 class TokenizeCompletionRequest(BaseModel):
@@ -58,6 +71,7 @@ class TokenizeChatRequest(BaseModel):
         if self.continue_final_message and self.add_generation_prompt:
             raise UnsupportedField("continue_final_message",
                                    "continue_final_message needs add_generation_prompt false")
+        check_template_kwargs(self.chat_template_kwargs)
         return self
 
     def template_messages(self) -> list[dict[str, Any]]:
@@ -70,9 +84,10 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-def add_extra_routes(app: FastAPI, engine: AsyncLLM, names: list[str], api_key: str | None) -> None:
+def add_extra_routes(app: FastAPI, engine: AsyncLLM, names: list[str], api_key: str | None,
+                     trust_request_chat_template: bool = False) -> None:
     """Register /tokenize, /detokenize and /version on `app` (create_app calls this)."""
-    routes = _TokenizerRoutes(engine, names, api_key)
+    routes = _TokenizerRoutes(engine, names, api_key, trust_request_chat_template)
 
     @app.post("/tokenize")
     async def tokenize(raw: Request) -> dict[str, Any]:
@@ -90,8 +105,10 @@ def add_extra_routes(app: FastAPI, engine: AsyncLLM, names: list[str], api_key: 
 
 
 class _TokenizerRoutes:
-    def __init__(self, engine: AsyncLLM, names: list[str], api_key: str | None) -> None:
+    def __init__(self, engine: AsyncLLM, names: list[str], api_key: str | None,
+                 trust_request_chat_template: bool = False) -> None:
         self.engine, self.names, self.api_key = engine, names, api_key
+        self.trust_request_chat_template = trust_request_chat_template
 
     # ---- shared checks -----------------------------------------------------------------------
     def _authorize(self, raw: Request) -> None:
@@ -135,12 +152,17 @@ class _TokenizerRoutes:
         except ValidationError as err:
             raise validation_error(err.errors()) from None
         self._check_model(req.model)
-        tok = self._tokenizer("messages" if chat else "prompt")
+        param = "messages" if chat else "prompt"
+        tok = self._tokenizer(param)
+        if chat:
+            check_request_template(req.chat_template, self.trust_request_chat_template)
         size = sum(len(m.text()) for m in req.messages) if chat else len(req.prompt)
-        if size > MAX_TEXT_CHARS:
-            raise APIError(400, f"the text to tokenize has {size} characters; at most {MAX_TEXT_CHARS}",
-                           param="messages" if chat else "prompt")
-        work = (lambda: _render_chat(tok, req)) if chat else (lambda: _encode(tok, req.prompt, req.add_special_tokens))
+        bound = min(MAX_TEXT_CHARS, prompt_bound(self.engine.inputs.limits.max_model_len))
+        if size > bound:
+            raise APIError(400, f"the text to tokenize has {size} characters; at most {bound}", param=param)
+        if not chat and lone_surrogate(req.prompt) is not None:
+            raise APIError(400, "prompt: the text holds a lone surrogate, which is not valid Unicode", param=param)
+        work = (lambda: _render_chat(tok, req, bound)) if chat else (lambda: _encode(tok, req.prompt, req.add_special_tokens))
         ids, strs = await asyncio.to_thread(lambda: _with_strs(tok, work(), req.return_token_strs))
         out: dict[str, Any] = {"count": len(ids), "max_model_len": self.engine.inputs.limits.max_model_len,
                                "tokens": ids}
@@ -172,20 +194,85 @@ def _encode(tok: Any, text: str, add_special_tokens: bool) -> list[int]:
     return list(tok(text, add_special_tokens=add_special_tokens).input_ids)
 
 
-def _render_chat(tok: Any, req: TokenizeChatRequest) -> list[int]:
+def _render_chat(tok: Any, req: TokenizeChatRequest, bound: int) -> list[int]:
     """The messages through the chat template (the request's, else the tokenizer's), tokenised."""
-    if req.chat_template is None and getattr(tok, "chat_template", None) is None:
-        raise APIError(400, "the model's tokenizer has no chat template; pass `chat_template`",
-                       param="chat_template")
+    text = render_chat(tok, req.template_messages(), req.chat_template, req.chat_template_kwargs or {}, bound,
+                       add_generation_prompt=req.add_generation_prompt,
+                       continue_final_message=req.continue_final_message)
     try:
-        text = tok.apply_chat_template(req.template_messages(), tokenize=False, chat_template=req.chat_template,
-                                       add_generation_prompt=req.add_generation_prompt,
-                                       continue_final_message=req.continue_final_message,
-                                       **(req.chat_template_kwargs or {}))
+        return _encode(tok, text, req.add_special_tokens)
+    except (TypeError, ValueError) as err:
+        raise APIError(400, f"the rendered chat prompt cannot be tokenised: {err}", param="messages") from None
+
+
+# ---- chat rendering, shared with POST /v1/chat/completions ---------------------------------------
+def check_request_template(template: str | None, trusted: bool) -> None:
+    """400 naming `chat_template` for a request's own template unless the operator trusts them (vLLM's
+    --trust-request-chat-template: a template is code the server runs), or one too long to be a template."""
+    if template is None:
+        return
+    if not trusted:
+        raise APIError(400, "chat_template: a request's own chat template is refused unless the server runs with "
+                            "--trust-request-chat-template (a template is code the server runs); the server's "
+                            "template is used when the field is left out", param="chat_template")
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise APIError(400, f"chat_template has {len(template)} characters; at most {MAX_TEMPLATE_CHARS}",
+                       param="chat_template")
+
+
+class TemplateTimeLimit(Exception):
+    """A request's chat template ran past its time limit (raised inside the template's frames)."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Stop the Python code run inside (a template's loops) after `seconds`: a trace function on this
+    thread raises TemplateTimeLimit at the first line past the deadline. The thread's tracer is restored."""
+    deadline = time.monotonic() + seconds
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise TemplateTimeLimit
+        return trace
+
+    old = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        yield
+    finally:
+        sys.settrace(old)
+
+
+def render_chat(tok: Any, messages: list[dict[str, Any]], template: str | None, kwargs: dict[str, Any], bound: int,
+                *, add_generation_prompt: bool, continue_final_message: bool) -> str:
+    """The chat prompt's text (run it on a worker thread): `template` (the request's own, already allowed
+    by check_request_template) else the tokenizer's, over messages and kwargs. A request's own template
+    is stopped after TEMPLATE_TIME_LIMIT_S; text over `bound` characters is refused. 400s name the field."""
+    param = "chat_template" if template is not None else "messages"
+    if template is None and getattr(tok, "chat_template", None) is None:
+        raise APIError(400, "the model's tokenizer has no chat template; pass `chat_template`", param="chat_template")
+    limit = _time_limit(TEMPLATE_TIME_LIMIT_S) if template is not None else contextlib.nullcontext()
+    try:
+        with limit:
+            text = tok.apply_chat_template(messages, tokenize=False, chat_template=template,
+                                           add_generation_prompt=add_generation_prompt,
+                                           continue_final_message=continue_final_message, **kwargs)
+    except TemplateTimeLimit:
+        raise APIError(400, f"the request's chat template ran for more than {TEMPLATE_TIME_LIMIT_S:g} s",
+                       param="chat_template") from None
+    except MemoryError:
+        raise APIError(400, "the chat template needs more memory than the server has", param=param) from None
     except Exception as err:  # noqa: BLE001 - a template error is the body's fault
-        raise APIError(400, f"the chat template failed on these messages: {err}",
-                       param="chat_template" if req.chat_template else "messages") from None
-    return _encode(tok, text, req.add_special_tokens)
+        raise APIError(400, f"the chat template failed on these messages: {err}", param=param) from None
+    if not isinstance(text, str):
+        raise APIError(400, "the chat template did not render text", param=param)
+    if len(text) > bound:
+        raise APIError(400, f"the rendered chat prompt has {len(text)} characters; at most {bound} "
+                            f"({PROMPT_CHARS_PER_TOKEN} x max_model_len)", param=param)
+    if lone_surrogate(text) is not None:
+        raise APIError(400, "the rendered chat prompt holds a lone surrogate, which is not valid Unicode",
+                       param="messages")
+    return text
 
 
 def _with_strs(tok: Any, ids: list[int], want: bool) -> tuple[list[int], list[str] | None]:

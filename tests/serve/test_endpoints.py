@@ -48,8 +48,14 @@ def test_tokenize_chat_messages_agrees_with_the_chat_endpoint(server) -> None:
     assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
     no_gen = _post(server, "/tokenize", {"messages": SYSTEM_USER, "add_generation_prompt": False}).json()
     assert out["tokens"][:no_gen["count"]] == no_gen["tokens"] and no_gen["count"] < out["count"]
-    own = _post(server, "/tokenize", {"messages": SYSTEM_USER, "chat_template":
-                                      "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"}).json()
+    own_template = {"messages": SYSTEM_USER, "chat_template": "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"}
+    assert _post(server, "/tokenize", own_template).json()["error"]["param"] == "chat_template"  # unless trusted
+    from fastapi.testclient import TestClient
+
+    from radixkv.serve.app import create_app
+
+    trusting = TestClient(create_app(None, engine=server.engine, trust_request_chat_template=True))
+    own = trusting.post("/tokenize", json=own_template).json()
     assert _post(server, "/detokenize", {"tokens": own["tokens"]}).json()["prompt"] == "[Be brief.][Hi there]"
 
 
@@ -72,7 +78,7 @@ def test_detokenize_round_trips_and_keeps_special_tokens(server) -> None:
     ("/tokenize", {"messages": []}, 400, "messages"),
     ("/tokenize", {"messages": [{"content": "no role"}]}, 400, "messages.0.role"),
     ("/tokenize", {"messages": SYSTEM_USER, "continue_final_message": True}, 400, "continue_final_message"),
-    ("/tokenize", {"messages": SYSTEM_USER, "chat_template": "{% if %}"}, 400, "chat_template"),
+    ("/tokenize", {"messages": SYSTEM_USER, "chat_template": "{% if %}"}, 400, "chat_template"),  # untrusted
     ("/tokenize", {"messages": SYSTEM_USER, "tools": [{"type": "function"}]}, 400, "tools"),
     ("/tokenize", ["hi"], 400, "body"),
     ("/detokenize", {}, 400, "tokens"),

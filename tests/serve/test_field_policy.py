@@ -48,7 +48,7 @@ CHAT_FIELDS = {**COMMON, "messages": (MSGS, OK), "logprobs": (True, OK), "top_lo
                "tool_choice": ("auto", "tool_choice"), "reasoning_effort": ("low", OK),
                "include_reasoning": (False, OK), "parallel_tool_calls": (False, OK), "best_of": (3, "best_of"),
                "echo": (True, OK), "add_generation_prompt": (False, OK), "continue_final_message": (True, OK),
-               "documents": ([{"title": "t", "text": "x"}], OK), "chat_template": ("{{ messages[0]['content'] }}", OK),
+               "documents": ([{"title": "t", "text": "x"}], OK), "chat_template": ("{{ messages[0]['content'] }}", "chat_template"),  # unless trusted
                "chat_template_kwargs": ({"x": 1}, OK), "mm_processor_kwargs": ({"a": 1}, "mm_processor_kwargs"),
                "media_io_kwargs": ({"image": {}}, "media_io_kwargs"), "return_prompt_text": (True, "return_prompt_text")}
 NEEDS = {"continue_final_message": {"add_generation_prompt": False}, "stream_options": {"stream": True},

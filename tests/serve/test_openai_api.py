@@ -77,10 +77,15 @@ def test_chat_uses_template_and_matches_generate(server) -> None:
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     assert text == want.text and chunks[-1]["choices"][0]["finish_reason"] == "length"
 
-    # a chat_template override renders the prompt instead of the tokenizer's
+    # a chat_template override renders the prompt instead of the tokenizer's (on a server that trusts them)
+    from fastapi.testclient import TestClient
+
+    from radixkv.serve.app import create_app
+
     plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
-    r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
-                   json={**body, "chat_template": plain})
+    trusting = TestClient(create_app(None, engine=server.engine, served_model_name=MODEL_NAME,
+                                     trust_request_chat_template=True))
+    r = trusting.post("/v1/chat/completions", json={**body, "chat_template": plain})
     assert r.status_code == 200, r.text
     assert r.json()["prompt_token_ids"] == tok("system: Be brief.\nuser: Hi there!\nassistant:",
                                                add_special_tokens=False).input_ids
@@ -132,6 +137,11 @@ def test_models_health_metrics_reset(server) -> None:
     hits = [line for line in text.splitlines() if line.startswith("radixkv:prefix_cache_hits_total{")]
     assert float(hits[0].split()[-1]) > 0
     assert 'endpoint="/v1/completions"' in text and f'model_name="{MODEL_NAME}"' in text
-    r = httpx.post(f"{server.url}/reset_prefix_cache")
+    assert httpx.post(f"{server.url}/reset_prefix_cache").status_code == 404  # only when the operator enables it
+    from fastapi.testclient import TestClient
+
+    from radixkv.serve.app import create_app
+
+    r = TestClient(create_app(None, engine=server.engine, enable_reset_prefix_cache=True)).post("/reset_prefix_cache")
     assert r.status_code == 200 and r.json() == {"success": True}
     assert server.pool_whole()

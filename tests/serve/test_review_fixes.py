@@ -277,7 +277,8 @@ def test_dead_engine_is_503_json_everywhere(tiny_folder: str) -> None:
     from radixkv import LLM
     from radixkv.serve.app import create_app
 
-    app = create_app(LLM(tiny_folder, dtype="float32", device="cpu", num_pages=64), log_interval_s=None)
+    app = create_app(LLM(tiny_folder, dtype="float32", device="cpu", num_pages=64), log_interval_s=None,
+                     enable_reset_prefix_cache=True)
     client = TestClient(app, raise_server_exceptions=False)
     app.state.engine.shutdown()
     for path in ("/reset_prefix_cache", "/health", "/v1/completions"):
