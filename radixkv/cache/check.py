@@ -47,6 +47,8 @@ def check_tree(cache: TreeView) -> None:
     for ns, root in cache.roots.items():
         assert root.parent is None and len(root.key) == 0 and root.depth == 0, f"namespace {ns!r}: malformed root"
         assert root.namespace == ns, f"namespace {ns!r}: root says {root.namespace!r}"
+        assert root.children or root.end_locks > 0, \
+            f"namespace {ns!r}: its root stays in the tree with no block and no lock"
         stack = [root]
         while stack:
             node = stack.pop()

@@ -57,7 +57,8 @@ class Node:
     """One edge of the tree: `key` tokens (whole blocks) and one page per block."""
 
     __slots__ = ("key", "first", "pages", "children", "parent", "next_sibling", "hkey",
-                 "lock_count", "end_locks", "last_access", "heap_seq", "namespace", "depth")
+                 "lock_count", "end_locks", "last_access", "heap_seq", "namespace", "depth",
+                 "__weakref__")  # (a namespace root without blocks or locks is weakly held)
 
     def __init__(self, key: np.ndarray, first: bytes, pages: np.ndarray, parent: Node | None,
                  hkey: int, namespace: Namespace) -> None:

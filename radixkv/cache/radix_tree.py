@@ -21,6 +21,11 @@ Lifetime rules:
   tree hands its time to its parent, so a node that becomes a leaf carries the latest use of
   its subtree: the order a refresh of every path node would give.
 - `num_cached_pages == num_evictable_pages + num_locked_pages` at all times.
+- A namespace's root stays in the tree only while it holds a block or an empty match's lock:
+  when its last block leaves (eviction, clear) or its last such lock goes, so does the root, so
+  that a salt per user or per request costs nothing once its blocks are gone. A root without
+  either lives on only as long as some MatchResult refers to it (a lock through that match puts
+  it back in the tree).
 - Bad input (too few pages, a non-integer page id, one outside the pool or free, a stale,
   unlocked or other cache's match, a negative eviction count) raises before the tree or the
   pool changes; insert lets a bool id through as 0 or 1 (only a pass over the ids would see it).
@@ -29,6 +34,7 @@ Lifetime rules:
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -70,7 +76,9 @@ class RadixCache(TreeInsertion):
         self.pool = pool
         self.page_size = page_size
         self._hash = hash_fn
-        self._roots: dict[Namespace, Node] = {}
+        self._roots: dict[Namespace, Node] = {}  # each holds a block or an empty match's lock
+        # roots with neither, while a MatchResult still refers to them
+        self._bare_roots: weakref.WeakValueDictionary[Namespace, Node] = weakref.WeakValueDictionary()
         self._clock = 0
         self._lru = LruLeaves()
         self._num_nodes = 0
@@ -87,15 +95,18 @@ class RadixCache(TreeInsertion):
 
     @property
     def namespaces(self) -> list[Namespace]:
-        """Namespaces seen so far (each has its own root; None is the default)."""
+        """Namespaces holding a cached block or a lock (each has its own root; None is the default)."""
         return list(self._roots)
 
     def root(self, namespace: Namespace = None) -> Node:
-        """The root of `namespace`'s subtree (created empty on first use)."""
+        """The root of `namespace`'s subtree (made empty on first use; the tree keeps it only
+        while it holds a block or a lock, see the module docstring)."""
         node = self._roots.get(namespace)
         if node is None:
-            empty = np.zeros(0, dtype=np.int32)
-            node = self._roots[namespace] = Node(empty, b"", empty, None, 0, namespace)
+            node = self._bare_roots.get(namespace)
+            if node is None:
+                empty = np.zeros(0, dtype=np.int32)
+                node = self._bare_roots[namespace] = Node(empty, b"", empty, None, 0, namespace)
         return node
 
     # ---- lookup ------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ class TreeEviction:
     page_size: int
     _hash: HashFn
     _roots: dict[Namespace, Node]
+    _bare_roots: dict[Namespace, Node]
     _clock: int
     _lru: LruLeaves
     _num_nodes: int
@@ -27,12 +28,29 @@ class TreeEviction:
     num_locked_pages: int
     _last_match: object
 
+    def _keep_root(self, root: Node) -> None:
+        """A root that just got a block or a lock: the tree holds it from now on."""
+        ns = root.namespace
+        if self._roots.get(ns) is not root:
+            self._roots[ns] = root
+            self._bare_roots.pop(ns, None)
+
+    def _drop_root_if_empty(self, root: Node) -> None:
+        """A root that just lost a block or a lock: out of the tree when it holds neither (a match
+        still referring to it keeps it, weakly, and may lock it again)."""
+        ns = root.namespace
+        if not root.children and root.end_locks <= 0 and self._roots.get(ns) is root:
+            del self._roots[ns]
+            self._bare_roots[ns] = root
+
     def _path_to_root(self, m: MatchResult, verb: str) -> list[Node]:
         """Nodes from m.node up to (excluding) its root; raises if m is stale or was made by
         another cache (its path does not end at one of this cache's roots)."""
         node = m.node
         if node.parent is None:
-            if self._roots.get(node.namespace) is not node:  # an evicted node keeps its key; a root has none
+            ns = node.namespace
+            if self._roots.get(ns) is not node and self._bare_roots.get(ns) is not node:
+                # an evicted node keeps its key; a root has none
                 raise ValueError(f"{verb} of a match made by another RadixCache" if len(node.key) == 0
                                  else f"{verb} of a stale match: {node} was evicted")
             return []
@@ -55,6 +73,8 @@ class TreeEviction:
         Raises, changing nothing, for a stale match or one another cache made."""
         path = self._path_to_root(m, "lock")
         m.node.end_locks += 1  # a root too: an empty match's lock is counted, so is its unlock
+        if not path:
+            self._keep_root(m.node)
         for node in path:
             if node.lock_count == 0:
                 self.num_locked_pages += len(node.pages)
@@ -82,6 +102,8 @@ class TreeEviction:
                 used = node.last_access
         if path:
             self._push_if_evictable(path[0])
+        else:
+            self._drop_root_if_empty(end)
 
     # ---- eviction ----------------------------------------------------------------------------
     def _push_if_evictable(self, node: Node) -> None:
@@ -112,7 +134,10 @@ class TreeEviction:
                 self._num_nodes -= 1
                 # see _rematch: once a leaf, the parent carries its subtree's latest use
                 parent.last_access = max(parent.last_access, node.last_access)
-                self._push_if_evictable(parent)
+                if parent.parent is None:
+                    self._drop_root_if_empty(parent)  # its namespace's last block went
+                else:
+                    self._push_if_evictable(parent)
             if self._chains is not None:
                 self._chains.removed(node, max(keep, 0))
             dropped.append(pages)
@@ -151,9 +176,10 @@ class TreeEviction:
         """clear() with nothing locked: every node leaves the tree in one pass over it (no LRU
         order to follow when everything goes), and the pages go back in one decref."""
         dropped: list[np.ndarray] = []
-        for root in self._roots.values():
+        for root in list(self._roots.values()):
             stack = list(root.iter_children())
             root.children = {}
+            self._drop_root_if_empty(root)
             while stack:
                 node = stack.pop()
                 stack.extend(node.iter_children())

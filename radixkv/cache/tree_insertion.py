@@ -68,6 +68,8 @@ class TreeInsertion(TreeEviction):
             leaf = Node(key, first.tobytes(), pages, end, self._hash(first), end.namespace)
             leaf.last_access = clock
             attach_child(end, leaf)
+            if end.parent is None:
+                self._keep_root(end)
             if self._chains is not None:
                 self._chains.stored(leaf)
             self.num_cached_pages += blocks
@@ -191,6 +193,8 @@ class TreeInsertion(TreeEviction):
             leaf = Node(key, first.tobytes(), new_pages, node, self._hash(first), top.namespace)
             leaf.last_access = self._clock
             attach_child(node, leaf)
+            if node.parent is None:
+                self._keep_root(node)
             if self._chains is not None:
                 self._chains.stored(leaf)
             self.num_cached_pages += len(new_pages)

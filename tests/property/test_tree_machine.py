@@ -415,6 +415,12 @@ class TreeMachine(RuleBasedStateMachine):
         self.cache.check_invariants()
 
     @invariant()
+    def namespaces_are_those_holding_something(self) -> None:
+        """A namespace's root stays only while it holds a block or a lock (issue 33 item 7)."""
+        want = {ns for ns, cached in self.model.items() if cached} | {h.ns for h in self.locked}
+        assert set(self.cache.namespaces) == want
+
+    @invariant()
     def tree_equals_model(self) -> None:
         model = {(ns, p): c.page for ns, cached in self.model.items() for p, c in cached.items()}
         assert self.tree_contents() == model
