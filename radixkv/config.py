@@ -38,6 +38,8 @@ class SchedulerConfig:
     preemptions and fewer requests running at once.
     cascade: each Batch also carries its cascade levels (`Batch.cascade`: decode rows sharing cached
     pages, scheduler/cascade_groups.py), for the cascade decode kernels; False: Batch.cascade is None.
+    (These are the replay's defaults; LLM(...) decides max_running and cascade itself when not given:
+    EngineConfig.auto_max_num_seqs / auto_cascade.)
     """
 
     policy: Policy = Policy.LPM
@@ -181,6 +183,58 @@ def budget_given(kwargs: dict[str, object]) -> bool:
     return any(k in kwargs for k in ("max_batch_tokens", "max_num_batched_tokens", "scheduler"))
 
 
+# LLM(...)'s running-set size when the user gives none (max_num_seqs, max_running or a scheduler): decided by the
+# engine once its KV pool is sized (ModelRunner.__init__, engine_max_running). SchedulerConfig's own 256 stays
+# the replay's and CPU's.
+ENGINE_MAX_RUNNING_FLOOR = 256  # never fewer than the old default (SchedulerConfig.max_running)
+ENGINE_MAX_RUNNING_CAP = 1024
+ENGINE_POOL_TOKENS_PER_ROW = 512
+
+
+def engine_max_running(pool_tokens: int, max_batch_tokens: int, device_type: str, kv_window: int | None) -> int:
+    """The engine's max_num_seqs when the user gives none: on CUDA
+    `max(256, min(1024, max_batch_tokens, pool_tokens // 512))`; 256 on any other device (CPU tests keep their
+    old running set) and with a recent-token window (`kv_window` > 0: INT4/INT2 pages by default), whose shadow
+    pages are reserved for every row that could run (issue 34 item 4), so a bigger running set costs pool.
+
+    Why (benchmarks/RESULTS.md, "Serving under load, cold start, mixed steps, defaults", H200, Llama-3-8B shape,
+    bf16, vLLM's ShareGPT offline recipe: 1,000 requests, 85,661 prompt + 350,851 output tokens):
+    max_num_seqs 256 gave 14,634 output tok/s, 1,024 gave 18,799 (+28%; FP8 KV at 1,024: 18,585). That pool
+    held ~858k tokens (53,606 pages of 16), so it never limited 1,024 rows. 1,024 is the cap: the largest
+    running set measured (more was not measured to pay, and each batch bucket is one more decode graph captured
+    and warmed at start-up); SGLang likewise sizes its running set from memory. 512 pool tokens a row: a
+    ShareGPT request is ~437 tokens (prompt + output) on average, so a running set of pool_tokens // 512 fits
+    the pool at that length instead of trading the larger batch for preemptions; below 131,072 pool tokens
+    (256 x 512) the old default stays (a 24 GB card under an 8B model). A decode row takes one token of the
+    step budget, so the set never exceeds max_batch_tokens (ENGINE_STEP_BUDGET, 2,048, by default)."""
+    if device_type != "cuda" or kv_window:
+        return ENGINE_MAX_RUNNING_FLOOR
+    rows = min(ENGINE_MAX_RUNNING_CAP, max_batch_tokens, pool_tokens // ENGINE_POOL_TOKENS_PER_ROW)
+    return max(ENGINE_MAX_RUNNING_FLOOR, rows)
+
+
+def engine_cascade(device_type: str, cascade_possible: bool = True) -> bool:
+    """Whether the engine turns cascade decode on when the user does not say (cascade / scheduler not given):
+    on CUDA, where the cascade kernels and graphs run and the scheduler's rule (scheduler/cascade_groups.py)
+    decides each step whether a group is worth a cascade launch (none without shared pages: the group search
+    stops at O(rows) when no two rows share a first page; measured 0.96-1.00 of plain steps without sharing,
+    1.07-5.2x with it, few-shot 9.9x cache-off against 8.9x without). Off on CPU (the reference backend: no
+    speed to gain) and when `cascade_possible` is False: the KV dtype's rule takes no group (INT4/INT2 pages or a
+    recent-token window: RULE_NEVER), so no step pays the search, or attention runs on the PyTorch reference."""
+    return device_type == "cuda" and cascade_possible
+
+
+def max_running_given(kwargs: dict[str, object]) -> bool:
+    """Whether LLM(...)'s keyword arguments set the running-set size (max_running, vLLM's max_num_seqs, or a
+    SchedulerConfig passed whole)."""
+    return any(k in kwargs for k in ("max_running", "max_num_seqs", "scheduler"))
+
+
+def cascade_given(kwargs: dict[str, object]) -> bool:
+    """Whether LLM(...)'s keyword arguments say whether cascade decode runs (cascade, or a SchedulerConfig)."""
+    return any(k in kwargs for k in ("cascade", "scheduler"))
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything LLM(...) needs besides the model.
@@ -212,6 +266,10 @@ class EngineConfig:
     warmup: drive synthetic requests through every kernel specialisation and CUDA graph a served request can
     reach before the engine is returned (radixkv/engine/warmup.py); None: on when the model runs on CUDA
     (off on CPU, where Triton's interpreter makes it slow).
+    auto_max_num_seqs: the user gave no running-set size (max_num_seqs / max_running / scheduler): the engine
+    decides scheduler.max_running once its pool is sized (engine_max_running; ModelRunner.config holds the
+    decided config). auto_cascade: the user did not say whether cascade decode runs (cascade / scheduler): the
+    engine decides (engine_cascade). from_kwargs sets both; an EngineConfig built directly keeps its scheduler's.
     The per-step token budget (scheduler.max_batch_tokens, vLLM's max_num_batched_tokens) must hold one page;
     given explicitly with num_pages, it may not exceed the pool (num_pages * page_size tokens).
     """
@@ -233,6 +291,8 @@ class EngineConfig:
     load_format: str = "auto"
     warmup: bool | None = None
     scheduler: SchedulerConfig = SchedulerConfig()
+    auto_max_num_seqs: bool = False
+    auto_cascade: bool = False
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> "EngineConfig":
@@ -253,6 +313,10 @@ class EngineConfig:
             target[name] = value
         if not budget_given(kwargs):
             sched["max_batch_tokens"] = ENGINE_STEP_BUDGET
+        for flag, given in (("auto_max_num_seqs", max_running_given), ("auto_cascade", cascade_given)):
+            if flag in mine:
+                raise TypeError(f"LLM() got an unexpected keyword argument {flag!r} (the engine sets it)")
+            mine[flag] = not given(kwargs)
         if sched:
             base = mine.get("scheduler", SchedulerConfig())
             if not isinstance(base, SchedulerConfig):
@@ -262,6 +326,19 @@ class EngineConfig:
         if cfg.num_pages is not None and budget_given(kwargs):  # a default budget is simply capped by the pool
             cfg.check_budget_fits(cfg.num_pages)
         return cfg
+
+    def with_engine_defaults(self, pool_tokens: int, device_type: str, kv_window: int | None,
+                             cascade_possible: bool) -> EngineConfig:
+        """This config with the defaults the engine decides once its pool is sized: scheduler.max_running
+        (engine_max_running) when auto_max_num_seqs, scheduler.cascade (engine_cascade) when auto_cascade;
+        itself when neither. Depends only on its arguments (every tensor-parallel rank decides the same)."""
+        sched = self.scheduler
+        if self.auto_max_num_seqs:
+            sched = replace(sched, max_running=engine_max_running(pool_tokens, sched.max_batch_tokens, device_type,
+                                                                  kv_window))
+        if self.auto_cascade:
+            sched = replace(sched, cascade=engine_cascade(device_type, cascade_possible))
+        return self if sched == self.scheduler else replace(self, scheduler=sched)
 
     def check_budget_fits(self, num_pages: int) -> None:
         """ValueError naming the budget when scheduler.max_batch_tokens exceeds a pool of `num_pages` pages
@@ -307,6 +384,9 @@ class EngineConfig:
         check_load_format(self.load_format)
         if self.warmup is not None and not isinstance(self.warmup, bool):
             raise ValueError(f"warmup must be True, False or None, got {self.warmup!r}")
+        for flag in ("auto_max_num_seqs", "auto_cascade"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         budget = self.scheduler.max_batch_tokens
         if budget < self.page_size:
             raise ValueError(f"max_batch_tokens (max_num_batched_tokens) {budget} is smaller than one page "

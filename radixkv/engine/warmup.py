@@ -7,8 +7,8 @@ prefix cache is emptied (every page back in the pool) and every counter the step
 (EngineStats' num_steps, mixed_steps; the scheduler's metrics: prompt/hit tokens, preemptions, waits;
 steps_ahead; the graphs' (decode and piecewise) and attention's replay and cascade counters). `prepare_engine(core)` runs it
 when EngineConfig.warmup says so (None: on CUDA only; Triton's interpreter makes it slow on CPU) and logs
-the start-up lines (KV dtype, pages x page size = tokens, concurrent requests at max_model_len, graphs,
-warm-up seconds). `use_radixkv_triton_cache()` points TRITON_CACHE_DIR (when unset) at
+the start-up lines (KV dtype, pages x page size = tokens, concurrent requests at max_model_len, max_num_seqs
+and cascade as decided (EngineConfig.with_engine_defaults), graphs, warm-up seconds). `use_radixkv_triton_cache()` points TRITON_CACHE_DIR (when unset) at
 `$RADIXKV_CACHE_DIR/triton`, default `~/.cache/radixkv/triton`, so compiled kernels survive restarts.
 
 What a step's kernels specialise on (kernels/*.py, engine/attention.py, cuda_graphs.py). Triton compiles a
@@ -131,6 +131,11 @@ def prepare_engine(core: EngineCore, *, budget_given: bool = False) -> WarmupRep
     the start-up lines. Returns the warm-up's report (None when it was off)."""
     if budget_given:
         core.config.check_budget_fits(core.runner.num_pages)
+    decided = getattr(core.runner, "config", core.config).scheduler
+    if core.config.scheduler != decided:  # a front end built its core from the config it passed, not runner.config
+        log.warning("the engine core's scheduler config differs from the runner's decided one (max_num_seqs %d vs "
+                    "%d, cascade %s vs %s): build EngineCore(runner, runner.config)", core.config.scheduler.max_running,
+                    decided.max_running, core.config.scheduler.cascade, decided.cascade)
     report = warm_up(core) if warmup_enabled(core) else None
     for line in startup_lines(core, report):
         log.info("%s", line)
@@ -145,8 +150,12 @@ def startup_lines(core: EngineCore, report: WarmupReport | None) -> list[str]:
     per_request = -(-max_len // ps)
     graphs = runner.graphs
     kv = f"KV cache: {runner.kv_dtype.value}, {pages:,} pages x {ps} tokens = {pages * ps:,} tokens"
+    sched = cfg.scheduler
     fit = (f"max concurrent requests at max_model_len {max_len:,}: {pages // per_request:,} "
-           f"({per_request:,} pages each); max_num_seqs {cfg.scheduler.max_running}")
+           f"({per_request:,} pages each); max_num_seqs {sched.max_running}"
+           f"{' (engine default from the KV pool)' if cfg.auto_max_num_seqs else ''}; cascade decode "
+           f"{'on: the KV dtype rule decides each step' if sched.cascade else 'off'}"
+           f"{' (engine default)' if cfg.auto_cascade else ''}")
     mixed = getattr(runner, "mixed_graphs", None)
     pieces = (f"; mixed steps: {len(mixed.buckets)} token buckets of piecewise graphs"
               if mixed is not None and getattr(mixed, "use_graphs", False) else "")

@@ -1,0 +1,97 @@
+"""The defaults the engine decides (issue 31 item 3): max_num_seqs from the KV pool and cascade on CUDA, as pure
+functions of the pool, the device and the KV dtype; and which LLM(...) keywords leave them to the engine."""
+from __future__ import annotations
+
+import pytest
+
+from radixkv.config import (
+    ENGINE_STEP_BUDGET,
+    EngineConfig,
+    KVDtype,
+    SchedulerConfig,
+    engine_cascade,
+    engine_max_running,
+)
+from radixkv.plan import kv_window_for
+
+POOLS = {  # pool tokens of an 8B-shaped model (128 KiB a bf16 token) for a few pool sizes
+    "tiny": 16_384, "24GB card": 50_000, "edge": 131_072, "half": 300_000, "H200 bf16": 857_696,
+    "H200 fp8": 1_678_592,
+}
+
+
+@pytest.mark.parametrize("pool, want", [(0, 256), (16_384, 256), (50_000, 256), (131_071, 256), (131_072, 256),
+                                        (131_584, 257), (300_000, 585), (524_288, 1024), (857_696, 1024),
+                                        (1_678_592, 1024), (10**9, 1024)])
+def test_cuda_max_running_grows_with_the_pool_between_256_and_1024(pool: int, want: int) -> None:
+    assert engine_max_running(pool, ENGINE_STEP_BUDGET, "cuda", None) == want
+    assert engine_max_running(pool, ENGINE_STEP_BUDGET, "cuda", 0) == want  # kv_window=0: no window
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS.values()))
+@pytest.mark.parametrize("device", ["cpu", "mps", "meta"])
+def test_other_devices_keep_256(pool: int, device: str) -> None:
+    assert engine_max_running(pool, ENGINE_STEP_BUDGET, device, None) == SchedulerConfig().max_running == 256
+
+
+@pytest.mark.parametrize("kv", list(KVDtype))
+@pytest.mark.parametrize("pool", [50_000, 857_696, 1_678_592])
+def test_a_recent_token_window_keeps_256(kv: KVDtype, pool: int) -> None:
+    """INT4/INT2 pages take a window by default (shadow pages per possible running row): 256 there; any other
+    dtype, or INT pages with the window turned off, follow the pool."""
+    for given in (None, 0, 16):
+        window = kv_window_for(kv, given)
+        got = engine_max_running(pool, ENGINE_STEP_BUDGET, "cuda", window)
+        if window:
+            assert got == 256
+        else:
+            assert got == max(256, min(1024, pool // 512))
+    assert bool(kv_window_for(kv, None)) == kv.is_int
+
+
+def test_the_running_set_never_exceeds_the_step_budget_but_stays_at_least_256() -> None:
+    assert engine_max_running(10**9, 512, "cuda", None) == 512
+    assert engine_max_running(10**9, 64, "cuda", None) == 256  # a tiny budget keeps the old default
+    assert engine_max_running(10**9, 8192, "cuda", None) == 1024
+
+
+@pytest.mark.parametrize("device, possible, want", [("cuda", True, True), ("cuda", False, False),
+                                                    ("cpu", True, False), ("cpu", False, False),
+                                                    ("mps", True, False)])
+def test_cascade_default_on_cuda_only_where_the_rule_takes_groups(device: str, possible: bool, want: bool) -> None:
+    assert engine_cascade(device, possible) is want
+
+
+def test_from_kwargs_marks_what_was_not_given() -> None:
+    cfg = EngineConfig.from_kwargs()
+    assert (cfg.auto_max_num_seqs, cfg.auto_cascade) == (True, True)
+    assert (cfg.scheduler.max_running, cfg.scheduler.cascade) == (256, False)  # until the engine decides
+    for kw in ({"max_num_seqs": 8}, {"max_running": 8}):
+        c = EngineConfig.from_kwargs(**kw)
+        assert (c.auto_max_num_seqs, c.auto_cascade, c.scheduler.max_running) == (False, True, 8)
+    for flag in (True, False):
+        c = EngineConfig.from_kwargs(cascade=flag)
+        assert (c.auto_max_num_seqs, c.auto_cascade, c.scheduler.cascade) == (True, False, flag)
+    c = EngineConfig.from_kwargs(scheduler=SchedulerConfig(max_running=3))
+    assert (c.auto_max_num_seqs, c.auto_cascade, c.scheduler.max_running) == (False, False, 3)
+    assert EngineConfig() == EngineConfig(auto_max_num_seqs=False, auto_cascade=False)  # built directly: as given
+    with pytest.raises(TypeError, match="auto_cascade"):
+        EngineConfig.from_kwargs(auto_cascade=False)
+    with pytest.raises(ValueError, match="auto_max_num_seqs"):
+        EngineConfig(auto_max_num_seqs=1)  # type: ignore[arg-type]
+
+
+def test_with_engine_defaults_decides_only_what_was_left_to_it() -> None:
+    auto = EngineConfig.from_kwargs()
+    big = auto.with_engine_defaults(857_696, "cuda", None, True)
+    assert (big.scheduler.max_running, big.scheduler.cascade) == (1024, True)
+    assert big.scheduler.max_batch_tokens == ENGINE_STEP_BUDGET
+    assert big.with_engine_defaults(857_696, "cuda", None, True) == big  # idempotent
+    assert auto.with_engine_defaults(857_696, "cpu", None, True) == auto  # CPU: 256, cascade off
+    int4 = auto.with_engine_defaults(857_696, "cuda", 16, False)
+    assert (int4.scheduler.max_running, int4.scheduler.cascade) == (256, False)
+    given = EngineConfig.from_kwargs(max_num_seqs=64, cascade=False)
+    assert given.with_engine_defaults(857_696, "cuda", None, True) is given
+    on = EngineConfig.from_kwargs(cascade=True)
+    assert on.with_engine_defaults(16_384, "cpu", None, False).scheduler.cascade is True  # explicit: respected
+    assert EngineConfig().with_engine_defaults(857_696, "cuda", None, True) == EngineConfig()
