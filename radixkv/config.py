@@ -386,7 +386,7 @@ class EngineConfig:
             raise ValueError(f"warmup must be True, False or None, got {self.warmup!r}")
         for flag in ("auto_max_num_seqs", "auto_cascade"):
             if not isinstance(getattr(self, flag), bool):
-                raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
+                raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         budget = self.scheduler.max_batch_tokens
         if budget < self.page_size:
             raise ValueError(f"max_batch_tokens (max_num_batched_tokens) {budget} is smaller than one page "

@@ -77,7 +77,7 @@ def test_from_kwargs_marks_what_was_not_given() -> None:
     assert EngineConfig() == EngineConfig(auto_max_num_seqs=False, auto_cascade=False)  # built directly: as given
     with pytest.raises(TypeError, match="auto_cascade"):
         EngineConfig.from_kwargs(auto_cascade=False)
-    with pytest.raises(ValueError, match="auto_max_num_seqs"):
+    with pytest.raises(TypeError, match="auto_max_num_seqs"):
         EngineConfig(auto_max_num_seqs=1)  # type: ignore[arg-type]
 
 
