@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from radixkv.config import KVDtype
+from radixkv.files import MiB, UnreadableFile, check_regular, read_text_bounded
 
 FP8_SCALE_BYTES = 2  # float16, one per (token, KV head) row
 INT_GROUP_BYTES = 4  # float16 scale + float16 zero, one pair per group of a row
@@ -38,6 +39,7 @@ INT_GROUP_SIZE = {4: 64, 2: 32}  # values a group holds where head_dim allows (b
 SMALL_HEAD_DIM = 64
 INT_GROUP_SIZE_SMALL_HEAD = {4: 16, 2: 32}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+MAX_CONFIG_BYTES = 16 * MiB  # a config.json is a few KiB; a larger one is not a config
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -216,11 +218,14 @@ def read_model_shape(model: str) -> ModelShape:
     elif not os.path.exists(model) and re.fullmatch(r"[\w.-]+/[\w.-]+", model):
         path = _cached_config(model)
     try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
+        d = json.loads(read_text_bounded(path, MAX_CONFIG_BYTES, "config.json"))
     except FileNotFoundError:
         raise ValueError(f"{path}: no such file (MODEL is a folder, a config.json, a .gguf or a cached hub id)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except UnreadableFile:  # a FIFO, a device, a config of more than MAX_CONFIG_BYTES
+        raise
+    except RecursionError:
+        raise ValueError(f"{path}: not a readable JSON config: nested too deeply") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # (json.JSONDecodeError is a ValueError)
         raise ValueError(f"{path}: not a readable JSON config: {e}") from None
     if not isinstance(d, dict):
         raise ValueError(f"{path}: a config is a JSON object, got {type(d).__name__}")
@@ -238,6 +243,12 @@ def _cached_config(repo_id: str) -> str:
 
 
 def _gguf_shape(path: str) -> ModelShape:
+    try:
+        check_regular(path, ".gguf file")  # (a FIFO would block the reader's open for good)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ValueError(f"{path}: not a readable GGUF file: {e.strerror or e}") from None
     try:
         import gguf
 

@@ -9,9 +9,12 @@ import json
 import random
 from pathlib import Path
 
+from radixkv.files import GiB, UnreadableFile, check_regular, read_text_bounded
+
 from .bench_results import BenchError, BenchRequest
 
 DATASETS = ("random", "prefix-repetition", "sharegpt", "trace")
+MAX_SHAREGPT_BYTES = 1 * GiB  # ShareGPT_V3_unfiltered_cleaned_split.json is 0.6 GiB; parsing costs ~10x
 
 
 def _rand_ids(rng: random.Random, n: int, low: int, high: int) -> list[int]:
@@ -64,10 +67,16 @@ def sharegpt_dataset(path: str | None, num_prompts: int, *, output_len: int | No
     if not path:
         raise BenchError("--dataset-name sharegpt needs --dataset-path FILE.json")
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(read_text_bounded(path, MAX_SHAREGPT_BYTES, "ShareGPT JSON file"))
+    except UnreadableFile as err:  # a FIFO, /dev/zero, a file past the bound
+        raise BenchError(f"--dataset-path {err}") from None
     except OSError as err:
         raise BenchError(f"cannot read --dataset-path {path}: {err.strerror or err}") from None
-    except json.JSONDecodeError as err:
+    except UnicodeDecodeError as err:
+        raise BenchError(f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start})") from None
+    except RecursionError:
+        raise BenchError(f"{path}: not JSON (nested too deeply)") from None
+    except ValueError as err:  # json.JSONDecodeError, and a number of too many digits
         raise BenchError(f"{path}: not JSON ({err})") from None
     if not isinstance(data, list):
         raise BenchError(f"{path}: expected a JSON list of conversations")
@@ -104,7 +113,11 @@ def trace_dataset(path: str | None, num_prompts: int | None, *, vocab_size: int 
     if not file.exists() and name in BUNDLED:
         file = bundled_trace(name)
     try:
+        if file.exists():  # a FIFO would block the reader for good (a missing file: the reader says so)
+            check_regular(file, "trace file", folder_ok=True)
         trace = load_trace(file)
+    except UnreadableFile as err:
+        raise BenchError(f"--dataset-path {err}") from None
     except (TraceError, FileNotFoundError) as err:
         raise BenchError(str(err)) from None
     reqs = trace.requests[:num_prompts] if num_prompts else trace.requests
