@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .structured_outputs import StructuredOutputsParams
+
 GREEDY_BELOW = 1e-5  # vLLM's epsilon: smaller temperatures overflow logits / T, so they mean greedy
 
 
@@ -43,7 +45,8 @@ class SamplingParams:
     space (`with_bad_words_tokenized`, which InputProcessor.prepare calls; bad_words_token_ids holds the result),
     a one-token word is never sampled, and a longer one's last token is banned whenever the output
     ends with the rest of it. Token ids are checked against the vocabulary by `check_vocab`.
-    top_k 0 (vLLM's "off") is the same as None.
+    top_k 0 (vLLM's "off") is the same as None. structured_outputs: a StructuredOutputsParams (or a dict
+    of its fields): every token is sampled from those the grammar allows (radixkv/structured_outputs.py).
 
     Fields may be assigned after construction (as vLLM's may); the engine validates and copies the
     params when a request is queued (InputProcessor.prepare), so later changes do not reach it.
@@ -73,6 +76,7 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words: tuple[str, ...] = ()
     bad_words_token_ids: tuple[tuple[int, ...], ...] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.n) or self.n < 1:
@@ -123,6 +127,7 @@ class SamplingParams:
             if not _is_int(t) or t < 0:
                 raise ValueError(f"stop_token_ids must be non-negative ints, got {t!r}")
         self._check_logits_controls()
+        object.__setattr__(self, "structured_outputs", StructuredOutputsParams.coerce(self.structured_outputs))
 
     def _check_logits_controls(self) -> None:
         bias = self.logit_bias
@@ -207,11 +212,12 @@ class SamplingParams:
     @property
     def reads_output(self) -> bool:
         """Whether sampling this row's next token reads its latest tokens on the host: penalties,
-        min_tokens, or a bad word of several tokens (EngineCore schedules such rows only after their
-        tokens are read; logit_bias, allowed_token_ids and one-token bad words do not need to wait)."""
+        min_tokens, a bad word of several tokens, or structured outputs (the grammar's mask follows the
+        last token) (EngineCore schedules such rows only after their tokens are read; logit_bias,
+        allowed_token_ids and one-token bad words do not need to wait)."""
         words = self.bad_words_token_ids
         multi = bool(self.bad_words) if words is None else any(len(w) > 1 for w in words)
-        return self.has_penalties or self.min_tokens > 0 or multi
+        return self.has_penalties or self.min_tokens > 0 or multi or self.structured_outputs is not None
 
     @property
     def penalized(self) -> bool:

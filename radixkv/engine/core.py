@@ -43,6 +43,7 @@ from radixkv.prompt_logprobs import LogprobsBlock
 from radixkv.request import FinishReason, PositionLogprobs, Request
 from radixkv.scheduler import Scheduler
 
+from .grammar import Grammars
 from .runner import Launched, ModelRunner
 
 
@@ -113,6 +114,10 @@ class EngineCore:
         self._ahead: Launched | None = None  # the step queued behind the last one returned (async scheduling)
         self._sent: dict[int, int] = {}  # rid -> output tokens already reported, for live requests
         self._prompt_lps: dict[int, list[LogprobsBlock]] = {}  # rid -> its prompt's scores so far, until sent
+        # structured outputs: the compiled grammars and matchers (set by the front end that built this core:
+        # it shares its InputProcessor's, or the core process builds one); rids with a matcher
+        self.grammars: Grammars | None = None
+        self._constrained: set[int] = set()
         self._ran: set[int] = set()  # requests running after the last successful step
         self.t0 = time.monotonic()  # the clock origin of arrivals (time.monotonic is one clock per machine)
         self._busy = threading.Lock()
@@ -139,12 +144,19 @@ class EngineCore:
                 self._sent[r.rid] = len(r.output)
                 if r.sampling is not None and r.sampling.params.prompt_logprobs is not None:
                     self._prompt_lps[r.rid] = []
+                so = r.sampling.params.structured_outputs if r.sampling is not None else None
+                if so is not None:
+                    if self.grammars is None:
+                        raise ValueError("structured outputs need a tokenizer; this engine has none")
+                    self.grammars.start(r.rid, so, r.output)
+                    self._constrained.add(r.rid)
 
     def abort(self, rid: int) -> Request | None:
         """Withdraw a request: pages released now, full blocks stay cached. None for an unknown or finished id."""
         with self.exclusive("abort"):
             self._sent.pop(rid, None)
             self._prompt_lps.pop(rid, None)
+            self._release_grammar(rid)
             return self.scheduler.abort(rid)
 
     def finish(self, rid: int, reason: FinishReason = FinishReason.STOP) -> Request | None:
@@ -153,6 +165,7 @@ class EngineCore:
         with self.exclusive("finish"):
             self._sent.pop(rid, None)
             self._prompt_lps.pop(rid, None)
+            self._release_grammar(rid)
             try:
                 return self.scheduler.finish(rid, reason)
             except ValueError:  # not running (any more)
@@ -191,7 +204,7 @@ class EngineCore:
                 if batch is None:
                     return []
                 stage = "run"
-                launched = self.runner.launch(batch)
+                launched = self.runner.launch(batch, grammar_mask=self._grammar_mask(batch))
             batch, stage = launched.batch, "run"
             if self.async_scheduling and self._may_run_ahead(launched):
                 nxt = self.scheduler.schedule_ahead(self.now())
@@ -202,6 +215,7 @@ class EngineCore:
             stage = "update"
             before = [len(r.output) for r in batch.requests]
             self.scheduler.update(batch, tokens, self.now())
+            self._advance_grammars(batch, before)
         except BaseException as err:
             self._ahead = None
             # what was not updated never happened: abandoning the oldest batch in flight drops the one
@@ -246,6 +260,29 @@ class EngineCore:
             prompt_lps = None if blocks is None else LogprobsBlock.concat(blocks) if blocks else _EMPTY_BLOCK
             out.append(RequestDelta(r.rid, new, reason, r.cached_tokens, lps, prompt_lps))
         return out
+
+    def _grammar_mask(self, batch: Batch) -> tuple[torch.Tensor, list[int]] | None:
+        """The step's structured-output mask over its sampling rows (Grammars.bitmask), None without one."""
+        if self.grammars is None or not self._constrained:
+            return None
+        return self.grammars.bitmask([r.rid if r.rid in self._constrained else None
+                                      for r, s in zip(batch.requests, batch.sample) if s])
+
+    def _advance_grammars(self, batch: Batch, before: list[int]) -> None:
+        """Advance each constrained request's matcher over its new token; a request whose grammar has
+        terminated ends (a stop token it accepted already ended it, unless ignore_eos)."""
+        for b, r in enumerate(batch.requests):
+            if r.rid not in self._constrained or len(r.output) == before[b]:
+                continue
+            if self.grammars.accept(r.rid, r.output[before[b]:]) and not r.finished:
+                self.scheduler.finish(r.rid, FinishReason.STOP)
+            if r.finished:
+                self._release_grammar(r.rid)
+
+    def _release_grammar(self, rid: int) -> None:
+        if rid in self._constrained:
+            self._constrained.discard(rid)
+            self.grammars.drop(rid)
 
     def _suspects(self, batch: Batch | None) -> list[int]:
         if batch is None:  # admission raised (it puts its requests back): the head of the queue

@@ -19,6 +19,8 @@ import torch
 from radixkv.request import Request
 from radixkv.sampling_params import RequestSampling, SamplingParams
 
+from .grammar import Grammars
+
 Prompt = str | Sequence[int] | dict[str, Any]
 
 
@@ -48,6 +50,7 @@ class InputProcessor:
 
     def __init__(self, tokenizer: Any, limits: ModelLimits, eos_token_ids: frozenset[int], seed: int) -> None:
         self.tokenizer, self.limits, self.eos_token_ids = tokenizer, limits, eos_token_ids
+        self.grammars = Grammars(tokenizer, limits.vocab_size)  # structured outputs: compiled (cached) to validate
         self._rids = itertools.count()
         self._seeds = torch.Generator().manual_seed(seed)
 
@@ -122,9 +125,12 @@ class InputProcessor:
     def prepare(self, params: SamplingParams) -> SamplingParams:
         """params ready for the sampler: a validated copy (fields assigned since construction are
         checked; later changes to the caller's object do not reach the request), bad words tokenised,
-        every token id checked against the vocabulary (ValueError naming the field)."""
+        every token id checked against the vocabulary, structured outputs compiled (ValueError naming
+        the field)."""
         params = replace(params).with_bad_words_tokenized(self.tokenizer)
         params.check_vocab(self.limits.vocab_size)
+        if params.structured_outputs is not None:
+            self.grammars.compile(params.structured_outputs)  # ValueError naming the field; warms the cache
         return params
 
     def process(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams],

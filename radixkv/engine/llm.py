@@ -42,8 +42,10 @@ class LLM:
     local Hugging Face cache, a config.json or a transformers PretrainedConfig (seeded random weights).
     attention_backend: Backend.AUTO runs Triton on CUDA and the PyTorch reference on CPU;
     Backend.TRITON on CPU needs TRITON_INTERPRET=1 (tests).
-    cascade=True: decode steps whose rows share cached prefix pages attend through the cascade kernels
-    (each shared prefix read once per group), replayed from CUDA graphs (runner.py).
+    cascade: decode steps whose rows share cached prefix pages attend through the cascade kernels
+    (each shared prefix read once per group), replayed from CUDA graphs (runner.py); not given: on with CUDA
+    (the KV dtype's rule decides each step), off on CPU. max_num_seqs not given: sized from the KV pool on
+    CUDA, 256 on CPU (config.engine_max_running); `llm.config` holds the decided values.
     kv_events: a publisher (radixkv.cache.events, e.g. QueuePublisher) told of every block the prefix cache
     stores or drops, in vLLM's KV event shape, so a router can follow what this engine holds.
     Other keyword arguments are EngineConfig fields (num_pages, seed, scheduler, ...) or vLLM's names.
@@ -60,9 +62,11 @@ class LLM:
         self.tokenizer, self.hf_config, self.eos_token_ids = loaded.tokenizer, loaded.config, loaded.eos_token_ids
         if tokenizer is not None and tokenizer != model:  # vLLM's tokenizer=: another folder's tokenizer
             self.tokenizer = tokenizer_from(str(tokenizer))
+        self.config = cfg = self.runner.config  # with the defaults the engine decided once the pool was sized
         self.core = EngineCore(self.runner, cfg, kv_events)
         self.warmup_report = prepare_engine(self.core, budget_given=budget_given(more))  # warm before ready
         self.inputs = InputProcessor(self.tokenizer, self.runner.limits, self.eos_token_ids, cfg.seed)
+        self.core.grammars = self.inputs.grammars  # structured outputs: one compile cache, the core's matchers
         self.outputs = OutputProcessor(self.tokenizer)
         self._requests: dict[int, Request] = {}  # live requests by rid
         self._recorded: list[Request] | None = None  # requests added while recording

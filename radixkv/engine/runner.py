@@ -29,6 +29,7 @@ from .kv_store import KVStore, default_num_pages
 from .kv_window import KVWindow
 from .model import LlamaModel
 from .parallel import TPGroup
+from .grammar import Grammars
 from .logprobs import prompt_logprobs, token_logprobs
 from .sampling import penalize, sample, sampling_rows
 from .tp_workers import TensorParallel
@@ -77,7 +78,9 @@ class ModelRunner:
     """One rank's share of the engine's device work (see the module docstring).
 
     Built from a loaded model (`load`): the pool's size (`num_pages`) is decided here, from the
-    memory the weights leave, and agreed over the tensor-parallel ranks.
+    memory the weights leave, and agreed over the tensor-parallel ranks; then the defaults the user left to the
+    engine (max_num_seqs from the pool, cascade on CUDA: EngineConfig.with_engine_defaults). `config` is the
+    decided EngineConfig: build the EngineCore from it, not from the one passed in.
     """
 
     def __init__(self, loaded: LoadedModel, cfg: EngineConfig, device: torch.device,
@@ -96,20 +99,32 @@ class ModelRunner:
         num_pages = cfg.num_pages or default_num_pages(s, cfg, self.kv_dtype, self.dtype, device)
         if group is not None:
             num_pages = group.min_over_ranks(num_pages)  # every rank's pool has the same page ids
+        # KIVI's recent-token window (INT pages by default): shadow pages for every running row's latest tokens
+        self.kv_window = kv_window_for(self.kv_dtype, cfg.kv_window)
+        # the KV dtype's rule says when a cascade group is worth it (INT4/INT2 or a window: never)
+        self.cascade_rule: CascadeRule = RULE_NEVER if self.kv_window else rule_for(self.kv_dtype)
+        # what the user left to the engine (max_num_seqs, cascade: config.py), decided now the pool is sized; this
+        # config is what everything below, the EngineCore's scheduler and the warm-up read (`runner.config`)
+        cascade_pays = triton and self.cascade_rule is not RULE_NEVER  # (the reference backend gains nothing)
+        decided = cfg.with_engine_defaults(num_pages * cfg.page_size, device.type, self.kv_window, cascade_pays)
+        if cfg.num_pages is None and decided.scheduler.max_running > cfg.scheduler.max_running:
+            # more rows sample a step: size the pool again with their logits reserved (a slightly smaller pool,
+            # on which the rule gives at most as many rows, so the reserve covers them)
+            num_pages = default_num_pages(s, decided, self.kv_dtype, self.dtype, device)
+            if group is not None:
+                num_pages = group.min_over_ranks(num_pages)
+            decided = cfg.with_engine_defaults(num_pages * cfg.page_size, device.type, self.kv_window, cascade_pays)
+        self.config = cfg = decided
         self.num_pages = num_pages
         use_graphs = triton and device.type == "cuda" and not cfg.enforce_eager
         # with CUDA graphs one more page, never in the pool, takes the padding rows' K/V
         self.kv = KVStore(s.num_layers, num_pages + use_graphs, cfg.page_size, s.num_kv_heads, s.head_dim,
                           self.kv_dtype, device, self.dtype)
-        # KIVI's recent-token window (INT pages by default): shadow pages for every running row's latest tokens
-        self.kv_window = kv_window_for(self.kv_dtype, cfg.kv_window)
         self.kv_sink = kv_sink_for(self.kv_dtype, self.kv_window, cfg.page_size, cfg.kv_sink)
         window = (KVWindow(self.kv, self.kv_window, cfg.scheduler.max_running, self.kv_sink) if self.kv_window
                   else None)
         self.attention = PagedAttention(self.kv, s.num_q_heads, s.head_dim, s.head_dim ** -0.5, attention_backend,
                                         window=window)
-        # the KV dtype's rule says when a cascade group is worth it (INT4/INT2 or a window: never)
-        self.cascade_rule: CascadeRule = RULE_NEVER if window is not None else rule_for(self.kv_dtype)
         self.graphs = (DecodeGraphs(self.model, self.attention, cfg.scheduler.max_running,
                                     -(-self.limits.max_model_len // cfg.page_size), scratch_page=num_pages,
                                     cascade=cfg.scheduler.cascade and self.cascade_rule is not RULE_NEVER)
@@ -191,10 +206,12 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ sampling
 
-    def launch(self, batch: Batch, prev: Launched | None = None) -> Launched:
+    def launch(self, batch: Batch, prev: Launched | None = None,
+               grammar_mask: tuple[Tensor, list[int]] | None = None) -> Launched:
         """Queue the forward pass and the sampler of `batch` (one token per sampling row) and the copy
         of the tokens to the host; read the logprobs of the rows that asked for them. prev: the step
-        `batch` was scheduled ahead of (its tokens are batch's inputs). Changes no request."""
+        `batch` was scheduled ahead of (its tokens are batch's inputs). grammar_mask: the structured-output
+        mask of the sampling rows (EngineCore's, Grammars.bitmask). Changes no request."""
         dev = self.device
         rows = [b for b, s in enumerate(batch.sample) if s]
         ids = None
@@ -213,6 +230,10 @@ class ModelRunner:
         if any(p.penalized or p.min_tokens for p in params):
             logits = penalize(logits, params, [r.prompt for r in reqs], [r.output for r in reqs],
                               [r.stop_token_ids for r in reqs])
+        if grammar_mask is not None:  # structured outputs: tokens the grammar forbids at -inf (Grammars.bitmask)
+            if logits is raw:
+                logits = logits.clone()  # logprobs read the raw distribution
+            Grammars.apply(logits, *grammar_mask)
         if all(p.greedy for p in params):
             drawn = logits.argmax(dim=-1)
         else:

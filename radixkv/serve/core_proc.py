@@ -39,6 +39,7 @@ from radixkv.engine.core import EngineCore, EngineStats
 from radixkv.engine.inputs import InputProcessor, ModelLimits
 from radixkv.engine.llm import engine_config
 from radixkv.engine.outputs import OutputProcessor
+from radixkv.engine.grammar import Grammars
 from radixkv.engine.runner import ModelRunner
 from radixkv.engine.warmup import prepare_engine, use_radixkv_triton_cache
 from radixkv.engine.weights import model_source
@@ -76,7 +77,9 @@ def core_main(model: Any, engine_kwargs: dict[str, Any], to_core: str, from_core
                             engine_kwargs.pop("page_size", 16), engine_kwargs.pop("device", None), engine_kwargs)
         use_radixkv_triton_cache()  # compiled kernels persist across restarts
         runner, loaded = ModelRunner.load(model_source(model, cfg.load_format), cfg)
+        cfg = runner.config  # with the defaults the engine decided once the pool was sized
         core = EngineCore(runner, cfg)
+        core.grammars = Grammars(loaded.tokenizer, runner.limits.vocab_size)  # structured outputs' matchers
         prepare_engine(core, budget_given=budget_given(engine_kwargs))  # warm before reporting ready
     except BaseException as err:  # noqa: BLE001 - the API process reports it and exits
         conn.send(f"{type(err).__name__}: {err}")
