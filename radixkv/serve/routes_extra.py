@@ -18,8 +18,8 @@ event loop). /tokenize and /detokenize need the API key when the server has one 
 Also here, shared with POST /v1/chat/completions: `check_request_template` (a request's own
 `chat_template` only when the operator trusts them: `--trust-request-chat-template`, as vLLM) and
 `render_chat` (the template over the messages, on a worker thread; a request's own template is stopped
-after TEMPLATE_TIME_LIMIT_S of Python work, and a rendered prompt over the size bound is refused before
-it is tokenised).
+after TEMPLATE_TIME_LIMIT_S of Python work or once it writes more than the size bound, and a rendered
+prompt over the size bound is refused before it is tokenised).
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ MAX_DETOKENIZE_TOKENS = 2**20  # /detokenize: token ids at most
 MAX_BODY_BYTES = 32 * 2**20  # either endpoint: the raw body at most
 MAX_TEMPLATE_CHARS = 256 * 2**10  # a request's own chat template: characters at most
 TEMPLATE_TIME_LIMIT_S = 5.0  # a request's own chat template: seconds of rendering at most
+YIELD_EVERY_S = 0.0005  # while it renders, the GIL is handed over this often
 
 
 class TokenizeCompletionRequest(BaseModel):
@@ -220,19 +221,38 @@ def check_request_template(template: str | None, trusted: bool) -> None:
                        param="chat_template")
 
 
-class TemplateTimeLimit(Exception):
-    """A request's chat template ran past its time limit (raised inside the template's frames)."""
+class TemplateLimit(Exception):
+    """A request's chat template ran past its time limit or wrote past the size bound (raised inside the
+    template's own frames)."""
+
+
+_CO_GENERATOR = 0x20  # inspect.CO_GENERATOR
 
 
 @contextlib.contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
-    """Stop the Python code run inside (a template's loops) after `seconds`: a trace function on this
-    thread raises TemplateTimeLimit at the first line past the deadline. The thread's tracer is restored."""
+def _template_limits(seconds: float, bound: int) -> Iterator[None]:
+    """Bound the Python code run inside (a request template's rendering) with a trace function on this
+    thread: TemplateLimit at the first line past `seconds`, or once the template's frames have yielded more
+    than `bound` characters (before jinja joins them: a loop of one-character writes cannot pile up
+    billions of pieces). It hands the GIL over every YIELD_EVERY_S (time.sleep(0)), so the event loop waits
+    that long for it at most, not the interpreter's 5 ms switch interval each time it wakes. The thread's
+    tracer is restored."""
     deadline = time.monotonic() + seconds
+    state = {"handed": time.monotonic(), "written": 0}
 
     def trace(frame: Any, event: str, arg: Any) -> Any:
-        if time.monotonic() > deadline:
-            raise TemplateTimeLimit
+        if event == "return" and type(arg) is str and frame.f_code.co_filename == "<template>" \
+                and frame.f_code.co_flags & _CO_GENERATOR:
+            state["written"] += len(arg)
+            if state["written"] > bound:
+                raise TemplateLimit(f"the request's chat template wrote more than {bound} characters "
+                                    f"({PROMPT_CHARS_PER_TOKEN} x max_model_len)")
+        now = time.monotonic()
+        if now > deadline:
+            raise TemplateLimit(f"the request's chat template ran for more than {seconds:g} s")
+        if now - state["handed"] > YIELD_EVERY_S:
+            time.sleep(0)
+            state["handed"] = time.monotonic()
         return trace
 
     old = sys.gettrace()
@@ -251,15 +271,14 @@ def render_chat(tok: Any, messages: list[dict[str, Any]], template: str | None, 
     param = "chat_template" if template is not None else "messages"
     if template is None and getattr(tok, "chat_template", None) is None:
         raise APIError(400, "the model's tokenizer has no chat template; pass `chat_template`", param="chat_template")
-    limit = _time_limit(TEMPLATE_TIME_LIMIT_S) if template is not None else contextlib.nullcontext()
+    limits = _template_limits(TEMPLATE_TIME_LIMIT_S, bound) if template is not None else contextlib.nullcontext()
     try:
-        with limit:
+        with limits:
             text = tok.apply_chat_template(messages, tokenize=False, chat_template=template,
                                            add_generation_prompt=add_generation_prompt,
                                            continue_final_message=continue_final_message, **kwargs)
-    except TemplateTimeLimit:
-        raise APIError(400, f"the request's chat template ran for more than {TEMPLATE_TIME_LIMIT_S:g} s",
-                       param="chat_template") from None
+    except TemplateLimit as err:
+        raise APIError(400, str(err), param="chat_template") from None
     except MemoryError:
         raise APIError(400, "the chat template needs more memory than the server has", param=param) from None
     except Exception as err:  # noqa: BLE001 - a template error is the body's fault

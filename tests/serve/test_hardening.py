@@ -116,24 +116,27 @@ def test_size_limits_come_before_any_work(server) -> None:
     assert server.pool_whole()
 
 
-HOSTILE = [
-    ("/v1/completions", {"prompt": "ab" * 2_500_000, "max_tokens": 1}, "prompt"),  # 5 MB of text
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "ab" * 2_500_000}]}, "messages"),
-    ("/tokenize", {"prompt": "ab" * 2_500_000}, "prompt"),
-    ("/v1/chat/completions", {"messages": MSGS, "chat_template": "{{ 'ab' * 2500000 }}"}, "chat_template"),
-    ("/tokenize", {"messages": MSGS, "chat_template": "{{ 'ab' * 2500000 }}"}, "chat_template"),
+HOSTILE = [  # (path, body, the 400's param, what its message says)
+    ("/v1/completions", {"prompt": "ab" * 2_500_000, "max_tokens": 1}, "prompt", "at most"),  # 5 MB of text
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "ab" * 2_500_000}]}, "messages", "at most"),
+    ("/tokenize", {"prompt": "ab" * 2_500_000}, "prompt", "at most"),
+    ("/v1/chat/completions", {"messages": MSGS, "chat_template": "{{ 'ab' * 2500000 }}"}, "chat_template",
+     "more than"),
+    ("/tokenize", {"messages": MSGS, "chat_template": "{{ 'ab' * 2500000 }}"}, "chat_template", "more than"),
     ("/v1/chat/completions", {"messages": MSGS, "chat_template":  # 10^10 iterations: bounded in time
-     "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x"}, "chat_template"),
-    ("/v1/chat/completions", {"messages": MSGS, "chat_template":  # 10^10 characters
-     "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"}, "chat_template"),
+     "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x"}, "chat_template",
+     "ran for more than"),
+    ("/v1/chat/completions", {"messages": MSGS, "chat_template":  # 10^10 one-character writes: bounded in size
+     "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"}, "chat_template",
+     "wrote more than"),
 ]
 
 
-@pytest.mark.parametrize("path,body,param", HOSTILE, ids=[f"{p.split('/')[-1]}-{len(str(b))}-{q}"
-                                                          for p, b, q in HOSTILE])
-def test_health_answers_within_100ms_while_a_hostile_request_is_prepared(trusting, path, body, param) -> None:
+@pytest.mark.parametrize("path,body,param,says", HOSTILE, ids=[f"{p.split('/')[-1]}-{len(str(b))}-{q}"
+                                                               for p, b, q, _ in HOSTILE])
+def test_health_answers_within_100ms_while_a_hostile_request_is_prepared(trusting, path, body, param, says) -> None:
     r, lat = _health_while(trusting, path, body)
-    _refused(r, param)
+    assert says in _refused(r, param)["message"]
     worst = max(lat)
     print(f"{path} {param}: /health {len(lat)} probes, worst {worst * 1e3:.1f} ms, "
           f"median {sorted(lat)[len(lat) // 2] * 1e3:.1f} ms")
