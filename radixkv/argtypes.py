@@ -7,9 +7,16 @@ import math
 from collections.abc import Callable
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An int >= minimum (1: 'a positive integer', 0: 'a non-negative integer')."""
+MAX_REQUEST_TOKENS = 1 << 24  # tokens a request: what the trace readers accept (workloads/trace_records.py)
+MAX_COUNT = 1 << 20  # requests, sessions, groups, prompts...: far past any benchmark, far below a runaway
+
+
+def int_at_least(minimum: int, maximum: int | None = None, why: str = "") -> Callable[[str], int]:
+    """An int >= minimum (1: 'a positive integer', 0: 'a non-negative integer'), and with `maximum`
+    at most that (`why` says where the bound comes from, e.g. '2**24 tokens a request')."""
     what = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, f"an integer >= {minimum}")
+    if maximum is not None:
+        what += f" of at most {maximum:,}" + (f" ({why})" if why else "")
 
     def parse(text: str) -> int:
         try:
@@ -18,6 +25,9 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if v < minimum:
             raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
+        if maximum is not None and v > maximum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {v:,}" if v < 10**30
+                                             else f"expected {what}, got a {len(str(v))}-digit integer")
         return v
     return parse
 
@@ -39,3 +49,7 @@ def finite_float_at_least(minimum: float, *, exclusive: bool = False) -> Callabl
 
 positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
+# sizes that become memory: tokens of one request, and how many of something
+token_count = int_at_least(1, MAX_REQUEST_TOKENS, "2**24 tokens a request")
+token_count_or_0 = int_at_least(0, MAX_REQUEST_TOKENS, "2**24 tokens a request")
+count = int_at_least(1, MAX_COUNT, "2**20")

@@ -9,16 +9,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from radixkv.argtypes import positive_int
+from radixkv.argtypes import count, int_at_least, positive_int
 from radixkv.cli.common import EXIT_NOTHING_COMPLETED, MAX_PAGES, CliError, check_output, pages_arg, write_output
 from radixkv.cli.load_model import build_engine
 from radixkv.config import Policy
+from radixkv.files import UnreadableFile, check_regular
 from radixkv.replay.replay import ReplayConfig, ReplayMode, run_replay
 from radixkv.replay.report import format_summary, nothing_completed
 from radixkv.replay.router import RouterKind
 from radixkv.workloads.data import BUNDLED, DEFAULT_TRACE, bundled_trace
 from radixkv.workloads.trace_loading import load_trace
 from radixkv.workloads.traces import TraceFormat, TraceRequest
+
+
+MAX_REPLICAS = 1024  # each its own scheduler, cache and pool
 
 
 def add_replay_parser(sub: Any) -> None:
@@ -42,7 +46,7 @@ def add_replay_parser(sub: Any) -> None:
     mode = r.add_mutually_exclusive_group()
     mode.add_argument("--sequential", action="store_true",
                       help="serve one request at a time in file order (exact, comparable hit rates)")
-    mode.add_argument("--concurrency", type=positive_int, default=256, metavar="N",
+    mode.add_argument("--concurrency", type=count, default=256, metavar="N",
                       help="requests running at once (scheduler max_running; default 256)")
     r.add_argument("--num-pages", type=pages_arg, metavar="N", help="KV pool size in pages (default: unlimited)")
     r.add_argument("--page-size", type=positive_int, default=16, metavar="N", help="tokens per page (default 16)")
@@ -51,7 +55,7 @@ def add_replay_parser(sub: Any) -> None:
     r.add_argument("--policy", choices=[x.value for x in Policy], default=Policy.LPM.value)
     r.add_argument("--limit", type=positive_int, metavar="N", help="replay only the first N requests")
     r.add_argument("--skip-bad", action="store_true", help="skip and count malformed records instead of failing")
-    r.add_argument("--replicas", type=positive_int, metavar="N",
+    r.add_argument("--replicas", type=int_at_least(1, MAX_REPLICAS, "replicas one process simulates"), metavar="N",
                    help="simulate N replicas, each with its own scheduler, cache and --num-pages pool, "
                         "behind --router (default: one)")
     r.add_argument("--router", choices=[k.value for k in RouterKind],
@@ -75,6 +79,12 @@ def trace_path(arg: str | None) -> Path:
         return bundled_sample()
     path = Path(arg)
     if path.exists():
+        try:  # a FIFO or a device would block or never end: refused before the readers open it
+            check_regular(path, "trace file", folder_ok=True)
+        except UnreadableFile as e:
+            raise CliError(str(e)) from None
+        except OSError as e:
+            raise CliError(f"{path}: cannot read the trace: {e.strerror or e}") from None
         return path
     if arg in BUNDLED:
         return bundled_trace(arg)

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from radixkv.argtypes import finite_float_at_least, nonnegative_int, positive_int
+from radixkv.argtypes import (MAX_REQUEST_TOKENS, count, finite_float_at_least, int_at_least, nonnegative_int,
+                              token_count, token_count_or_0)
 
 
 def _rate(text: str) -> float:
@@ -51,32 +52,32 @@ def add_bench_serve(subparsers: Any) -> argparse.ArgumentParser:
     b.add_argument("--dataset-name", choices=["random", "prefix-repetition", "sharegpt", "trace"], default="random")
     b.add_argument("--dataset-path", metavar="PATH",
                    help="sharegpt: the JSON file; trace: a trace file/folder or a bundled trace name")
-    b.add_argument("--num-prompts", type=positive_int, default=None, metavar="N",
+    b.add_argument("--num-prompts", type=count, default=None, metavar="N",
                    help="requests to send (default 1000; trace: all of it)")
     b.add_argument("--request-rate", type=_rate, default=None, metavar="RATE",
                    help="requests/s, Poisson arrivals; inf = all at once (default: inf, or a trace's arrival times)")
-    b.add_argument("--max-concurrency", type=positive_int, metavar="N", help="requests in flight at most")
+    b.add_argument("--max-concurrency", type=count, metavar="N", help="requests in flight at most")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true (vLLM/radixkv extra field)")
     b.add_argument("--temperature", type=finite_float_at_least(0.0), default=0.0, help="sampling temperature (default 0, greedy)")
-    b.add_argument("--vocab-size", type=positive_int, default=256, metavar="N",
+    b.add_argument("--vocab-size", type=int_at_least(1, 2**31 - 1, "token ids are int32"), default=256, metavar="N",
                    help="token-id prompts use ids below N (default 256; up to the model's vocab size)")
     b.add_argument("--token-id-low", type=nonnegative_int, default=0, metavar="N",
                    help="token-id prompts use ids >= N (e.g. to skip special tokens; default 0)")
     g = b.add_argument_group("random")
-    g.add_argument("--random-input-len", type=positive_int, default=1024, metavar="N")
-    g.add_argument("--random-output-len", type=positive_int, default=128, metavar="N")
-    g.add_argument("--random-range-ratio", type=float, default=0.0, metavar="R")
-    g.add_argument("--random-prefix-len", type=nonnegative_int, default=0, metavar="N")
+    g.add_argument("--random-input-len", type=token_count, default=1024, metavar="N")
+    g.add_argument("--random-output-len", type=token_count, default=128, metavar="N")
+    g.add_argument("--random-range-ratio", type=_range_ratio, default=0.0, metavar="R")
+    g.add_argument("--random-prefix-len", type=token_count_or_0, default=0, metavar="N")
     g = b.add_argument_group("prefix-repetition")
-    g.add_argument("--prefix-repetition-prefix-len", type=nonnegative_int, default=256, metavar="N")
-    g.add_argument("--prefix-repetition-suffix-len", type=nonnegative_int, default=256, metavar="N")
-    g.add_argument("--prefix-repetition-num-prefixes", type=positive_int, default=10, metavar="N")
-    g.add_argument("--prefix-repetition-output-len", type=positive_int, default=128, metavar="N")
+    g.add_argument("--prefix-repetition-prefix-len", type=token_count_or_0, default=256, metavar="N")
+    g.add_argument("--prefix-repetition-suffix-len", type=token_count_or_0, default=256, metavar="N")
+    g.add_argument("--prefix-repetition-num-prefixes", type=count, default=10, metavar="N")
+    g.add_argument("--prefix-repetition-output-len", type=token_count, default=128, metavar="N")
     g = b.add_argument_group("sharegpt / trace")
-    g.add_argument("--sharegpt-output-len", type=positive_int, metavar="N", help="output tokens (default: reply chars / 4)")
-    g.add_argument("--trace-output-len", type=positive_int, metavar="N", help="output tokens (default: the trace's)")
-    g.add_argument("--trace-max-input-len", type=positive_int, metavar="N", help="cut trace prompts to N tokens")
+    g.add_argument("--sharegpt-output-len", type=token_count, metavar="N", help="output tokens (default: reply chars / 4)")
+    g.add_argument("--trace-output-len", type=token_count, metavar="N", help="output tokens (default: the trace's)")
+    g.add_argument("--trace-max-input-len", type=token_count, metavar="N", help="cut trace prompts to N tokens")
     g.add_argument("--trace-time-scale", type=float, default=1.0, metavar="F",
                    help="multiply the trace's arrival times (0.1 = 10x faster; default 1)")
     g = b.add_argument_group("results")
@@ -90,6 +91,37 @@ def add_bench_serve(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=finite_float_at_least(0.0, exclusive=True), default=600.0, metavar="S", help="per-request timeout (default 600 s)")
     b.set_defaults(run=run_bench_serve)
     return b
+
+
+MAX_BENCH_TOKENS = 1 << 26  # prompt tokens of one benchmark in all (the prompts are lists of ints: ~36 B each)
+
+
+def _range_ratio(text: str) -> float:
+    """--random-range-ratio: lengths uniform in [len * (1 - r), len * (1 + r)], so 0 <= r < 1 (as vLLM)."""
+    v = finite_float_at_least(0.0)(text)
+    if v >= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return v
+
+
+def check_sizes(args: argparse.Namespace) -> str | None:
+    """Why the synthetic request set asked for is too large to build (one line), else None: a prompt
+    past 2**24 tokens, or more than MAX_BENCH_TOKENS prompt tokens in all."""
+    n = args.num_prompts or 1000
+    if args.dataset_name == "random":
+        each = args.random_prefix_len + int(args.random_input_len * (1 + args.random_range_ratio))
+        flags = "--random-prefix-len + --random-input-len x (1 + --random-range-ratio)"
+    elif args.dataset_name == "prefix-repetition":
+        each = args.prefix_repetition_prefix_len + args.prefix_repetition_suffix_len
+        flags = "--prefix-repetition-prefix-len + --prefix-repetition-suffix-len"
+    else:
+        return None  # read from a file: bounded by the file (and its reader)
+    if each > MAX_REQUEST_TOKENS:
+        return f"prompts of up to {each:,} tokens ({flags}), more than {MAX_REQUEST_TOKENS:,} (2**24 tokens a request)"
+    if n * each > MAX_BENCH_TOKENS:
+        return (f"--num-prompts {n:,} x {each:,} tokens is {n * each:,} prompt tokens, more than a benchmark "
+                f"builds ({MAX_BENCH_TOKENS:,}, 2**26)")
+    return None
 
 
 def build_requests(args: argparse.Namespace) -> list:
@@ -127,6 +159,10 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         except ImportError:
             print(f"radixkv: error: `radixkv bench-serve` needs {module} (pip install {module})", file=sys.stderr)
             return 2
+    too_large = check_sizes(args)
+    if too_large:
+        print(f"radixkv: error: {too_large}", file=sys.stderr)
+        return 2
     out = result_path(args) if args.save_result else None
     if out is not None and (out.is_dir() or not out.parent.is_dir()):
         print(f"radixkv: error: --result-filename: cannot write {out}", file=sys.stderr)
