@@ -27,6 +27,7 @@ from .device import host_to_device, pick_device
 from .inputs import ModelLimits
 from .kv_store import KVStore, default_num_pages
 from .kv_window import KVWindow
+from .size_checks import check_sizes
 from .model import LlamaModel
 from .parallel import TPGroup
 from .grammar import Grammars
@@ -90,6 +91,7 @@ class ModelRunner:
         self.spec, self.dtype = loaded.spec, loaded.dtype
         triton = attention_backend is Backend.TRITON or (attention_backend is Backend.AUTO and device.type == "cuda")
         group = tp.group if tp is not None else tp_group
+        check_sizes(cfg, loaded.spec, loaded.dtype, device, group.world if group is not None else 1)  # before any allocation
         self.model = LlamaModel(loaded.spec, loaded.state_dict, loaded.dtype, device, fused=triton, tp=group)
         # token ids must index the embedding (a config may claim more rows than the checkpoint holds)
         self.vocab_size = min(self.spec.vocab_size, self.model.embed.shape[0], self.model.vocab_rows)

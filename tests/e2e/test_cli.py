@@ -779,12 +779,13 @@ def test_degenerate_bench_flags_are_one_line(tmp_path, capsys, argv, needle):
 
 def test_bench_pool_larger_than_memory_is_one_line(capsys):
     pytest.importorskip("torch")
-    # 2**31 - 1 pages of 16 tokens of K and V: terabytes, refused by the allocator at once
+    # 2**31 - 1 pages of 16 tokens of K and V: terabytes, refused before any allocation (engine/size_checks.py)
     code, out, err = _run(["bench", "--device", "cpu", "--hidden", "64", "--layers", "1",
                            "--num-pages", str(2**31 - 1)], capsys)
     assert code == 2 and out == ""
-    assert "out of memory for the default random model (--hidden 64, --layers 1) and a KV pool of 2,147,483,647 " \
-           "pages x 16 tokens; give a smaller --num-pages" in _one_error_line(err)
+    line = _one_error_line(err)
+    assert "the default random model (--hidden 64, --layers 1)" in line
+    assert "num_pages=2,147,483,647: 2,147,483,647 KV pages" in line and "more than the cpu device's" in line
 
 
 def test_bad_input_from_a_real_process_has_no_traceback(tmp_path, saved_llama):
