@@ -28,7 +28,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from radixkv.config import KVDtype
+from radixkv.config import DTYPE_ALIASES, KVDtype
 from radixkv.files import MiB, UnreadableFile, check_regular, read_text_bounded
 
 FP8_SCALE_BYTES = 2  # float16, one per (token, KV head) row
@@ -40,6 +40,18 @@ SMALL_HEAD_DIM = 64
 INT_GROUP_SIZE_SMALL_HEAD = {4: 16, 2: 32}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAX_CONFIG_BYTES = 16 * MiB  # a config.json is a few KiB; a larger one is not a config
+# the largest value of a config size plan believes (far past any model: Llama 3.1 405B has 126 layers,
+# hidden 16,384, 128 heads, intermediate 53,248, vocab 128,256)
+MAX_CONFIG_SIZE = 1 << 20
+MAX_CONFIG_FIELD = {"vocab_size": (1 << 31) - 1, "intermediate_size": 1 << 24, "hidden_size": 1 << 24}
+
+
+def _short(v: Any) -> str:
+    """repr(v), an integer of many digits by its length."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**12:
+        return f"a {len(str(abs(v)))}-digit integer"
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -179,20 +191,37 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, d: dict[str, Any], name: str) -> "ModelShape":
-        """From a Hugging Face config.json dict; raises ValueError naming a missing or bad field."""
-        def need(key: str) -> int:
-            v = d.get(key)
+        """From a Hugging Face config.json dict; raises ValueError naming a missing or bad field: each size a
+        positive integer of at most its bound (MAX_CONFIG_FIELD), KV heads dividing the heads, the heads
+        the hidden size (without head_dim), a known weight dtype."""
+        def need(key: str, value: Any = None, *, default: int | None = None) -> int:
+            v = d.get(key) if value is None else value
+            if v is None and default is not None:
+                return default
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}: config field {key!r} must be a positive integer, got {v!r}")
+                raise ValueError(f"{name}: config field {key!r} must be a positive integer, got {_short(v)}")
+            bound = MAX_CONFIG_FIELD.get(key, MAX_CONFIG_SIZE)
+            if v > bound:
+                raise ValueError(f"{name}: config field {key!r} is {_short(v)}, more than any model has "
+                                 f"(at most {bound:,})")
             return v
         heads = need("num_attention_heads")
-        kv = d.get("num_key_value_heads") or heads
+        kv = need("num_key_value_heads", default=heads)
+        if kv > heads or heads % kv:
+            raise ValueError(f"{name}: num_key_value_heads {kv} must divide num_attention_heads {heads} "
+                             f"(each KV head serves a whole group of query heads)")
         hidden = need("hidden_size")
-        head_dim = d.get("head_dim") or hidden // heads
-        dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
-        return cls(name, need("num_hidden_layers"), hidden, heads, int(kv), int(head_dim),
-                   need("intermediate_size"), need("vocab_size"), bool(d.get("tie_word_embeddings", False)),
-                   dtype if dtype in DTYPE_BYTES else "bfloat16")
+        if d.get("head_dim") is None and hidden % heads:
+            raise ValueError(f"{name}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                             f"(and no head_dim is given)")
+        head_dim = need("head_dim", default=hidden // heads)
+        raw = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
+        dtype = DTYPE_ALIASES.get(raw, raw) if isinstance(raw, str) else raw
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"{name}: config field 'torch_dtype' {_short(raw)} is not a weight dtype "
+                             f"plan knows ({', '.join(DTYPE_BYTES)})")
+        return cls(name, need("num_hidden_layers"), hidden, heads, kv, head_dim,
+                   need("intermediate_size"), need("vocab_size"), bool(d.get("tie_word_embeddings", False)), dtype)
 
     @property
     def num_params(self) -> int:

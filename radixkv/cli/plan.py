@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from radixkv.argtypes import positive_int
-from radixkv.cli.common import KV_DTYPE_CHOICES, CliError, check_output
+from radixkv.cli.common import KV_DTYPE_CHOICES, CliError, check_output, write_output
 
 
 def add_plan_parser(sub: Any) -> None:
@@ -46,7 +45,7 @@ def _cmd_plan(a: argparse.Namespace) -> int:
         return 0
     print(plan.format_plan(p))
     if a.json:
-        Path(a.json).write_text(json.dumps(p.to_json(), indent=1) + "\n")
+        write_output("--json", a.json, json.dumps(p.to_json(), indent=1) + "\n")  # (/dev/full: one line)
     return 0
 
 

@@ -12,6 +12,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from radixkv.files import UnreadableFile, read_bounded
+from radixkv.plan import MAX_CONFIG_BYTES
+
 
 class Arch(enum.Enum):
     """Supported model families; they differ only in the flags of `ModelSpec`."""
@@ -163,9 +166,10 @@ def _rope_spec(config: Any) -> RopeSpec:
 def read_config_dict(path: str) -> dict[str, Any]:
     """The JSON object of config file `path`, checked to name a supported `model_type`;
     ValueError naming the file when it is not JSON, not an object, or of another architecture."""
-    try:
-        with open(path, "rb") as f:
-            d = json.loads(f.read().decode("utf-8"))
+    try:  # a FIFO, a device or a file of more than 16 MiB is refused before it is read (radixkv/files.py)
+        d = json.loads(read_bounded(path, MAX_CONFIG_BYTES, "config.json").decode("utf-8"))
+    except UnreadableFile:
+        raise
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
     except json.JSONDecodeError as e:

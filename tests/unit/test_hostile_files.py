@@ -106,3 +106,13 @@ def test_read_bounded_reads_regular_files_only_and_at_most_the_bound(tmp_path: P
     assert check_regular(tmp_path, folder_ok=True)
     with pytest.raises(UnreadableFile, match="FIFO"):
         check_regular(fifo, folder_ok=True)
+
+
+def test_the_engine_reads_no_fifo_or_device_as_a_config(fifo: Path) -> None:
+    pytest.importorskip("torch")
+    from radixkv.engine.model_config import read_config_dict
+
+    with pytest.raises(UnreadableFile, match="FIFO"):
+        read_config_dict(str(fifo))
+    with pytest.raises(UnreadableFile, match="character device"):
+        read_config_dict("/dev/zero")
