@@ -42,6 +42,8 @@ from .async_engine import AsyncLLM, EngineDeadError, EngineStepError, RequestStr
 from .metrics import ServeMetrics
 from .protocol import (PROMPT_CHARS_PER_TOKEN, ChatCompletionRequest, CompletionRequest, lone_surrogate,
                        prompt_bound)
+from .structured_fields import Structured, ToolPlan, structured_request, tool_message, tool_plan
+from .tool_calls import PARSERS, template_tools_messages
 from .responses import LogprobsFormat, _event, _Shape, _sse, _stream_error, _usage, prompt_logprobs_json
 from .routes_extra import add_extra_routes, check_request_template, render_chat
 from .streams import merge_streams
@@ -53,7 +55,7 @@ def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = N
                log_interval_s: float | None = 10.0, engine: AsyncLLM | None = None,
                metrics: ServeMetrics | None = None, log_requests: bool = False,
                trust_request_chat_template: bool = False, metrics_require_key: bool = False,
-               enable_reset_prefix_cache: bool = False) -> FastAPI:
+               enable_reset_prefix_cache: bool = False, tool_call_parser: str = "hermes") -> FastAPI:
     """The app serving `engine` (an AsyncLLM, whose core may run in another process: `radixkv serve`),
     or `llm` through an in-process AsyncLLM it starts. An engine it started, or one given with its
     `metrics`, is shut down when the app's lifespan ends. app.state: engine, metrics, model_names, log_requests.
@@ -62,7 +64,10 @@ def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = N
     `chat_template` (a template is code the server runs; vLLM's --trust-request-chat-template), refused by
     default. metrics_require_key: /metrics needs the API key too (default: open). enable_reset_prefix_cache:
     serve POST /reset_prefix_cache (any client could flush every tenant's cache; vLLM serves it only in its
-    dev mode), off by default: 404."""
+    dev mode), off by default: 404. tool_call_parser: how tool_choice "auto" reads calls in the output
+    (serve/tool_calls.py PARSERS; vLLM's --tool-call-parser)."""
+    if tool_call_parser not in PARSERS:
+        raise ValueError(f"tool_call_parser {tool_call_parser!r} is not one of {', '.join(PARSERS)}")
     names = ([served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])) \
         or ["radixkv"]
     own = engine is None or metrics is not None
@@ -82,7 +87,7 @@ def create_app(llm: LLM | None, *, served_model_name: str | list[str] | None = N
     app.state.engine, app.state.metrics, app.state.model_names = engine, metrics, names
     app.state.log_requests = log_requests
     app.add_middleware(_Guard, api_key=api_key, metrics=metrics, metrics_require_key=metrics_require_key)
-    api = _Handlers(engine, names, metrics, log_requests, trust_request_chat_template)
+    api = _Handlers(engine, names, metrics, log_requests, trust_request_chat_template, tool_call_parser)
     add_extra_routes(app, engine, names, api_key, trust_request_chat_template)
 
     @app.exception_handler(RequestValidationError)
@@ -180,8 +185,9 @@ class _Handlers:
     """The two generation endpoints: build the engine requests, answer in full or as SSE."""
 
     def __init__(self, engine: AsyncLLM, names: list[str], metrics: ServeMetrics, log_requests: bool = False,
-                 trust_request_chat_template: bool = False) -> None:
+                 trust_request_chat_template: bool = False, tool_call_parser: str = "hermes") -> None:
         self.engine, self.names, self.metrics, self.log_requests = engine, names, metrics, log_requests
+        self.tool_call_parser = tool_call_parser
         self.inputs = engine.inputs
         self.trust_request_chat_template = trust_request_chat_template
 
@@ -223,7 +229,8 @@ class _Handlers:
         except (TypeError, ValueError) as err:  # the tokenizer's own refusal of a text
             raise APIError(400, f"the prompt cannot be tokenised: {err}", param="prompt") from None
 
-    def _params(self, body: Any, prompt_len: int, max_tokens: int | None, index: int) -> Any:
+    def _params(self, body: Any, prompt_len: int, max_tokens: int | None, index: int,
+                structured: Structured | None = None) -> Any:
         from radixkv.sampling_params import SamplingParams
 
         if max_tokens is None:  # the rest of the context
@@ -245,19 +252,22 @@ class _Handlers:
                                   repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
                                   min_tokens=body.min_tokens or 0, logprobs=body.sampling_logprobs,
                                   prompt_logprobs=body.scored_prompt, logit_bias=body.logit_bias, allowed_token_ids=body.allowed_token_ids,
-                                  bad_words=tuple(body.bad_words or ()))
+                                  bad_words=tuple(body.bad_words or ()),
+                                  structured_outputs=None if structured is None else structured.params)
             return self.inputs.prepare(params)
         except ValueError as err:
             name = str(err).split(" ", 1)[0]
+            if structured is not None and name.startswith("structured_outputs."):  # the spec does not compile
+                raise APIError(400, f"{structured.field}: {err}", param=structured.field) from None
             raise APIError(400, str(err), param=name if name in type(body).model_fields else None) from None
 
     async def _submit(self, body: Any, prompts: list[list[int]], max_tokens: int | None, param: str,
-                      base_id: str) -> list[RequestStream]:
+                      base_id: str, structured: Structured | None = None) -> list[RequestStream]:
         """Queue prompt x n requests (all or none): choice index = prompt index * n + sample."""
         streams: list[RequestStream] = []
         try:
             # SamplingParams of every choice (bad words tokenised) on a worker thread, before any is queued
-            every = await asyncio.to_thread(lambda: [[self._params(body, len(ids), max_tokens, j)
+            every = await asyncio.to_thread(lambda: [[self._params(body, len(ids), max_tokens, j, structured)
                                                       for j in range(body.n)] for ids in prompts])
             for i, ids in enumerate(prompts):
                 for j in range(body.n):
@@ -285,7 +295,8 @@ class _Handlers:
         prompts = await asyncio.to_thread(self._prompt_ids, body)
         rid = f"cmpl-{uuid.uuid4().hex}"
         echo_only = body.max_tokens == 0  # the prompt alone: one token is computed and not returned
-        streams = await self._submit(body, prompts, 1 if echo_only else body.max_tokens, "prompt", rid)
+        structured = structured_request(body)
+        streams = await self._submit(body, prompts, 1 if echo_only else body.max_tokens, "prompt", rid, structured)
         echo = [self._echo_text(ids) if body.echo else "" for ids in prompts]
         shape = _Shape("text_completion", rid, model, chat=False)
         if body.stream:
@@ -317,21 +328,27 @@ class _Handlers:
         if size > self.bound:
             raise APIError(400, f"the messages hold {size} characters; at most {self.bound} "
                                 f"({PROMPT_CHARS_PER_TOKEN} x max_model_len {self.inputs.limits.max_model_len})", param="messages")
-        ids = await asyncio.to_thread(self._render, body)
+        plan = tool_plan(body)
+        structured = structured_request(body)
+        forced = plan.constraint() if plan is not None else None
+        if forced is not None and structured is not None:
+            raise APIError(400, f"tool_choice {plan.mode} constrains the output already; drop {structured.field}",
+                           param=structured.field)
+        ids = await asyncio.to_thread(self._render, body, plan)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = await self._submit(body, [ids], body.max_new_tokens, "messages", rid)
+        streams = await self._submit(body, [ids], body.max_new_tokens, "messages", rid, forced or structured)
         shape = _Shape("chat.completion", rid, model, chat=True)
         # vLLM's chat echo: the last message's content first, when it is the assistant's (being continued)
         last = body.messages[-1]
         echo = last.text() if body.echo and last.role == "assistant" else ""
         if body.stream:
-            return _sse(self._stream(body, streams, shape, [echo], [ids]))
+            return _sse(self._stream(body, streams, shape, [echo], [ids], plan))
         finals = await _collect(streams, raw, self.engine)
         choices = []
         for k, f in enumerate(finals):
-            choice = {"index": k, "message": {"role": "assistant", "content": echo + f.text},
-                      "logprobs": self._logprobs(body, f), "finish_reason": f.finish_reason,
-                      "stop_reason": f.stop_reason}
+            message, called = tool_message(plan, echo + f.text, self.tool_call_parser)
+            choice = {"index": k, "message": message, "logprobs": self._logprobs(body, f),
+                      "finish_reason": _tool_finish(plan, called, f.finish_reason), "stop_reason": f.stop_reason}
             if body.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = prompt_logprobs_json(self.engine.tokenizer, f.prompt_logprobs)
             if body.return_token_ids:
@@ -342,12 +359,21 @@ class _Handlers:
             out["prompt_token_ids"] = ids
         return JSONResponse(out)
 
-    def _render(self, body: ChatCompletionRequest) -> list[int]:
+    def _tool_chunk(self, shape: "_Shape", k: int, plan: ToolPlan, text: str, out: StreamOutput) -> dict[str, Any]:
+        """A tools choice's one chunk at its end: its content and tool_calls (each with its index)."""
+        message, called = tool_message(plan, text, self.tool_call_parser)
+        delta: dict[str, Any] = {"content": message["content"]} if message["content"] else {}
+        if called:
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+        return shape.chunk(k, delta, _tool_finish(plan, called, out.finish_reason), stop_reason=out.stop_reason)
+
+    def _render(self, body: ChatCompletionRequest, plan: ToolPlan | None = None) -> list[int]:
         """The chat prompt's token ids (run on a worker thread; the request template already allowed)."""
         tok = self.engine.tokenizer
-        extra = {k: v for k, v in (("documents", body.documents), ("reasoning_effort", body.reasoning_effort))
+        extra = {k: v for k, v in (("documents", body.documents), ("reasoning_effort", body.reasoning_effort),
+                                   ("tools", body.tools if plan is not None else None))
                  if v is not None}  # handed to the template, as vLLM does
-        text = render_chat(tok, body.template_messages(), body.chat_template,
+        text = render_chat(tok, template_tools_messages(body.template_messages()), body.chat_template,
                            {**extra, **(body.chat_template_kwargs or {})}, self.bound,
                            add_generation_prompt=body.add_generation_prompt,
                            continue_final_message=body.continue_final_message)
@@ -389,9 +415,11 @@ class _Handlers:
         return "" if tok is None else tok.decode(ids, skip_special_tokens=False)
 
     async def _stream(self, body: Any, streams: list[RequestStream], shape: "_Shape",
-                      echo: list[str], prompts: list[list[int]]) -> AsyncIterator[str]:
+                      echo: list[str], prompts: list[list[int]], plan: ToolPlan | None = None) -> AsyncIterator[str]:
         """SSE lines of every choice as its deltas arrive, then usage (if asked), then [DONE]. An echo
-        with logprobs is sent with the first delta, which brings the prompt's logprobs."""
+        with logprobs is sent with the first delta, which brings the prompt's logprobs. With tools (other
+        than tool_choice none) a choice's output is held and sent whole at its end, its calls as tool_calls."""
+        calls = plan is not None and plan.mode != "none"
         items, tasks = merge_streams(streams)
         finals: dict[int, StreamOutput] = {}
         lps = [self._logformat(body) for _ in streams]
@@ -418,6 +446,10 @@ class _Handlers:
                         continue
                 if out.finished:
                     finals[k] = out
+                if calls:  # the whole output, parsed, at its end
+                    if out.finished:
+                        yield _event(self._tool_chunk(shape, k, plan, echo[0] + out.text, out))
+                    continue
                 if lps[k] is not None:
                     lps[k].add(out)  # held until a chunk carries text (or the end)
                 if not (out.delta_text or out.finished or body.return_token_ids or self.engine.tokenizer is None):
@@ -439,6 +471,12 @@ class _Handlers:
             for t in tasks:
                 t.cancel()
             await items.aclose()  # a single stream left early: its request is aborted
+
+
+def _tool_finish(plan: ToolPlan | None, called: bool, reason: str | None) -> str | None:
+    """OpenAI's finish_reason: "tool_calls" when the model chose to call (auto, required); a forced named
+    function, a cut-short output and plain content keep theirs."""
+    return "tool_calls" if called and plan is not None and plan.mode != "named" and reason == "stop" else reason
 
 
 async def _collect(streams: list[RequestStream], raw: Request, engine: AsyncLLM) -> list[StreamOutput]:

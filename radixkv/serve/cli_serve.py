@@ -23,6 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "max_num_seqs": None, "max_num_batched_tokens": None, "enable_prefix_caching": True, "enforce_eager": False,
     "seed": 0, "tensor_parallel_size": 1, "api_key": None, "served_model_name": None, "disable_log_stats": False,
     "log_level": "info", "chat_template": None, "load_format": "auto", "enable_log_requests": False,
+    "tool_call_parser": "hermes",
     "trust_request_chat_template": False, "metrics_require_key": False, "enable_reset_prefix_cache": False,
 }
 # config-file spellings that differ from the dest
@@ -80,6 +81,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--chat-template", metavar="FILE_OR_STRING",
                    help="Jinja chat template for /v1/chat/completions and /tokenize: a file, or the template "
                         "itself (default: the tokenizer's)")
+    s.add_argument("--tool-call-parser", choices=["hermes", "llama3_json"],
+                   help="how tool_choice auto reads tool calls in the output (default hermes: <tool_call> JSON)")
     s.add_argument("--enable-log-requests", action="store_true", default=None,
                    help="log one line a request: its id, prompt length and sampling params (default off)")
     s.add_argument("--trust-request-chat-template", action="store_true", default=None,
@@ -187,7 +190,7 @@ def build_app(opts: dict[str, Any]) -> Any:
             raise ValueError("--chat-template: the model has no tokenizer to apply it with")
         engine.tokenizer.chat_template = template  # the API process's tokenizer: chat and /tokenize read it
     return create_app(None, served_model_name=names, api_key=opts["api_key"], engine=engine, metrics=metrics,
-                      log_requests=bool(opts["enable_log_requests"]),
+                      log_requests=bool(opts["enable_log_requests"]), tool_call_parser=str(opts["tool_call_parser"]),
                       trust_request_chat_template=bool(opts["trust_request_chat_template"]),
                       metrics_require_key=bool(opts["metrics_require_key"]),
                       enable_reset_prefix_cache=bool(opts["enable_reset_prefix_cache"]))

@@ -45,7 +45,6 @@ ACCEPTED: dict[str, str] = {
     "request_id": "vLLM's id for its logs; radixkv names every response itself",
     "session_id": "a routing hint across requests",
     "length_penalty": "used by beam search only (use_beam_search is refused)",
-    "parallel_tool_calls": "used with tools only (tools are refused)",
     "include_reasoning": "used with a reasoning parser only (radixkv has none; vLLM without one ignores it too)",
     "stream_interval": "how many tokens a streamed chunk batches; the text is the same",
     "return_token_offsets": "vLLM reads it on its /render endpoints only",
@@ -62,14 +61,8 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
                                                "is not implemented"),
     "watermarking": ((False,), "watermarking is not implemented"),
     "prompt_embeds": ((), "prompt embeddings are not supported"),
-    "structured_outputs": ((), "structured outputs are not implemented"),
-    "guided_json": ((), "guided decoding is not implemented"),
-    "guided_regex": ((), "guided decoding is not implemented"),
-    "guided_choice": ((), "guided decoding is not implemented"),
-    "guided_grammar": ((), "guided decoding is not implemented"),
-    "structural_tag": ((), "guided decoding is not implemented"),
-    "guided_decoding_backend": ((), "guided decoding is not implemented"),
-    "guided_whitespace_pattern": ((), "guided decoding is not implemented"),
+    "structural_tag": ((), "structural tags are not implemented (json, regex, choice and grammar are)"),
+    "guided_whitespace_pattern": ((), "a whitespace pattern is not implemented (JSON is generated compact)"),
     "priority": ((0,), "priority scheduling is not implemented (vLLM refuses it too without it)"),
     "logits_processors": ((), "custom logits processors are not supported"),
     "return_tokens_as_token_ids": ((False,), "token-id names in logprobs are not implemented"),
@@ -79,7 +72,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "vllm_xargs": ((), "vLLM's extension arguments are not supported"),
     "repetition_detection": ((), "repetition detection is not implemented"),
     "thinking_token_budget": ((-1,), "thinking budgets are not implemented"),
-    "tool_choice": (("none",), "tool calling is not supported"),
     "mm_processor_kwargs": ((), "radixkv serves text-only models"),
     "media_io_kwargs": ((), "radixkv serves text-only models"),
 }
@@ -102,7 +94,7 @@ TEMPLATE_PARAMETERS = frozenset({
     "conversation", "messages", "chat_template", "add_generation_prompt", "continue_final_message", "tokenize",
     "sanitize_control_tokens", "padding", "truncation", "max_length", "return_tensors", "return_dict",
     "return_assistant_tokens_mask", "tokenizer_kwargs"})
-TEMPLATE_FIELDS = frozenset({"tools", "documents", "reasoning_effort"})
+TEMPLATE_FIELDS = frozenset({"tools", "tool_choice", "parallel_tool_calls", "documents", "reasoning_effort"})
 
 
 def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
@@ -190,6 +182,14 @@ class _Common(BaseModel):
     add_special_tokens: bool | None = None  # default: completions True, chat False (vLLM's)
     prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's default cap (--max-logprobs 20)
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    # structured outputs (serve/structured_fields.py maps every spelling to one StructuredOutputsParams)
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
     # refused unless neutral (radixkv does not implement them)
     best_of: int | None = None
 
@@ -289,7 +289,6 @@ class CompletionRequest(_Common):
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's default cap (--max-logprobs 20)
     suffix: str | None = None
-    response_format: dict[str, Any] | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -307,8 +306,6 @@ class CompletionRequest(_Common):
         if self.max_tokens == 0 and not self.echo:
             raise UnsupportedField("max_tokens", "max_tokens 0 returns nothing without echo; send echo true "
                                                  "to get the prompt (and its logprobs) alone")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise UnsupportedField("response_format", "only response_format {'type': 'text'} is supported")
         return self
 
     @property
@@ -374,7 +371,8 @@ class ChatCompletionRequest(_Common):
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's default cap (--max-logprobs 20)
     tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # none, auto (default with tools), required, a named function
+    parallel_tool_calls: bool = True
     echo: bool = False
     documents: list[dict[str, str]] | None = None
     reasoning_effort: str | None = None
@@ -383,10 +381,6 @@ class ChatCompletionRequest(_Common):
     def _chat_unsupported(self) -> "ChatCompletionRequest":
         if self.top_logprobs and not self.logprobs:
             raise UnsupportedField("top_logprobs", "top_logprobs needs logprobs true")
-        if self.tools:
-            raise UnsupportedField("tools", "tools: tool calling is not supported by radixkv")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise UnsupportedField("response_format", "only response_format {'type': 'text'} is supported")
         if self.continue_final_message and self.add_generation_prompt:
             raise UnsupportedField("continue_final_message",
                                    "continue_final_message needs add_generation_prompt false")

@@ -26,11 +26,11 @@ COMMON = {
     "truncate_prompt_tokens": (1, OK), "truncation_side": ("right", "truncation_side"),
     "allowed_token_ids": ([10, 11], OK), "prompt_logprobs": (1, OK),
     "logprob_token_ids": ([3], "logprob_token_ids"), "bad_words": (["a"], OK), "add_special_tokens": (True, OK),
-    "response_format": ({"type": "json_object"}, "response_format"),
-    "structured_outputs": ({"regex": "a+"}, "structured_outputs"), "guided_json": ({"type": "object"}, "guided_json"),
-    "guided_regex": ("a+", "guided_regex"), "guided_choice": (["a", "b"], "guided_choice"),
-    "guided_grammar": ("root ::= 'a'", "guided_grammar"), "structural_tag": ("{}", "structural_tag"),
-    "guided_decoding_backend": ("xgrammar", "guided_decoding_backend"),
+    "response_format": ({"type": "json_object"}, OK),
+    "structured_outputs": ({"regex": "a+"}, OK), "guided_json": ({"type": "object"}, OK),
+    "guided_regex": ("a+", OK), "guided_choice": (["a", "b"], OK),
+    "guided_grammar": ("root ::= \"a\"", OK), "structural_tag": ("{}", "structural_tag"),
+    "guided_decoding_backend": ("xgrammar", OK),
     "guided_whitespace_pattern": (" ", "guided_whitespace_pattern"), "priority": (1, "priority"),
     "request_id": ("mine", OK), "session_id": ("s1", OK), "logits_processors": (["m.P"], "logits_processors"),
     "return_tokens_as_token_ids": (True, "return_tokens_as_token_ids"), "return_token_ids": (True, OK),
@@ -44,8 +44,9 @@ COMPLETION = {**COMMON, "prompt": ("hello", OK), "echo": (True, OK), "logprobs":
               "suffix": ("end", "suffix"), "best_of": (3, "best_of"), "prompt_embeds": ("AAAA", "prompt_embeds")}
 CHAT_FIELDS = {**COMMON, "messages": (MSGS, OK), "logprobs": (True, OK), "top_logprobs": (0, OK),
                "max_tokens": (3, OK), "max_completion_tokens": (3, OK), "tools": (
-                   [{"type": "function", "function": {"name": "f"}}], "tools"),
-               "tool_choice": ("auto", "tool_choice"), "reasoning_effort": ("low", OK),
+                   [{"type": "function", "function": {"name": "f"}}], OK),
+               "tool_choice": ("auto", "tool_choice"),  # without tools: refused by name
+               "reasoning_effort": ("low", OK),
                "include_reasoning": (False, OK), "parallel_tool_calls": (False, OK), "best_of": (3, "best_of"),
                "echo": (True, OK), "add_generation_prompt": (False, OK), "continue_final_message": (True, OK),
                "documents": ([{"title": "t", "text": "x"}], OK), "chat_template": ("{{ messages[0]['content'] }}", "chat_template"),  # unless trusted
