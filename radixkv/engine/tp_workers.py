@@ -43,9 +43,11 @@ when a worker process exits, so rank 0 does not hang. (Not run here: no multi-GP
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing.process
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -120,6 +122,9 @@ class TensorParallel:
         """Start ranks 1..world-1 (each builds `runner_cls.load(model, **ctor, tp_group=...)`, ctor["cfg"] moved to
         its device), then join the process group as rank 0. ValueError before anything starts when the model cannot be split."""
         check_shardable(spec, world)
+        unimportable = _main_not_importable()
+        if unimportable:  # every rank would die at start: say why before starting any
+            raise TensorParallelError(f"tensor parallelism cannot start from {unimportable}: {MAIN_GUARD_HINT}")
         devices = rank_devices(device, world)
         if dist.is_initialized():
             raise RuntimeError("torch.distributed is already initialised in this process; a tensor-parallel "
@@ -283,6 +288,29 @@ class TensorParallel:
         self._finalizer()
 
 
+MAIN_GUARD_HINT = ("ranks 1..N-1 start with multiprocessing's forkserver method, which re-imports the main module "
+                   "in each of them (as the spawn method does), so the code that builds the LLM must be in a "
+                   "script file, under `if __name__ == \"__main__\":` (a script read from stdin or a notebook "
+                   "cell cannot be re-imported; a script without the guard builds the LLM again in every rank)")
+
+
+def _main_not_importable() -> str | None:
+    """What the main module is when a rank cannot re-import it (multiprocessing.spawn's preparation: a main
+    module with no import name is re-run from its __file__, and a script read from stdin has the file
+    '<stdin>'), else None. A main module with no __file__ (python -c, an interactive prompt) is not
+    re-imported at all and passes."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(getattr(main, "__spec__", None), "name", None) is not None:
+        return None
+    path = getattr(main, "__file__", None)
+    if path is None:
+        return None
+    full = path if os.path.isabs(path) else os.path.join(multiprocessing.process.ORIGINAL_DIR or os.getcwd(), path)
+    if os.path.isfile(full):
+        return None
+    return "a script read from stdin" if path == "<stdin>" else f"a main module whose file {path!r} does not exist"
+
+
 def _read_report(w: _Worker) -> None:
     try:
         while w.report is None and w.conn.poll():
@@ -306,7 +334,10 @@ def _blame(workers: Sequence[_Worker], step: int, timeout_s: float, cause: BaseE
         if w.report is None and w.proc.exitcode is not None:
             code = w.proc.exitcode
             how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-            return TensorParallelError(f"tensor-parallel rank {w.rank} {how} {where}{tail}", w.rank)
+            # dying at start with no word (worker_main reports its own errors) is the main module's re-import
+            # failing, as a rank runs it before worker_main: an unguarded script, a notebook
+            why = f" (likely: {MAIN_GUARD_HINT})" if not step and code > 0 else ""
+            return TensorParallelError(f"tensor-parallel rank {w.rank} {how} {where}{why}{tail}", w.rank)
     silent = [w.rank for w in workers if w.report is None]
     if silent:
         return TensorParallelError(f"tensor-parallel rank(s) {silent} did not answer {where} within "
