@@ -12,6 +12,7 @@ from radixkv.prompt_logprobs import LogprobsBlock
 from radixkv.request import PositionLogprobs
 
 from .protocol import error_body
+from .token_bytes import token_name
 from .streams import EngineDeadError, EngineStepError, StreamOutput
 
 
@@ -63,8 +64,9 @@ class LogprobsFormat:
     Completions: {tokens, token_logprobs, top_logprobs, text_offset} (top_logprobs: the token and
     the `top` most likely, by token text); an echoed prompt's tokens come first (`add_prompt`), the
     first with null logprob and top_logprobs, as OpenAI and vLLM send them. Chat: {content: [{token,
-    logprob, bytes, top_logprobs: [{token, logprob, bytes}] (the `top` most likely)}]}. A model
-    without a tokenizer names tokens "token_id:N", as vLLM does.
+    logprob, bytes, top_logprobs: [{token, logprob, bytes}] (the `top` most likely)}]}. `bytes` are the
+    token's own bytes; a token that is only part of a character is named "bytes:\\xNN..." (vLLM's name;
+    serve/token_bytes.py); a model without a tokenizer names tokens "token_id:N", as vLLM does.
     """
 
     def __init__(self, tokenizer: Any, chat: bool, top: int, offset: int = 0) -> None:
@@ -84,7 +86,7 @@ class LogprobsFormat:
         self._held.extend(zip(prompt_ids[1:], scored.positions() if scored is not None else ()))
 
     def _text(self, t: int) -> str:
-        return f"token_id:{t}" if self.tok is None else self.tok.decode([t])
+        return token_name(self.tok, t)[0]
 
     def take(self) -> dict[str, Any]:
         """The logprobs of the tokens added since the last take."""
@@ -108,8 +110,8 @@ class LogprobsFormat:
         return out
 
     def _entry(self, t: int, lp: float) -> dict[str, Any]:
-        text = self._text(t)
-        return {"token": text, "logprob": _finite(lp), "bytes": list(text.encode("utf-8"))}
+        name, raw = token_name(self.tok, t)
+        return {"token": name, "logprob": _finite(lp), "bytes": list(raw)}
 
 
 def prompt_logprobs_json(tokenizer: Any, scored: LogprobsBlock | None) -> list[dict[str, dict[str, Any]] | None]:
