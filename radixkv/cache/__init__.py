@@ -13,7 +13,7 @@ Lifetime rules (the contract the scheduler relies on):
 - `cache.match(tokens)` returns the longest cached block-aligned prefix (a MatchResult); a caller
   that keeps using its pages `lock`s it and `unlock`s it exactly once; a locked path is never evicted.
 - `cache.evict(n)` drops the tree's reference on least-recently-used unlocked leaves.
-- `cache.check_invariants()` raises AssertionError naming the broken invariant (DESIGN.md 1-6).
+- `cache.check_invariants()` raises AssertionError naming the broken invariant (invariants 1-6 of docs/cache.md).
 
 Files: pages.py (PagePool), node.py (Node, MatchResult), lru.py (the LRU heap of leaves),
 radix_tree.py (RadixCache: lookup; its inserts in tree_insertion.py, locks and eviction in

@@ -1,4 +1,4 @@
-"""check_tree: RadixCache's invariant check (DESIGN.md invariants 1-6), kept apart from the
+"""check_tree: RadixCache's invariant check (invariants 1-6 of docs/cache.md), kept apart from the
 hot paths it verifies. It reads the cache's internals (a TreeView of them) on purpose. No torch."""
 from __future__ import annotations
 

@@ -283,7 +283,7 @@ class RadixCache(TreeInsertion):
 
     # ---- invariants --------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Raise AssertionError naming the node and the broken invariant (DESIGN.md 1-6)."""
+        """Raise AssertionError naming the node and the broken invariant (invariants 1-6 of docs/cache.md)."""
         # imported here: the check is on no hot path, and each command's start-up skips it
         from .check import TreeView, check_tree
 

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from radixkv.argtypes import positive_int
 from radixkv.cli.common import (
+    DTYPE_CHOICES,
     LOAD_FORMAT_HELP,
     CliError,
     check_output,
@@ -18,6 +20,7 @@ from radixkv.cli.common import (
     write_output,
 )
 from radixkv.cli.load_model import build_engine, pool_words
+from radixkv.config import DTYPE_ALIASES, DTYPES
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -35,6 +38,8 @@ def add_bench_parser(sub: Any) -> None:
     b.add_argument("--page-size", type=positive_int, default=16)
     b.add_argument("--num-pages", type=pages_arg, default=4096)
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    b.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, metavar="DTYPE",
+                   help=f"compute dtype: {', '.join(DTYPES)} (aliases: {', '.join(DTYPE_ALIASES)})")
     b.add_argument("--load-format", type=load_format_arg, default="auto", metavar="FORMAT",
                    help=LOAD_FORMAT_HELP + "; needs --model")
     b.add_argument("--json", metavar="OUT.json", help="write the rows as JSON")
@@ -55,10 +60,10 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         raise CliError(one_line(e)) from None
     if a.model:
         llm = build_engine(a.model, page_size=a.page_size, num_pages=a.num_pages, device=a.device,
-                           load_format=a.load_format)
+                           load_format=a.load_format, dtype=a.dtype)
     else:
         try:
-            llm = bench.byte_llama(a.hidden, a.layers, a.page_size, a.num_pages, a.device)
+            llm = bench.byte_llama(a.hidden, a.layers, a.page_size, a.num_pages, a.device, a.dtype)
         except config_errors() as e:  # a --hidden no Llama has (odd head_dim)
             raise CliError(f"cannot build the default random model (--hidden {a.hidden}, --layers {a.layers}): "
                            f"{error_detail(e)}") from None
@@ -82,6 +87,9 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     if need > llm.num_pages:
         raise CliError(f"--num-pages {llm.num_pages:,} is too small: the longest prompt ({longest - a.max_tokens:,} "
                        f"tokens) plus --max-tokens {a.max_tokens} needs {need:,} pages of {a.page_size} tokens")
+    if a.model and llm.runner.device.type == "cpu":  # a real model serves 3 x the prompts on the CPU
+        print(f"radixkv bench: {len(prompts)} prompts x 3 modes with {a.model} on the CPU: this can take minutes "
+              f"(fewer with --prompts 1 --shots 1)", file=sys.stderr, flush=True)
     try:
         rows = bench.run_bench(llm, prompts, a.max_tokens)
     except ValueError as e:  # a prompt the engine refuses

@@ -60,7 +60,7 @@ def add_replay_parser(sub: Any) -> None:
                         "behind --router (default: one)")
     r.add_argument("--router", choices=[k.value for k in RouterKind],
                    help="with --replicas: how requests are placed (default: prefix)")
-    r.add_argument("--json", metavar="OUT.json", help="write the summary (DESIGN.md keys) as JSON")
+    r.add_argument("--json", metavar="OUT.json", help="write the summary as JSON (its keys: docs/replay.md)")
     r.add_argument("--plot", metavar="OUT.png", help="draw hit rate and pool occupancy over time")
     r.add_argument("--record", metavar="OUT.jsonl", help="write the replayed requests as radixkv JSONL")
     r.add_argument("--no-progress", action="store_true", help="never show a progress bar")

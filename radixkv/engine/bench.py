@@ -51,14 +51,15 @@ class BenchRow(NamedTuple):
                     out_tok_s=round(self.output_tokens / self.wall_s, 1))
 
 
-def byte_llama(hidden: int, layers: int, page_size: int, num_pages: int, device: str | None) -> LLM:
+def byte_llama(hidden: int, layers: int, page_size: int, num_pages: int, device: str | None,
+               dtype: str = "auto") -> LLM:
     """A random Llama over a 256-token byte vocabulary (GSM8K text needs no tokenizer)."""
     from transformers import LlamaConfig
 
     cfg = LlamaConfig(vocab_size=256, hidden_size=hidden, intermediate_size=hidden * 3,
                       num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
                       num_key_value_heads=max(1, hidden // 256), max_position_embeddings=16384)
-    return LLM(cfg, page_size=page_size, device=device, num_pages=num_pages, seed=0)
+    return LLM(cfg, page_size=page_size, device=device, num_pages=num_pages, seed=0, dtype=dtype)
 
 
 def few_shot_prompts(vocab_size: int, shots: int, prompts_per_template: int, max_tokens: int,

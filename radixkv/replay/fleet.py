@@ -176,7 +176,7 @@ def simulate_fleet(requests: Sequence[Request], num_replicas: int, router: Route
 
 
 class FleetReplay(NamedTuple):
-    result: ReplayResult  # the fleet as one replay: DESIGN.md's keys over every replica
+    result: ReplayResult  # the fleet as one replay: the `--json` keys (docs/replay.md) over every replica
     fleet: FleetResult  # per replica, and the fleet's own keys
 
 

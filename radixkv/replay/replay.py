@@ -73,7 +73,7 @@ class ReplayConfig:
 
 @dataclass
 class ReplayResult:
-    """Summary of one replay. The first twelve fields are DESIGN.md's `--json` keys.
+    """Summary of one replay. The first twelve fields are `radixkv replay --json`'s keys (docs/replay.md).
 
     Made by `ReplayResult.build` from what a replay driver measured (all three modes).
     """

@@ -39,7 +39,8 @@ def format_summary(r: ReplayResult, path: Path, fmt: TraceFormat, skipped: int) 
         ("prefix hit rate", f"{r.hit_rate:.4f}"),
         ("KV pool", pool),
         ("peak pages in use", f"{r.peak_pages:,} ({r.peak_pages / r.num_pages:.1%} of pool)"),
-        ("live tokens at peak", fragmentation(r)),
+        *([("live tokens at peak", fragmentation(r))]  # not measured across replicas: dropped
+          if r.live_token_fraction is not None or r.contiguous_live_fraction is not None else []),
         ("preemptions", f"{r.preemptions}"),
         ("queueing delay p50/p99/max", f"{r.wait_p50_s:.3f} / {r.wait_p99_s:.3f} / {r.wait_max_s:.3f} s ({clock})"),
         ("throughput", throughput(r)),

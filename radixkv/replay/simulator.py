@@ -32,7 +32,7 @@ def fake_token(rid: int, index: int) -> int:
 
 @dataclass
 class SimResult:
-    """One simulated replay. `as_json()` gives the DESIGN.md replay keys (the caller adds wall_s).
+    """One simulated replay. `as_json()` gives the replay's `--json` keys (docs/replay.md) (the caller adds wall_s).
 
     `metrics` and `pool` are the run's own scheduler counters and page pool (cache cleared), from
     which the summary fields are taken and `ReplayResult.build` derives its own.

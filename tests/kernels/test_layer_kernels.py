@@ -5,7 +5,7 @@ torch does (bit-exact against an oracle sharing the interpreter's exp) and is wi
 (one fp16 ulp) of the twin, whose CPU exp (SLEEF) differs from NumPy's. rms_norm is within a few
 fp32 ulps (its sum is a tree, not torch's order); in 16 bits almost every output is bit-identical
 and none is more than two ulps off. bf16 runs on the GPU only (bench_layer_kernels.py checks it
-there): the interpreter stores bf16 as uint16 and gets its arithmetic wrong (DESIGN.md traps).
+there): the interpreter stores bf16 as uint16 and gets its arithmetic wrong (a known interpreter trap).
 """
 import importlib
 import zlib
@@ -19,7 +19,7 @@ from radixkv.kernels import apply_rope_, rms_norm, silu_and_mul
 from radixkv.kernels.reference_layers import apply_rope_ref, rms_norm_ref, silu_and_mul_ref
 
 BF16 = pytest.param(torch.bfloat16, marks=pytest.mark.skip(
-    reason="interpreter stores bf16 as uint16 and mis-computes bf16 arithmetic (DESIGN.md traps); "
+    reason="interpreter stores bf16 as uint16 and mis-computes bf16 arithmetic (a known interpreter trap); "
            "checked on the GPU by benchmarks/kernels/bench_layer_kernels.py"))
 DTYPES = [torch.float32, torch.float16, BF16]
 # rms_norm vs its twin (the sum's order only): a few fp32 ulps; in 16 bits one ulp of the normalised

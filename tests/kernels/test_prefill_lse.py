@@ -4,7 +4,7 @@ FP8 and INT4/INT2 pages, against plain torch; paged_prefill_ref(return_lse=True)
 The shifted launch is the one a caller uses to attend over all keys but each query's W most recent:
 seq_lens - W keys, rows q_start + skip .. with skip = clamp(W - prefix, 0, q_lens), so query t (at position t)
 sees keys 0 .. t - W; rows with t < W are in no range and must stay untouched. bf16 pages are read by fp32 q
-here (the interpreter's bf16 dots are wrong, DESIGN.md): bf16 q over bf16 pages is GPU-only.
+here (the interpreter's bf16 dots are wrong: it stores bf16 as uint16): bf16 q over bf16 pages is GPU-only.
 """
 import math
 import zlib

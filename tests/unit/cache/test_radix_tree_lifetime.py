@@ -1,5 +1,5 @@
 """RadixCache example tests, lifetime: locks, LRU eviction, namespaces, forced hash
-collisions, counters and clear. One behaviour of DESIGN.md / issue 2 item 3 each."""
+collisions, counters and clear. One behaviour of the tree's contract (radixkv/cache/__init__.py, docs/cache.md) / issue 2 item 3 each."""
 from __future__ import annotations
 
 import pytest

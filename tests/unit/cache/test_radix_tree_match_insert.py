@@ -1,5 +1,5 @@
 """RadixCache example tests, structure: match, insert, edge splits, bad input and the walk an
-insert reuses from the match before it. One behaviour of DESIGN.md / issue 2 item 3 each."""
+insert reuses from the match before it. One behaviour of the tree's contract (radixkv/cache/__init__.py, docs/cache.md) / issue 2 item 3 each."""
 from __future__ import annotations
 
 import numpy as np
