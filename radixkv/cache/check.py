@@ -23,6 +23,9 @@ class TreeView(NamedTuple):
     num_cached_pages: int
     num_locked_pages: int
     num_nodes: int
+    host_pool: PagePool | None = None  # the host tier (tree_host.py), if any
+    host_lru: LruLeaves | None = None
+    num_host_pages: int = 0
 
 
 def check_tree(cache: TreeView) -> None:
@@ -43,7 +46,12 @@ def check_tree(cache: TreeView) -> None:
     cache.pool.check_invariants()  # invariant 1
     live = cache.lru.live_times()
     uses = np.zeros(cache.pool.num_pages, dtype=np.int64)  # [num_pages] blocks holding each page
-    cached = locked = nodes = 0
+    hp = cache.host_pool
+    if hp is not None:
+        hp.check_invariants()
+        host_live = cache.host_lru.live_times()
+        host_uses = np.zeros(hp.num_pages, dtype=np.int64)
+    cached = locked = nodes = hosted = 0
     for ns, root in cache.roots.items():
         assert root.parent is None and len(root.key) == 0 and root.depth == 0, f"namespace {ns!r}: malformed root"
         assert root.namespace == ns, f"namespace {ns!r}: root says {root.namespace!r}"
@@ -59,6 +67,34 @@ def check_tree(cache: TreeView) -> None:
                 assert child.namespace == ns, f"{child}: in namespace {ns!r} but says {child.namespace!r}"
                 k = len(child.key)
                 assert k > 0 and k % ps == 0, f"{child}: key of {k} tokens is not a positive whole number of blocks"
+                if child.host is not None:  # the host tier (tree_host.py)
+                    assert hp is not None, f"{child}: on host pages in a tree without a host tier"
+                    assert len(child.pages) == 0, f"{child}: on host but still lists GPU pages"
+                    assert len(child.host) == k // ps, f"{child}: {len(child.host)} host pages for {k // ps} blocks"
+                    assert child.lock_count == 0 and child.end_locks == 0, f"{child}: a host node is locked"
+                    hpages = child.host
+                    np.add.at(host_uses, hpages, 1)
+                    twice = hpages[host_uses[hpages] > 1]
+                    assert twice.size == 0, f"{child}: host page {int(twice[0]) if twice.size else 0} appears twice"
+                    refs = hp.refcounts(hpages)
+                    assert (refs == 1).all(), f"{child}: a host page's refcount is not 1 (the tree's alone)"
+                    for c in child.iter_children():
+                        assert c.host is not None, f"{c}: a GPU node below the host node {child}"
+                    if not child.children:
+                        assert host_live.get(id(child)) == child.last_access, \
+                            f"{child}: host leaf has no host-LRU entry at its last access time"
+                    hosted += len(hpages)
+                    nodes += 1
+                    assert child.depth == node.depth + k, \
+                        f"{child}: depth {child.depth} is not its parent's {node.depth} + its {k} tokens"
+                    first = child.key[:ps]
+                    assert child.hkey == cache.hash(first), f"{child}: stored hash is not its first block's"
+                    fb = first.tobytes()
+                    assert child.first == fb, f"{child}: stored first block is not its key's"
+                    assert fb not in firsts, f"{child}: shares its first block with a sibling"
+                    firsts.add(fb)
+                    stack.append(child)
+                    continue
                 assert len(child.pages) == k // ps, f"{child}: {len(child.pages)} pages for {k // ps} blocks"
                 first = child.key[:ps]
                 assert child.hkey == cache.hash(first), f"{child}: stored hash is not its first block's"
@@ -89,10 +125,15 @@ def check_tree(cache: TreeView) -> None:
             else:
                 assert node.lock_count == node.end_locks + child_locks, \
                     f"{node}: lock_count is not its locks ending here plus its children's locks"
-                if not node.children and not node.lock_count:
+                gpu_leaf = not node.lock_count and node.host is None and (
+                    not node.children if hp is None else all(c.host is not None for c in node.iter_children()))
+                if gpu_leaf:
                     assert live.get(id(node)) == node.last_access, \
                         f"{node}: evictable leaf has no LRU-heap entry at its last access time"
     assert cached == cache.num_cached_pages, f"num_cached_pages {cache.num_cached_pages} != {cached} in tree"
     assert locked == cache.num_locked_pages, f"num_locked_pages {cache.num_locked_pages} != {locked} in tree"
     assert nodes == cache.num_nodes, f"node count {cache.num_nodes} != {nodes} in tree"
+    assert hosted == cache.num_host_pages, f"num_host_pages {cache.num_host_pages} != {hosted} in tree"
+    if hp is not None:
+        assert hp.num_used == hosted, f"host pool has {hp.num_used} pages in use, the tree holds {hosted}"
     assert cache.pool.num_free + cached <= cache.pool.num_pages, "free + cached pages exceed the pool"

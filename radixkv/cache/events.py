@@ -2,6 +2,7 @@
 
     BlockStored(block_hashes, parent_block_hash, token_ids, block_size, ...)   blocks entered the tree
     BlockRemoved(block_hashes, ...)                                              blocks left it
+    (`medium`: "GPU", or "CPU" for the host tier: a demotion is BlockRemoved GPU + BlockStored CPU)
     AllBlocksCleared()                                                           the whole tree emptied
 
 Names and fields follow vLLM's `vllm/distributed/kv_events.py` (plus `namespace`, radixkv's
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from .node import Namespace, Node
 
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"  # a block on the host tier's pages (vLLM's name for its CPU offloading medium)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,14 +169,28 @@ class BlockChains:
         self.hashes[upper] = hashes[:blocks]
         self.hashes[lower] = hashes[blocks:]
 
-    def removed(self, node: Node, keep: int) -> None:
-        """`node`'s blocks past the first `keep` left the tree (keep=0: the node itself left)."""
+    def removed(self, node: Node, keep: int, medium: str = MEDIUM_GPU) -> None:
+        """`node`'s blocks past the first `keep` left the tree (keep=0: the node itself left) from
+        `medium` (its tier: MEDIUM_CPU for a host node)."""
         hashes = self.hashes[node]
         if keep:
             self.hashes[node] = hashes[:keep]
         else:
             del self.hashes[node]
-        self._publish(BlockRemoved(hashes[keep:]))
+        self._publish(BlockRemoved(hashes[keep:], medium))
+
+    def moved(self, node: Node, src: str, dst: str) -> None:
+        """All of `node`'s blocks moved from tier `src` to tier `dst` (a demotion to host or a
+        promotion back): BlockRemoved on src, then BlockStored on dst. A consumer that keys blocks by
+        (hash, medium) and applies every event in order holds exactly each tier's blocks; one that
+        ignores `medium` sees the block leave and come back (still cached)."""
+        parent = node.parent
+        assert parent is not None
+        hashes = self.hashes[node]
+        prev = self._tail(parent)
+        self._publish(BlockRemoved(list(hashes), src))
+        self._publish(BlockStored(list(hashes), None if parent.parent is None else prev, node.key.tolist(),
+                                  self.block_size, medium=dst, namespace=node.namespace))
 
     def cleared(self) -> None:
         """Every node left the tree."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from .node import Node
 
@@ -19,10 +19,28 @@ def _evictable(node: Node) -> bool:
     return not node.children and not node.lock_count and node.parent is not None
 
 
+def gpu_leaf(node: Node) -> bool:
+    """With a host tier: an unlocked GPU node in the tree whose children (if any) are all on host."""
+    if node.host is not None or node.lock_count or node.parent is None:
+        return False
+    return all(c.host is not None for c in node.iter_children())
+
+
+def host_leaf(node: Node) -> bool:
+    """A host node in the tree without children (host nodes are never locked)."""
+    return node.host is not None and not node.children and node.parent is not None
+
+
 class LruLeaves:
-    def __init__(self) -> None:
+    """evictable: which nodes this heap holds (default: the unlocked leaves of a one-tier tree).
+    seq: a sequence shared with another heap over the same nodes (a node's `heap_seq` then names
+    one live entry across both)."""
+
+    def __init__(self, evictable: Callable[[Node], bool] = _evictable,
+                 seq: Iterator[int] | None = None) -> None:
         self._heap: list[tuple[int, int, Node]] = []  # (last_access, seq, leaf)
-        self._seq = itertools.count()
+        self._seq = itertools.count() if seq is None else seq
+        self.evictable = evictable
 
     def __len__(self) -> int:
         """Entries, stale ones included."""
@@ -31,7 +49,7 @@ class LruLeaves:
     def push(self, node: Node) -> bool:
         """Queue `node` at its current last_access if it is an evictable leaf; returns whether
         it was queued (any older entry of it becomes stale)."""
-        if not _evictable(node):
+        if not self.evictable(node):
             return False
         node.heap_seq = seq = next(self._seq)
         heapq.heappush(self._heap, (node.last_access, seq, node))
@@ -47,9 +65,19 @@ class LruLeaves:
         heap = self._heap
         while heap:
             _, seq, node = heapq.heappop(heap)
-            if seq == node.heap_seq and _evictable(node):
+            if seq == node.heap_seq and self.evictable(node):
                 node.heap_seq = None
                 return node
+        return None
+
+    def peek(self) -> Node | None:
+        """The node pop() would return, left in the heap (stale entries above it are dropped)."""
+        heap = self._heap
+        while heap:
+            _, seq, node = heap[0]
+            if seq == node.heap_seq and self.evictable(node):
+                return node
+            heapq.heappop(heap)
         return None
 
     def requeue(self, node: Node) -> None:
@@ -65,7 +93,7 @@ class LruLeaves:
                 node = stack.pop()
                 if node.children:
                     stack.extend(node.iter_children())
-                elif not node.lock_count:
+                if self.evictable(node):
                     node.heap_seq = seq = next(self._seq)
                     heap.append((node.last_access, seq, node))
         heapq.heapify(heap)

@@ -58,7 +58,7 @@ class Node:
 
     __slots__ = ("key", "first", "pages", "children", "parent", "next_sibling", "hkey",
                  "lock_count", "end_locks", "last_access", "heap_seq", "namespace", "depth",
-                 "__weakref__")  # (a namespace root without blocks or locks is weakly held)
+                 "host", "__weakref__")  # (a namespace root without blocks or locks is weakly held)
 
     def __init__(self, key: np.ndarray, first: bytes, pages: np.ndarray, parent: Node | None,
                  hkey: int, namespace: Namespace) -> None:
@@ -82,6 +82,10 @@ class Node:
         # evicted (a split leaves the lower part ending where it did), so an earlier match ending
         # here with `depth` tokens still spells the same path while the node is in the tree.
         self.depth = (parent.depth if parent is not None else 0) + len(key)
+        # Host tier (RadixCache(..., host_pool=...)): None while the blocks' KV is on GPU pages
+        # (`pages`); once demoted, host page ids, one per block, and `pages` is empty. A GPU node's
+        # ancestors are GPU nodes; a host node's descendants are host nodes; a host node is never locked.
+        self.host: np.ndarray | None = None
 
     def iter_children(self) -> Iterator[Node]:
         for head in self.children.values():
@@ -100,8 +104,9 @@ class Node:
 
     def __repr__(self) -> str:
         head = self.key[:4].tolist()
+        where = f"pages={len(self.pages)}" if self.host is None else f"host_pages={len(self.host)}"
         return (f"Node(ns={self.namespace!r}, tokens={len(self.key)}, first={head}, "
-                f"pages={len(self.pages)}, locks={self.lock_count} ({self.end_locks} ending here))")
+                f"{where}, locks={self.lock_count} ({self.end_locks} ending here))")
 
 
 # ---- a parent's children: a dict from first-block hash to the head of a collision chain ----
@@ -150,12 +155,18 @@ class MatchResult(NamedTuple):
     """Longest cached block-aligned prefix. `node` ends the path (a root when nothing matched).
 
     `pages` lists the path's pages from block `pages_from` on: all of them (0) for `match`,
-    only the new blocks' for `RadixCache.extend`."""
+    only the new blocks' for `RadixCache.extend`.
+
+    With a host tier, `num_tokens` / `pages` / `node` are the GPU-resident prefix only (what a
+    caller can lock and read); `host_tokens` more tokens follow it on host pages, along the host
+    nodes `host_path` (`RadixCache.promote` moves them onto GPU pages). 0 and () without a tier."""
 
     num_tokens: int
     pages: list[int]
     node: Node
     pages_from: int = 0
+    host_tokens: int = 0
+    host_path: tuple[Node, ...] = ()
 
 
 class Descent(NamedTuple):

@@ -34,6 +34,7 @@ Lifetime rules:
 """
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -41,7 +42,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .events import BlockChains, KVEventPublisher
-from .lru import LruLeaves
+from .lru import LruLeaves, gpu_leaf, host_leaf
 from .node import _INT32, Descent, HashFn, MatchResult, Namespace, Node, as_tokens, xxhash_block
 from .pages import PagePool
 from .tree_insertion import TreeInsertion
@@ -67,11 +68,15 @@ class RadixCache(TreeInsertion):
     """Block-keyed radix tree over a PagePool, with LRU eviction and namespaces."""
 
     def __init__(self, pool: PagePool, page_size: int = 16, hash_fn: HashFn = xxhash_block,
-                 events: KVEventPublisher | None = None) -> None:
+                 events: KVEventPublisher | None = None, host_pool: PagePool | None = None) -> None:
         """events: a publisher of KV events (cache/events.py) told of every block that enters or
-        leaves the tree, with chain hashes; None publishes nothing and costs nothing."""
+        leaves the tree, with chain hashes; None publishes nothing and costs nothing.
+        host_pool: the host tier's pages (tree_host.py: GPU eviction demotes blocks there, a match
+        reports the host part, `promote` brings it back); None (the default): one tier."""
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if host_pool is not None and host_pool is pool:
+            raise ValueError("host_pool must be a pool of its own, not the GPU pool")
         self._chains = None if events is None else BlockChains(events, page_size)
         self.pool = pool
         self.page_size = page_size
@@ -80,7 +85,17 @@ class RadixCache(TreeInsertion):
         # roots with neither, while a MatchResult still refers to them
         self._bare_roots: weakref.WeakValueDictionary[Namespace, Node] = weakref.WeakValueDictionary()
         self._clock = 0
-        self._lru = LruLeaves()
+        self.host_pool = host_pool
+        self.num_host_pages = 0  # host pages the tree holds (one per host-resident block)
+        self.demoted_pages = self.promoted_pages = 0  # blocks moved GPU -> host / host -> GPU
+        self._demote = True  # clear() turns it off: eviction then drops
+        if host_pool is None:
+            self._lru = LruLeaves()
+            self._host_lru = None
+        else:
+            seq = itertools.count()  # one sequence: a node's heap_seq names one entry in either heap
+            self._lru = LruLeaves(gpu_leaf, seq)
+            self._host_lru = LruLeaves(host_leaf, seq)
         self._num_nodes = 0
         self._adoptions = 0  # inserts that added a node
         self._last_match: _LastMatch | None = None
@@ -187,6 +202,8 @@ class RadixCache(TreeInsertion):
         d = self._descend(tokens, root)
         end = self._touch(d, root)
         path = d.path
+        if self.host_pool is not None and path and path[-1].host is not None:
+            return self._match_tiers(path, d.matched, root)
         if len(path) == 1:
             pages = path[0].pages.tolist()
         elif path:
@@ -197,6 +214,16 @@ class RadixCache(TreeInsertion):
         if not tokens.flags.writeable:
             self._last_match = _LastMatch(tokens, namespace, end, len(end.key), d.matched, self._adoptions)
         return MatchResult(d.matched, pages, end)
+
+    def _match_tiers(self, path: list[Node], matched: int, root: Node) -> MatchResult:
+        """match's result for a path that reaches host nodes: the GPU prefix, then the host part."""
+        i = next(k for k, node in enumerate(path) if node.host is not None)
+        end = path[i - 1] if i else root
+        gpu = end.depth if i else 0
+        pages = np.concatenate([node.pages for node in path[:i]]).tolist() if i else []
+        self._push_if_evictable(end)
+        self._host_lru.push(path[-1])  # a host leaf queues at its new time (push checks it is one)
+        return MatchResult(gpu, pages, end, 0, matched - gpu, tuple(path[i:]))
 
     def match_many(self, queries: Iterable[tuple[Sequence[int] | np.ndarray, Namespace, MatchResult | None]]
                    ) -> list[MatchResult]:
@@ -211,6 +238,7 @@ class RadixCache(TreeInsertion):
                 root = roots.get(namespace)
                 # _rematch's tests, in its order (see there)
                 if (root is not None and not since.pages_from and n <= len(tokens) and end.depth == n
+                        and end.host is None and not since.host_tokens
                         and (end.parent is not None or end is root) and end.namespace == namespace
                         and tokens.ndim == 1 and tokens.flags.c_contiguous
                         and not (end.children and n + ps <= len(tokens)
@@ -234,6 +262,8 @@ class RadixCache(TreeInsertion):
         root = self._roots.get(namespace)
         if prev.pages_from or n > len(tokens) or root is None or end.namespace != namespace:
             return None
+        if self.host_pool is not None and (end.host is not None or prev.host_tokens or end.children):
+            return None  # a walk from the root splits GPU and host parts
         # End still in the tree (an evicted node's parent is None, and only a leaf leaves) at the
         # same depth (a node's depth drops only when its own tail is evicted; a split keeps the
         # lower part's) is the same path with the same pages.
@@ -288,4 +318,5 @@ class RadixCache(TreeInsertion):
         from .check import TreeView, check_tree
 
         check_tree(TreeView(self.page_size, self.pool, self._roots, self._lru, self._hash, self.num_cached_pages,
-                            self.num_locked_pages, self._num_nodes))
+                            self.num_locked_pages, self._num_nodes, self.host_pool, self._host_lru,
+                            self.num_host_pages))

@@ -26,7 +26,13 @@ class TreeEviction:
     _chains: BlockChains | None
     num_cached_pages: int
     num_locked_pages: int
+    num_host_pages: int
+    host_pool: PagePool | None
+    _host_lru: LruLeaves | None
+    _demote: bool
     _last_match: object
+
+    def evict_host(self, num_pages: int) -> int: ...  # tree_host.py
 
     def _keep_root(self, root: Node) -> None:
         """A root that just got a block or a lock: the tree holds it from now on."""
@@ -47,6 +53,8 @@ class TreeEviction:
         """Nodes from m.node up to (excluding) its root; raises if m is stale or was made by
         another cache (its path does not end at one of this cache's roots)."""
         node = m.node
+        if node.host is not None:
+            raise ValueError(f"{verb} of a stale match: {node} was demoted to the host tier")
         if node.parent is None:
             ns = node.namespace
             if self._roots.get(ns) is not node and self._bare_roots.get(ns) is not node:
@@ -161,21 +169,28 @@ class TreeEviction:
         return freed
 
     def clear(self) -> int:
-        """Evict every unlocked page; returns pages returned to the pool."""
-        if self.num_locked_pages == 0 and self.num_cached_pages:
+        """Evict every unlocked page, and every host-tier block; returns GPU pages returned to the pool."""
+        if self.num_locked_pages == 0 and (self.num_cached_pages or self.num_host_pages):
             return self._drop_all()
         freed = 0
-        while self.num_evictable_pages:
-            n = self.num_evictable_pages
-            freed += self.evict(n)
-            if self.num_evictable_pages == n:
-                break
+        self._demote = False  # with a host tier: drop, do not demote
+        try:
+            while self.num_evictable_pages:
+                n = self.num_evictable_pages
+                freed += self.evict(n)
+                if self.num_evictable_pages == n:
+                    break
+        finally:
+            self._demote = True
+        if self.num_host_pages:
+            self.evict_host(self.num_host_pages)
         return freed
 
     def _drop_all(self) -> int:
         """clear() with nothing locked: every node leaves the tree in one pass over it (no LRU
         order to follow when everything goes), and the pages go back in one decref."""
         dropped: list[np.ndarray] = []
+        host: list[np.ndarray] = []
         for root in list(self._roots.values()):
             stack = list(root.iter_children())
             root.children = {}
@@ -183,11 +198,19 @@ class TreeEviction:
             while stack:
                 node = stack.pop()
                 stack.extend(node.iter_children())
-                dropped.append(node.pages)
+                if node.host is None:
+                    dropped.append(node.pages)
+                else:
+                    host.append(node.host)
                 node.children = {}
                 node.parent = node.next_sibling = None  # a stale match through it is refused
                 node.heap_seq = None
-        self._lru = LruLeaves()
+        self._lru = LruLeaves(self._lru.evictable, self._lru._seq)
+        if self._host_lru is not None:
+            self._host_lru = LruLeaves(self._host_lru.evictable, self._lru._seq)
+        if host:
+            self.host_pool.decref_distinct(np.concatenate(host))
+        self.num_host_pages = 0
         self._num_nodes = 0
         self.num_cached_pages = 0
         self._last_match = None

@@ -11,7 +11,7 @@ import numpy as np
 
 from .node import Descent, MatchResult, Namespace, Node, as_tokens, attach_child, replace_child
 from .pages import bad_page_id
-from .tree_eviction import TreeEviction
+from .tree_host import TreeHost
 
 
 class _Adoption(NamedTuple):
@@ -21,8 +21,9 @@ class _Adoption(NamedTuple):
     refcounts: np.ndarray  # int32 [n], their refcounts before adoption
 
 
-class TreeInsertion(TreeEviction):
-    """insert / extend / serve_prompt of RadixCache (they lock, evict and queue leaves: TreeEviction)."""
+class TreeInsertion(TreeHost):
+    """insert / extend / serve_prompt of RadixCache (they lock, evict and queue leaves: TreeEviction;
+    promote host blocks they pass through: TreeHost)."""
 
     # state beyond TreeEviction's (radix_tree.py sets it up)
     _adoptions: int
@@ -40,7 +41,12 @@ class TreeInsertion(TreeEviction):
         them between the allocation and the release). Returns (cached tokens matched, whether
         it ran, pool pages in use while it held its own, private ones included). A request
         needing more pages than the pool can give even after evicting everything else does not
-        run: nothing is evicted or cached (its match still refreshes its path)."""
+        run: nothing is evicted or cached (its match still refreshes its path).
+
+        With a host tier the hit counts the host part too: those blocks are promoted onto fresh
+        pages (`promote`, counted in `promoted_pages`) instead of being computed again."""
+        if self.host_pool is not None:
+            return self._serve_prompt_tiered(tokens, private_pages, namespace)
         ps, pool = self.page_size, self.pool
         root = self.root(namespace)
         d = self._descend(tokens, root)
@@ -85,6 +91,32 @@ class TreeInsertion(TreeEviction):
         in_use = pool.num_used + private_pages
         if locked is not None:
             self.unlock(locked)
+        return hit, True, in_use
+
+    def _serve_prompt_tiered(self, tokens: np.ndarray, private_pages: int,
+                             namespace: Namespace) -> tuple[int, bool, int]:
+        """serve_prompt with a host tier, through match / lock / evict / promote / extend / unlock."""
+        ps, pool = self.page_size, self.pool
+        full = len(tokens) // ps * ps
+        m = self.match(tokens, namespace)
+        need = (full - m.num_tokens) // ps + private_pages  # host blocks get GPU pages too
+        self.lock(m)
+        try:
+            if need > pool.num_free:
+                if need > pool.num_free + self.num_evictable_pages:
+                    return m.num_tokens + m.host_tokens, False, pool.num_used
+                self.evict(need - pool.num_free)  # demotes; may drop old host blocks of our path
+                now = self.match(tokens, namespace)  # the same GPU part (locked), what is left on host
+                m = m._replace(host_tokens=now.host_tokens, host_path=now.host_path)
+            hit = m.num_tokens + m.host_tokens
+            if m.host_tokens:
+                m = self.promote(m, pool.alloc_array(m.host_tokens // ps), donate=True)
+            if full > m.num_tokens:
+                m = self.extend(m, tokens[m.num_tokens: full], pool.alloc_array((full - m.num_tokens) // ps),
+                                donate=True)
+            in_use = pool.num_used + private_pages
+        finally:
+            self.unlock(m)
         return hit, True, in_use
 
     def _adoptable(self, pages: Sequence[int] | np.ndarray, start: int, stop: int) -> _Adoption:
@@ -177,13 +209,23 @@ class TreeInsertion(TreeEviction):
             raise ValueError(f"one page per full block is needed: {nblocks} blocks, {len(pages)} pages")
         matched = d.matched
         adopt = None
-        if matched < nblocks * ps:
-            adopt = self._adoptable(pages, matched // ps, nblocks)  # raises before any change
-        node = self._touch(d, top)
-        if adopt is not None:
-            new_pages = adopt.pages
+        lo = matched // ps  # first block whose page is adopted
+        if self.host_pool is not None:  # host blocks on the way take the caller's pages
+            base = top.depth if top.parent is not None else 0
+            for n in (*d.path, d.split_node):
+                if n is not None and n.host is not None:
+                    lo = (n.depth - len(n.key) - base) // ps
+                    break
+        if lo < nblocks:
+            adopt = self._adoptable(pages, lo, nblocks)  # raises before any change
             if not donate:
-                self.pool.incref_distinct(new_pages, adopt.refcounts)
+                self.pool.incref_distinct(adopt.pages, adopt.refcounts)
+        node = self._touch(d, top)
+        if lo < matched // ps:
+            hosted = [n for n in d.path if n.host is not None]
+            self._promote_adopted(hosted, adopt.pages[: matched // ps - lo])  # (not a host hit)
+        if matched < nblocks * ps:
+            new_pages = adopt.pages[matched // ps - lo:]
             key = tokens[matched: nblocks * ps]
             # A read-only array cannot change under us: keep a view of it when that does not
             # pin much more memory than a copy would.
@@ -209,9 +251,12 @@ class TreeInsertion(TreeEviction):
         so a MatchResult ending at `node` still ends at it)."""
         ps = self.page_size
         parent = node.parent
-        assert parent is not None and 0 < blocks < len(node.pages)
+        assert parent is not None and 0 < blocks < len(node.key) // ps
         upper = Node(node.key[: blocks * ps], node.first, node.pages[:blocks], None, node.hkey,
                      node.namespace)
+        if node.host is not None:  # a host node: both parts stay on host
+            upper.host = node.host[:blocks]
+            node.host = node.host[blocks:]
         upper.lock_count = node.lock_count  # every lock on node's path also covers its prefix
         # upper.end_locks stays 0: a match that ended at node still ends at node
         upper.last_access = node.last_access

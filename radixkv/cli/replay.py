@@ -49,6 +49,9 @@ def add_replay_parser(sub: Any) -> None:
     mode.add_argument("--concurrency", type=count, default=256, metavar="N",
                       help="requests running at once (scheduler max_running; default 256)")
     r.add_argument("--num-pages", type=pages_arg, metavar="N", help="KV pool size in pages (default: unlimited)")
+    r.add_argument("--host-pages", type=host_pages_arg, metavar="N",
+                   help="simulated host-memory tier of N pages under the KV pool: evicted blocks are written "
+                        "back there and loaded again (a PCIe copy) instead of recomputed (default: none)")
     r.add_argument("--page-size", type=positive_int, default=16, metavar="N", help="tokens per page (default 16)")
     r.add_argument("--burst", action="store_true",
                    help="every request arrives at t=0 (the hardest case for the scheduler)")
@@ -65,6 +68,20 @@ def add_replay_parser(sub: Any) -> None:
     r.add_argument("--record", metavar="OUT.jsonl", help="write the replayed requests as radixkv JSONL")
     r.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     r.set_defaults(run=_cmd_replay)
+
+
+def host_pages_arg(text: str) -> int:
+    """--host-pages: a whole number of pages in [0, 2**31) (0: no host tier)."""
+    from radixkv.replay.replay import check_host_pages
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--host-pages must be a whole number of pages, got {text!r}") from None
+    try:
+        return check_host_pages(n)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--host-pages {text}: {e}") from None
 
 
 def bundled_sample() -> Path:
@@ -109,8 +126,13 @@ def _cmd_replay(a: argparse.Namespace) -> int:
     requests = trace.requests[: a.limit] if a.limit else trace.requests
     if not requests:
         raise CliError(_no_requests(path, trace))
+    if a.host_pages and a.model:
+        raise CliError(f"--host-pages {a.host_pages} is simulated only: it excludes --model (the engine has no host tier yet)")
+    if a.host_pages and (a.replicas or 1) > 1:
+        raise CliError(f"--host-pages {a.host_pages} is not available with --replicas {a.replicas}")
     cfg = ReplayConfig(page_size=a.page_size, num_pages=a.num_pages, sequential=a.sequential,
-                       concurrency=a.concurrency, burst=a.burst, policy=Policy(a.policy))
+                       concurrency=a.concurrency, burst=a.burst, policy=Policy(a.policy),
+                       host_pages=a.host_pages or None)
     mode = ReplayMode.REAL if a.model else ReplayMode.SEQUENTIAL if a.sequential else ReplayMode.SIMULATE
     if mode is not ReplayMode.REAL and cfg.num_pages is None:
         _check_unlimited_pool(path, requests, cfg.page_size, with_outputs=mode is ReplayMode.SIMULATE)

@@ -18,6 +18,11 @@ TFLOP/s), rounded, with realistic efficiencies:
   x 2 B) streamed at ~4 TB/s.
 - attn_pair_s = 1.3e-12: 4 * 4096 * 32 = 0.5 MFLOP per (query, key) pair at ~400 TFLOP/s.
 
+Host tier (issue 37, `replay --host-pages`): a prefix block loaded back from host memory is not
+recomputed; it costs a PCIe copy of its KV, `transfer_seconds(tokens)` = tokens x
+`kv_bytes_per_token` (131,072: the 128 KiB above) / `pcie_bytes_per_s` (50e9: PCIe 5.0 x16 achieved),
+added to the step whose prefill reads it (radixkv.replay.host_tier.TransferTimer).
+
 `ServiceTime` prices one request served alone (sequential replay's clock) under a CostModel.
 """
 from __future__ import annotations
@@ -62,11 +67,20 @@ class CostModel:
     decode_token_s: float = 2e-5
     kv_read_token_s: float = 3.3e-8
     attn_pair_s: float = 1.3e-12
+    kv_bytes_per_token: float = 131072.0  # host tier: KV bytes a token's copy moves
+    pcie_bytes_per_s: float = 50e9  # host tier: host<->device copy bandwidth
 
     def __post_init__(self) -> None:
-        for name in ("base_s", "prefill_token_s", "decode_token_s", "kv_read_token_s", "attn_pair_s"):
+        for name in ("base_s", "prefill_token_s", "decode_token_s", "kv_read_token_s", "attn_pair_s",
+                     "kv_bytes_per_token"):
             if getattr(self, name) < 0:
                 raise ValueError(f"CostModel.{name} must be >= 0, got {getattr(self, name)}")
+        if not self.pcie_bytes_per_s > 0:
+            raise ValueError(f"CostModel.pcie_bytes_per_s must be > 0, got {self.pcie_bytes_per_s}")
+
+    def transfer_seconds(self, tokens: float) -> float:
+        """Seconds to copy `tokens` tokens of KV between host and device."""
+        return tokens * self.kv_bytes_per_token / self.pcie_bytes_per_s
 
     def seconds(self, shape: StepShape) -> float:
         return (self.base_s + self.prefill_token_s * shape.prefill_tokens

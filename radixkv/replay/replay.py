@@ -28,6 +28,7 @@ from .cost_model import CostModel, ServiceTime
 from .fragmentation import Fragmentation
 
 if TYPE_CHECKING:  # real mode only; importing the engine loads torch
+    from .simulator import HostStats
     from radixkv.engine.llm import LLM
     from radixkv.request import Request
 
@@ -38,6 +39,18 @@ class ReplayMode(enum.Enum):
     SEQUENTIAL = "sequential"  # one request at a time, file order, exact hit rate
     SIMULATE = "simulate"  # arrivals at their timestamps (or all at 0), scheduler + cost model
     REAL = "real"  # the engine runs a model
+
+
+MAX_HOST_PAGES = 2**31 - 1  # host page ids are int32, as GPU ones
+
+
+def check_host_pages(n: object) -> int:
+    """A host tier size in pages: an integer in [0, 2**31); ValueError naming the value otherwise."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise ValueError(f"host pages must be a whole number of pages, got {n!r}")
+    if not 0 <= n <= MAX_HOST_PAGES:
+        raise ValueError(f"host pages must be between 0 and {MAX_HOST_PAGES:,} (int32 page ids), got {n:,}")
+    return int(n)
 
 
 @dataclass(frozen=True)
@@ -55,8 +68,11 @@ class ReplayConfig:
     concurrency: int = 256  # SchedulerConfig.max_running
     burst: bool = False  # every request arrives at t=0
     policy: Policy = Policy.LPM
+    host_pages: int | None = None  # a host tier of this many pages under the pool (None/0: none)
 
     def __post_init__(self) -> None:
+        if self.host_pages is not None:
+            check_host_pages(self.host_pages)
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 1:
@@ -65,6 +81,10 @@ class ReplayConfig:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if not isinstance(self.policy, Policy):
             raise TypeError(f"policy must be a Policy, got {self.policy!r}")
+
+    @property
+    def host_tier(self) -> bool:
+        return bool(self.host_pages)
 
     def scheduler_config(self) -> SchedulerConfig:
         """The scheduler settings of a simulated or real replay (policy, `concurrency` running)."""
@@ -104,12 +124,19 @@ class ReplayResult:
     live_token_fraction: float | None = None
     contiguous_live_fraction: float | None = None
     timeline: list[TimelinePoint] = field(default_factory=list)
+    # host tier (issue 37; None / 0 without one): its size, prompt tokens loaded back from it (host
+    # hits; hit_tokens includes them, gpu_hit_tokens is the rest), bytes copied each way
+    host_pages: int | None = None
+    host_hit_tokens: int = 0
+    gpu_hit_tokens: int | None = None
+    bytes_h2d: int = 0
+    bytes_d2h: int = 0
 
     @classmethod
     def build(cls, mode: ReplayMode, cfg: ReplayConfig, *, requests: int, metrics: SchedulerMetrics,
               pool: PagePool, started: float, clock_s: float, output_tokens: int, rejected: int = 0,
               too_long: int = 0, model_context: int | None = None,
-              fragmentation: Fragmentation | None = None) -> ReplayResult:
+              fragmentation: Fragmentation | None = None, host: HostStats | None = None) -> ReplayResult:
         """The one constructor of a replay's summary, from what its driver measured.
 
         metrics: the run's counters (prompt and hit tokens, preemptions, completed requests, peak
@@ -130,7 +157,11 @@ class ReplayResult:
             too_long=too_long, model_context=model_context, sim_seconds=clock_s, output_tokens=output_tokens,
             live_token_fraction=fragmentation.live_token_fraction if fragmentation else None,
             contiguous_live_fraction=fragmentation.contiguous_live_fraction if fragmentation else None,
-            timeline=list(metrics.timeline))
+            timeline=list(metrics.timeline),
+            host_pages=host.host_pages if host else None,
+            host_hit_tokens=host.host_hit_tokens if host else 0,
+            gpu_hit_tokens=metrics.hit_tokens - host.host_hit_tokens if host else metrics.hit_tokens,
+            bytes_h2d=host.bytes_h2d if host else 0, bytes_d2h=host.bytes_d2h if host else 0)
 
     def to_json(self) -> dict[str, Any]:
         """Every field, JSON-ready (`mode` as its name, timeline points as lists)."""
@@ -157,9 +188,14 @@ class Served(NamedTuple):
 class _SequentialServer:
     """The pool and tree of a sequential replay: one request's prompt at a time."""
 
-    def __init__(self, num_pages: int, page_size: int) -> None:
+    def __init__(self, num_pages: int, page_size: int, host_pages: int | None = None) -> None:
         self.pool = PagePool(num_pages)
-        self.cache = RadixCache(self.pool, page_size=page_size)
+        if host_pages:
+            from radixkv.cache.tree_host import HostPool
+
+            self.cache = RadixCache(self.pool, page_size=page_size, host_pool=HostPool(host_pages))
+        else:
+            self.cache = RadixCache(self.pool, page_size=page_size)
         self.page_size = page_size
 
     def serve(self, tokens: Sequence[int] | np.ndarray) -> Served:
@@ -195,8 +231,9 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
     t0 = time.perf_counter()
     ps = cfg.page_size
     num_pages = cfg.num_pages if cfg.num_pages is not None else unlimited_pages(requests, ps, False)
-    server = _SequentialServer(num_pages, ps)
+    server = _SequentialServer(num_pages, ps, cfg.host_pages)
     pool, serve_prompt = server.pool, server.cache.serve_prompt
+    cache = server.cache
     service = ServiceTime(cost)
     m = SchedulerMetrics()  # filled per request here: no scheduler runs
     waits, timeline = m.waits_s, m.timeline
@@ -207,7 +244,9 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
     for r in requests:
         tokens = as_tokens(r.tokens(scratch))  # int32 [L]; the tree copies what it keeps
         n = len(tokens)
+        loaded = cache.promoted_pages
         hit, ran, in_use = serve_prompt(tokens, int(n % ps != 0))
+        loaded = (cache.promoted_pages - loaded) * ps  # host hit tokens (0 without a host tier)
         prompt_tokens += n
         hit_tokens += hit
         if not ran:
@@ -218,6 +257,8 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
             arrival = 0.0 if cfg.burst else r.arrival_s
             start = max(clock, arrival)
             clock = start + service.serve(n, hit, r.max_tokens)
+            if loaded:
+                clock += cost.transfer_seconds(loaded)
             waits.append(start - arrival)
             completed += 1
             output_tokens += r.max_tokens
@@ -225,10 +266,15 @@ def replay_sequential(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost:
         if progress:
             progress(1)
     m.prompt_tokens, m.hit_tokens, m.completed, m.peak_pages = prompt_tokens, hit_tokens, completed, peak
+    host = None
+    if cfg.host_tier:
+        from .simulator import HostStats
+
+        host = HostStats(cfg.host_pages, ps, cache.promoted_pages, cache.demoted_pages, cost.kv_bytes_per_token)
     server.cache.clear()
     return ReplayResult.build(ReplayMode.SEQUENTIAL, cfg, requests=len(requests), metrics=m, pool=pool,
                               started=t0, clock_s=clock, output_tokens=output_tokens, rejected=rejected,
-                              fragmentation=frag)
+                              fragmentation=frag, host=host)
 
 
 class Admission(NamedTuple):
@@ -291,13 +337,13 @@ def replay_simulated(requests: Sequence[TraceRequest], cfg: ReplayConfig, cost: 
     t0 = time.perf_counter()
     reqs, rejected, num_pages = simulated_requests(requests, cfg)
     sim = simulate(reqs, num_pages, cfg.page_size, cfg.scheduler_config(), cost, burst=cfg.burst,
-                   progress=None if progress is None else RunningTotal(progress))
+                   progress=None if progress is None else RunningTotal(progress), host_pages=cfg.host_pages)
     if progress is not None and rejected:
         progress(rejected)
     return ReplayResult.build(ReplayMode.SIMULATE, cfg, requests=len(requests), metrics=sim.metrics, pool=sim.pool,
                               started=t0, clock_s=sim.sim_seconds,
                               output_tokens=sum(len(o) for o in sim.outputs.values()), rejected=rejected,
-                              fragmentation=sim.fragmentation)
+                              fragmentation=sim.fragmentation, host=sim.host)
 
 
 def run_replay(requests: Sequence[TraceRequest], cfg: ReplayConfig, *, engine: LLM | None = None,
@@ -305,6 +351,8 @@ def run_replay(requests: Sequence[TraceRequest], cfg: ReplayConfig, *, engine: L
     """Replay: on `engine` when given (real mode; see `replay_real`), else sequentially when
     `cfg.sequential`, else through the scheduler simulator. `cost` defaults to CostModel()."""
     if engine is not None:
+        if cfg.host_tier:
+            raise ValueError(f"host_pages={cfg.host_pages}: the host tier is simulated only (the engine has none yet)")
         return replay_real(requests, cfg, engine, progress)
     cost = cost or CostModel()
     if cfg.sequential:

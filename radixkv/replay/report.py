@@ -37,6 +37,7 @@ def format_summary(r: ReplayResult, path: Path, fmt: TraceFormat, skipped: int) 
         ("prompt tokens", f"{r.prompt_tokens:,}"),
         ("cached (hit) tokens", f"{r.hit_tokens:,}"),
         ("prefix hit rate", f"{r.hit_rate:.4f}"),
+        *([("hits by tier", host_tier(r))] if r.host_pages else []),
         ("KV pool", pool),
         ("peak pages in use", f"{r.peak_pages:,} ({r.peak_pages / r.num_pages:.1%} of pool)"),
         *([("live tokens at peak", fragmentation(r))]  # not measured across replicas: dropped
@@ -49,6 +50,13 @@ def format_summary(r: ReplayResult, path: Path, fmt: TraceFormat, skipped: int) 
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def host_tier(r: ReplayResult) -> str:
+    """Hit tokens by tier and the bytes the host tier moved (the KV bytes a token: CostModel's)."""
+    gb = 1e9
+    return (f"GPU {r.gpu_hit_tokens:,} + host {r.host_hit_tokens:,} tokens (host tier {r.host_pages:,} pages "
+            f"x {r.page_size}); moved {r.bytes_h2d / gb:,.1f} GB host->GPU, {r.bytes_d2h / gb:,.1f} GB GPU->host")
 
 
 def throughput(r: ReplayResult) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from radixkv.batch import Batch
 from radixkv.config import SchedulerConfig
-from .cost_model import StepTimer
+from .cost_model import CostModel, StepTimer
 from .fragmentation import Fragmentation
 from radixkv.scheduler.metrics import SchedulerMetrics, TimelinePoint
 from radixkv.cache.pages import PagePool
@@ -56,10 +56,11 @@ class SimResult:
     timeline: list[TimelinePoint] = field(default_factory=list, repr=False)
     outputs: dict[int, list[int]] = field(default_factory=dict, repr=False)  # rid -> tokens
     fragmentation: Fragmentation | None = field(default=None, repr=False)  # live tokens at peak
+    host: HostStats | None = field(default=None, repr=False)  # the host tier's counters (None: no tier)
 
     def as_json(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items()
-             if k not in ("timeline", "outputs", "metrics", "pool", "fragmentation")}
+             if k not in ("timeline", "outputs", "metrics", "pool", "fragmentation", "host")}
         f = self.fragmentation
         d["live_token_fraction"] = f.live_token_fraction if f else None
         d["contiguous_live_fraction"] = f.contiguous_live_fraction if f else None
@@ -168,9 +169,32 @@ def check_requests(requests: Sequence[Request], num_pages: int, page_size: int, 
                              f"but {pool} has {num_pages}")
 
 
+@dataclass(frozen=True)
+class HostStats:
+    """What a replay's host tier did: its size, blocks loaded back (host hits) and written back."""
+
+    host_pages: int
+    page_size: int
+    promoted_pages: int  # blocks copied host -> GPU (their tokens: host hit tokens)
+    demoted_pages: int  # blocks copied GPU -> host (write-back)
+    kv_bytes_per_token: float
+
+    @property
+    def host_hit_tokens(self) -> int:
+        return self.promoted_pages * self.page_size
+
+    @property
+    def bytes_h2d(self) -> int:
+        return int(self.promoted_pages * self.page_size * self.kv_bytes_per_token)
+
+    @property
+    def bytes_d2h(self) -> int:
+        return int(self.demoted_pages * self.page_size * self.kv_bytes_per_token)
+
+
 def simulate(requests: list[Request], num_pages: int, page_size: int, sched: SchedulerConfig,
              cost: StepTimer, burst: bool = False,
-             progress: Callable[[int], None] | None = None) -> SimResult:
+             progress: Callable[[int], None] | None = None, host_pages: int | None = None) -> SimResult:
     """Serve `requests` (arriving at req.arrival_s, or all at 0 when `burst`) to completion.
 
     The given Request objects are not modified (each is copied; prompts are shared, not
@@ -179,17 +203,37 @@ def simulate(requests: list[Request], num_pages: int, page_size: int, sched: Sch
     not free. `progress`, if given, is called with the number of completed requests whenever
     it changes. `fragmentation` holds the live tokens at the peak of pages in use and the
     contiguous-allocator baseline (radixkv.replay.fragmentation). Raises ValueError for duplicate rids or a request larger than the pool.
+
+    host_pages: a host tier of that many pages under the pool (radixkv.replay.host_tier: GPU eviction
+    writes blocks back to host, an admission that reaches them loads them back, each load priced by
+    `cost.transfer_seconds` when `cost` is a CostModel); None or 0: no tier.
     """
     check_requests(requests, num_pages, page_size, "simulate()", "the pool")
     pool = PagePool(num_pages)
-    cache = RadixCache(pool, page_size=page_size)
+    step_seconds = cost.step_seconds
+    if host_pages:
+        from radixkv.cache.tree_host import HostPool
+        from .host_tier import LoadingCache, TransferTimer
+
+        cache: RadixCache = LoadingCache(pool, page_size=page_size, host_pool=HostPool(host_pages))
+        if isinstance(cost, CostModel):
+            step_seconds = TransferTimer(cost, cache).step_seconds
+    else:
+        cache = RadixCache(pool, page_size=page_size)
     scheduler = Scheduler(pool, cache, sched, page_size)
     arrivals = sorted((_fresh_copy(r, 0.0 if burst else r.arrival_s) for r in requests),
                       key=lambda r: r.arrival_s)  # stable: file order among equal times
     frag = Fragmentation(page_size)
-    now = run_scheduler(scheduler, arrivals, cost.step_seconds, progress=progress,
+    now = run_scheduler(scheduler, arrivals, step_seconds, progress=progress,
                         after_update=lambda done: frag.observe(scheduler, done))
-    cache.evict(cache.num_cached_pages)
+    host = None
+    if host_pages:
+        host = HostStats(host_pages, page_size, cache.promoted_pages, cache.demoted_pages,
+                         getattr(cost, "kv_bytes_per_token", CostModel.kv_bytes_per_token))
+    if host_pages:
+        cache.clear()  # both tiers
+    else:
+        cache.evict(cache.num_cached_pages)
     m = scheduler.metrics
     waits = m.wait_stats()
     return SimResult(
@@ -198,4 +242,4 @@ def simulate(requests: list[Request], num_pages: int, page_size: int, sched: Sch
         preemptions=m.preemptions, wait_p50_s=waits.p50, wait_p99_s=waits.p99,
         wait_max_s=waits.max, leaked_pages=num_pages - pool.num_free, sim_seconds=now,
         steps=m.steps, timeline=m.timeline,
-        outputs={r.rid: r.output for r in arrivals}, metrics=m, pool=pool, fragmentation=frag)
+        outputs={r.rid: r.output for r in arrivals}, metrics=m, pool=pool, fragmentation=frag, host=host)

@@ -464,3 +464,210 @@ TestTreePage2 = TreeMachine.TestCase
 TestTreePage1 = TreeMachinePage1.TestCase
 TestTreePage16 = TreeMachinePage16.TestCase
 TestTreeCollisions = TreeMachineCollisions.TestCase
+
+
+# ---- the host tier (issue 37): demote / promote / host-evict ----------------------------------------
+class TieredTreeMachine(RuleBasedStateMachine):
+    """RadixCache with a host pool: requests (match -> lock -> promote the host part or not -> make room
+    -> extend -> release), demotion (evict), host eviction, promotion of a held match, clear. After
+    every step: check_invariants() (both pools, prefix-closed tiers, both LRU heaps), a match equal to
+    the tree's own contents (GPU prefix, then host part), and conservation: a demotion with host room
+    loses no block, a host eviction touches no GPU block, a promotion moves blocks without losing any."""
+
+    PAGE_SIZE = 2
+    NUM_PAGES = 8
+    HOST_PAGES = 6
+
+    def __init__(self) -> None:
+        super().__init__()
+        from radixkv.cache.events import QueuePublisher
+        from radixkv.cache.tree_host import HostPool
+
+        self.pool = PagePool(self.NUM_PAGES)
+        self.host_pool = HostPool(self.HOST_PAGES)
+        self.events = QueuePublisher()
+        self.cache = RadixCache(self.pool, page_size=self.PAGE_SIZE, host_pool=self.host_pool, events=self.events)
+        ps = self.PAGE_SIZE
+        self.patterns = [([b % 2] * (ps - 1) + [b]) if ps > 1 else [b] for b in range(NUM_BLOCK_IDS)]
+        self.block_of = {tuple(p): b for b, p in enumerate(self.patterns)}
+        self.locked: list[MatchResult] = []
+        self.blocks: dict[tuple[str, int], str] = {}  # (medium, chain hash) -> medium, from the events
+
+    def tokens(self, bids: list[int]) -> np.ndarray:
+        return np.array([t for b in bids for t in self.patterns[b]], dtype=np.int32)
+
+    def contents(self) -> dict[tuple[Namespace, Prefix], str]:
+        """(namespace, block prefix) -> "gpu" / "host", from a walk of the tree."""
+        ps, out = self.PAGE_SIZE, {}
+        for ns in self.cache.namespaces:
+            stack: list = [(self.cache.root(ns), ())]
+            while stack:
+                node, prefix = stack.pop()
+                for child in node.iter_children():
+                    p = prefix
+                    for i in range(len(child.key) // ps):
+                        p = p + (self.block_of[tuple(child.key[i * ps:(i + 1) * ps].tolist())],)
+                        out[(ns, p)] = "gpu" if child.host is None else "host"
+                    stack.append((child, p))
+        return out
+
+    def expected_match(self, ns: Namespace, bids: list[int]) -> tuple[int, int]:
+        c = self.contents()
+        gpu = host = 0
+        for k in range(1, len(bids) + 1):
+            tier = c.get((ns, tuple(bids[:k])))
+            if tier is None:
+                break
+            if tier == "gpu":
+                assert host == 0, "a GPU block below a host block"
+                gpu += 1
+            else:
+                host += 1
+        return gpu, host
+
+    def checked_match(self, ns: Namespace, bids: list[int]) -> MatchResult:
+        gpu, host = self.expected_match(ns, bids)
+        m = self.cache.match(self.tokens(bids), ns)
+        ps = self.PAGE_SIZE
+        assert (m.num_tokens, m.host_tokens) == (gpu * ps, host * ps), \
+            f"match {m.num_tokens}+{m.host_tokens} tokens, tree holds {gpu * ps}+{host * ps}"
+        assert len(m.pages) == gpu and sum(len(n.host) for n in m.host_path) == host
+        return m
+
+    @rule(ns=st.sampled_from([None, None, None, "a"]),
+          bids=st.one_of(st.sampled_from([[0, 1, 2], [0, 1, 3], [0, 1, 2, 3], [0, 2], [1]]),
+                         st.lists(st.integers(0, NUM_BLOCK_IDS - 1), max_size=5)),
+          load=st.booleans(), keep=st.sampled_from([False, False, True]))
+    def request(self, ns: Namespace, bids: list[int], load: bool, keep: bool) -> None:
+        cache, pool, ps = self.cache, self.pool, self.PAGE_SIZE
+        tokens = self.tokens(bids)
+        m = self.checked_match(ns, bids)
+        cache.lock(m)
+        try:
+            hb = m.host_tokens // ps if load else 0
+            need = len(bids) - m.num_tokens // ps  # host blocks: loaded or computed again, a page each
+            if need > pool.num_free + cache.num_evictable_pages:
+                event("request: larger than the pool can give")
+                return
+            if need > pool.num_free:
+                cache.evict(need - pool.num_free)
+                now = cache.match(tokens, ns)
+                m = m._replace(host_tokens=now.host_tokens, host_path=now.host_path)
+                hb = min(hb, m.host_tokens // ps)
+            if hb:
+                before = self.contents()
+                m = cache.promote(m, pool.alloc_array(hb), donate=True)
+                event("request: loaded host blocks")
+                after = self.contents()
+                assert set(after) == set(before), "promote lost or added a block"
+            rest = len(bids) - m.num_tokens // ps
+            if rest:
+                pages = pool.alloc(rest)
+                m = cache.extend(m, tokens[m.num_tokens:], pages)
+                pool.decref(pages)
+        finally:
+            if keep and len(self.locked) < 3:
+                self.locked.append(m)
+            else:
+                cache.unlock(m)
+
+    @rule(n=st.integers(0, 10))
+    def demote(self, n: int) -> None:
+        cache = self.cache
+        before = self.contents()
+        host_room = self.host_pool.num_free
+        gpu_before = cache.num_cached_pages
+        evictable = cache.num_evictable_pages
+        freed = cache.evict(n)
+        assert freed == min(n, evictable)
+        assert cache.num_cached_pages == gpu_before - freed
+        after = self.contents()
+        if freed <= host_room:
+            assert set(after) == set(before), "a demotion with host room dropped a block"
+            event("demote: all kept on host" if freed else "demote: nothing")
+        assert set(after) <= set(before)
+
+    @rule(n=st.integers(0, 8))
+    def host_evict(self, n: int) -> None:
+        before = self.contents()
+        had = self.cache.num_host_pages
+        assert self.cache.evict_host(n) == min(n, had)
+        after = self.contents()
+        assert {k for k, t in after.items() if t == "gpu"} == {k for k, t in before.items() if t == "gpu"}
+        assert len(before) - len(after) == min(n, had)
+
+    @precondition(lambda self: self.locked)
+    @rule(data=st.data())
+    def promote_held(self, data: st.DataObject) -> None:
+        """Promote part of a held (locked) match's host part, if any is left below it."""
+        i = data.draw(st.integers(0, len(self.locked) - 1))
+        m = self.locked[i]
+        k = data.draw(st.integers(0, 3))
+        host = [n for n in m.host_path]
+        if not host or any(n.host is None for n in host) or k == 0:
+            return
+        avail = sum(len(n.host) for n in host)
+        k = min(k, avail, self.pool.num_free)
+        if k == 0:
+            return
+        try:
+            new = self.cache.promote(m, self.pool.alloc_array(k), donate=True)
+        except ValueError as e:  # the host path changed under the held match
+            assert "stale" in str(e)
+            return
+        self.locked[i] = new
+        event("promote_held")
+
+    @precondition(lambda self: self.locked)
+    @rule()
+    def release(self) -> None:
+        self.cache.unlock(self.locked.pop())
+
+    @rule()
+    def clear(self) -> None:
+        self.cache.clear()
+        assert self.cache.num_host_pages == 0
+        assert self.cache.num_cached_pages == self.cache.num_locked_pages
+
+    @invariant()
+    def invariants(self) -> None:
+        self.cache.check_invariants()
+        c = self.contents()
+        assert sum(t == "gpu" for t in c.values()) == self.cache.num_cached_pages
+        assert sum(t == "host" for t in c.values()) == self.cache.num_host_pages == self.host_pool.num_used
+
+    @invariant()
+    def events_follow_tiers(self) -> None:
+        """The KV events, applied in order keyed by (medium, hash), hold as many blocks per tier as the tree."""
+        from radixkv.cache.events import AllBlocksCleared, BlockRemoved, BlockStored
+
+        for e in self.events.drain().events:
+            if isinstance(e, BlockStored):
+                for h in e.block_hashes:
+                    assert (e.medium, h) not in self.blocks
+                    self.blocks[(e.medium, h)] = e.medium
+            elif isinstance(e, BlockRemoved):
+                for h in e.block_hashes:
+                    del self.blocks[(e.medium, h)]
+            elif isinstance(e, AllBlocksCleared):
+                self.blocks.clear()
+        gpu = sum(m == "GPU" for m in self.blocks.values())
+        assert gpu == self.cache.num_cached_pages and len(self.blocks) - gpu == self.cache.num_host_pages
+
+    def teardown(self) -> None:
+        for m in self.locked:
+            self.cache.unlock(m)
+        self.cache.clear()
+        self.cache.check_invariants()
+        assert self.pool.num_free == self.pool.num_pages
+        assert self.host_pool.num_free == self.host_pool.num_pages
+
+
+class TieredTreeMachinePage1(TieredTreeMachine):
+    PAGE_SIZE = 1
+    NUM_PAGES = 6
+    HOST_PAGES = 4
+
+
+TestTieredTree = TieredTreeMachine.TestCase
+TestTieredTreePage1 = TieredTreeMachinePage1.TestCase

@@ -1,0 +1,274 @@
+"""RadixCache's host tier (a mixin of radix_tree.RadixCache): GPU eviction that demotes blocks to host
+pages instead of dropping them, host eviction, and promotion back onto GPU pages. No torch.
+
+With `RadixCache(pool, page_size, host_pool=HostPool(n))` every cached block lives on GPU pages
+(`node.pages`) or on host pages (`node.host`, `node.pages` empty). The tree moves bookkeeping only; an
+engine copies the bytes (device-to-host before a demoted page is reused, host-to-device before a
+promoted block is read). Rules on top of radix_tree.py's:
+
+- Tiers are prefix-closed: a GPU node's ancestors are GPU nodes, a host node's descendants host nodes.
+  So a match is a GPU prefix (what a caller locks and reads) followed by a host part
+  (`MatchResult.host_tokens`, `host_path`). Host nodes are never locked.
+- `evict(n)` takes the least recently used *GPU leaf* (an unlocked GPU node whose children, if any,
+  are all on host; tail blocks first, by splitting the node) and demotes it: its blocks get host pages
+  and its GPU pages are freed. When the host pool is short, host leaves least recently used first are
+  dropped to make room, but only those used before the block being demoted; when that is not enough
+  the block is dropped instead (with its host subtree). So the whole cache (GPU + host) forgets in
+  exact LRU order and the GPU holds the most recently used blocks.
+- `evict_host(n)` drops the least recently used host leaves (tail blocks first).
+- `promote(m, pages)`: the host blocks following the locked match `m` (its `host_path`), as many as
+  `pages` (GPU pages the caller allocated and fills), move back to GPU; the lock moves to the longer
+  match, as `extend` moves it. insert / extend through host blocks adopt the caller's pages for them
+  (the caller holds their KV on GPU: it just computed them).
+- `clear()` drops both tiers; `num_cached_pages` / `num_locked_pages` / `num_evictable_pages` count
+  GPU pages only, `num_host_pages` the host ones; `demoted_pages` / `promoted_pages` count the
+  blocks moved each way (bytes moved = pages x bytes per page).
+- Without a host pool none of this runs and the tree is exactly the one-tier tree.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .events import MEDIUM_CPU, MEDIUM_GPU
+from .lru import LruLeaves
+from .node import MatchResult, Node, detach_child
+from .pages import OutOfPages, PagePool
+from .tree_eviction import TreeEviction
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+class HostPool(PagePool):
+    """Host (CPU) page ids of the host tier, with their own capacity: a PagePool (free list, refcounts,
+    failure-atomic operations); only the tree holds host pages, one reference each."""
+
+    def __init__(self, num_pages: int) -> None:
+        if isinstance(num_pages, bool) or not isinstance(num_pages, (int, np.integer)):
+            raise TypeError(f"host pool size must be an integer number of pages, got {num_pages!r}")
+        if not 0 <= num_pages < 2**31:
+            raise ValueError(f"host pool size must be in [0, 2**31) pages, got {num_pages}")
+        super().__init__(int(num_pages))
+
+
+class TreeHost(TreeEviction):
+    """demote (through evict) / evict_host / promote of RadixCache with a host tier."""
+
+    host_pool: PagePool | None
+    _host_lru: LruLeaves | None
+    num_host_pages: int
+    demoted_pages: int
+    promoted_pages: int
+    _demote: bool
+
+    # ---- GPU eviction: demotion ----------------------------------------------------------------
+    def _take_victims(self, num_pages: int) -> list[np.ndarray]:
+        if self.host_pool is None:
+            return super()._take_victims(num_pages)
+        dropped: list[np.ndarray] = []
+        taken = 0
+        while taken < num_pages:
+            node = self._lru.pop()
+            if node is None:
+                break
+            want = num_pages - taken
+            if len(node.pages) > want:  # tail blocks first: cut them off into their own node
+                self._split(node, len(node.pages) - want)  # the upper part: not a GPU leaf now
+            pages = node.pages
+            blocks = len(pages)
+            if self._demote and self._host_room(blocks, node.last_access):
+                host = self.host_pool.alloc_array(blocks)
+                node.pages = _EMPTY
+                node.host = host
+                self.num_host_pages += blocks
+                self.demoted_pages += blocks
+                if self._chains is not None:
+                    self._chains.moved(node, MEDIUM_GPU, MEDIUM_CPU)
+                parent = node.parent
+                parent.last_access = max(parent.last_access, node.last_access)
+                self._host_lru.push(node)
+                if parent.parent is not None:
+                    self._push_if_evictable(parent)
+            else:
+                self._drop_gpu_node(node)
+            dropped.append(pages)
+            taken += blocks
+        self.num_cached_pages -= taken
+        return dropped
+
+    def _drop_gpu_node(self, node: Node) -> None:
+        """Take the GPU leaf `node` (and its host subtree) out of the tree; its GPU pages are the
+        caller's to decref."""
+        for child in list(node.iter_children()):
+            self._drop_host_subtree(child)
+        parent = node.parent
+        detach_child(node)
+        self._num_nodes -= 1
+        parent.last_access = max(parent.last_access, node.last_access)
+        if parent.parent is None:
+            self._drop_root_if_empty(parent)
+        else:
+            self._push_if_evictable(parent)
+        if self._chains is not None:
+            self._chains.removed(node, 0)
+
+    def _drop_host_subtree(self, top: Node) -> None:
+        """Drop the host node `top` and everything below it (host pages freed, events published)."""
+        stack, nodes = [top], []
+        while stack:
+            n = stack.pop()
+            nodes.append(n)
+            stack.extend(n.iter_children())
+        detach_child(top)
+        freed = []
+        for n in reversed(nodes):  # leaves first: each block's removal names its chain tail
+            if self._chains is not None:
+                self._chains.removed(n, 0, MEDIUM_CPU)
+            freed.append(n.host)
+            n.children = {}
+            n.parent = n.next_sibling = None
+            n.heap_seq = None
+            self._num_nodes -= 1
+            self.num_host_pages -= len(n.host)
+        self.host_pool.decref_distinct(np.concatenate(freed))
+
+    def _host_room(self, blocks: int, used: int) -> bool:
+        """Make `blocks` host pages free by dropping host leaves used before time `used`, least
+        recently used first; whether it succeeded (it may have dropped some either way)."""
+        hp = self.host_pool
+        if blocks > hp.num_pages:
+            return False
+        while hp.num_free < blocks:
+            victim = self._host_lru.peek()
+            if victim is None or victim.last_access > used:
+                return False
+            self._evict_host_leaf(blocks - hp.num_free)
+        return True
+
+    # ---- host eviction ---------------------------------------------------------------------------
+    def _evict_host_leaf(self, num_pages: int) -> int:
+        """Drop up to `num_pages` tail blocks of the least recently used host leaf; returns pages freed."""
+        node = self._host_lru.pop()
+        if node is None:
+            return 0
+        ps = self.page_size
+        keep = len(node.host) - num_pages
+        if keep > 0:
+            pages = node.host[keep:]
+            node.host = node.host[:keep]
+            node.depth -= len(node.key) - keep * ps
+            node.key = node.key[: keep * ps]
+            self._host_lru.push(node)
+        else:
+            pages = node.host
+            parent = node.parent
+            detach_child(node)
+            self._num_nodes -= 1
+            node.heap_seq = None
+            parent.last_access = max(parent.last_access, node.last_access)
+            if parent.parent is None:
+                self._drop_root_if_empty(parent)
+            elif parent.host is not None:
+                self._host_lru.push(parent)
+            else:
+                self._push_if_evictable(parent)
+        if self._chains is not None:
+            self._chains.removed(node, max(keep, 0), MEDIUM_CPU)
+        self.num_host_pages -= len(pages)
+        return self.host_pool.decref_distinct(pages)
+
+    def evict_host(self, num_pages: int) -> int:
+        """Free at least `num_pages` host pages (if possible), least recently used host leaves first,
+        tail blocks first. Returns host pages freed (0 without a host tier)."""
+        if num_pages < 0:
+            raise ValueError(f"cannot evict {num_pages} host pages")
+        if self.host_pool is None:
+            return 0
+        freed = 0
+        while freed < num_pages:
+            n = self._evict_host_leaf(num_pages - freed)
+            if n == 0:
+                break
+            freed += n
+        return freed
+
+    # ---- promotion -------------------------------------------------------------------------------
+    def promote(self, m: MatchResult, pages: Sequence[int] | np.ndarray, *, donate: bool = False) -> MatchResult:
+        """Move the first len(pages) host blocks after the locked match `m` (along `m.host_path`) onto
+        the GPU pages `pages` (held by the caller; the tree takes its own reference on each, or the
+        caller's with donate=True, as extend). Returns the longer match, locked in m's place (unlock
+        it, not m), its `pages` those of the promoted blocks from block `pages_from`, its `host_tokens`
+        / `host_path` what is left on host. Raises, changing nothing, when m is not locked, its host
+        path is no longer in the tree below it, or `pages` asks for more blocks than the path holds."""
+        if self.host_pool is None:
+            raise ValueError("promote needs a host tier (RadixCache(..., host_pool=...))")
+        top = m.node
+        if top.end_locks <= 0:
+            raise ValueError(f"promote of an unlocked match at {top}: lock it first")
+        n = len(pages)
+        if n == 0:
+            return m
+        ps = self.page_size
+        parent, avail = top, 0
+        for node in m.host_path:
+            if node.parent is not parent or node.host is None:
+                raise ValueError(f"promote of a stale match: host node {node} left the tree or the host tier")
+            avail += len(node.host)
+            parent = node
+        if n > avail:
+            raise ValueError(f"promote of {n} blocks but the match's host path holds {avail}")
+        adopt = self._adoptable(pages, 0, n)  # raises before any change
+        if not donate:
+            self.pool.incref_distinct(adopt.pages, adopt.refcounts)
+        arr = adopt.pages
+        clock = self._clock = self._clock + 1
+        done, moved, rest = 0, [], list(m.host_path)
+        while done < n:
+            node = rest.pop(0)
+            b = len(node.host)
+            if b > n - done:  # promote the upper part only: the lower one stays on host
+                lower = node
+                node = self._split(lower, n - done)
+                rest.insert(0, lower)
+                b = n - done
+            self.host_pool.decref_distinct(node.host)
+            node.host = None
+            node.pages = arr[done: done + b]
+            node.heap_seq = None
+            node.last_access = clock
+            self.num_host_pages -= b
+            self.num_cached_pages += b
+            self.promoted_pages += b
+            if self._chains is not None:
+                self._chains.moved(node, MEDIUM_CPU, MEDIUM_GPU)
+            moved.append(node)
+            done += b
+        end = moved[-1]
+        top.end_locks -= 1
+        end.end_locks += 1
+        for node in moved:
+            node.lock_count += 1
+            self.num_locked_pages += len(node.pages)
+        top.last_access = clock
+        return MatchResult(m.num_tokens + n * ps, arr.tolist(), end, m.num_tokens // ps,
+                           m.host_tokens - n * ps, tuple(rest))
+
+    def _promote_adopted(self, nodes: list[Node], pages: np.ndarray) -> None:
+        """Host nodes whose blocks a caller computed again: they take `pages` (validated, already
+        referenced for the tree) in path order, and their host pages are freed."""
+        done = 0
+        for node in nodes:
+            b = len(node.host)
+            self.host_pool.decref_distinct(node.host)
+            node.host = None
+            node.pages = pages[done: done + b]
+            node.heap_seq = None
+            self.num_host_pages -= b
+            self.num_cached_pages += b
+            if self._chains is not None:
+                self._chains.moved(node, MEDIUM_CPU, MEDIUM_GPU)
+            done += b
+
+
+__all__ = ["HostPool", "OutOfPages", "TreeHost"]
