@@ -7,10 +7,12 @@
   core side does with each message and step (both); wire.py: the messages between the two processes.
 - streams.py: what a caller holds (RequestStream, StreamOutput) and the engine's errors;
   loglines.py: the periodic throughput line.
-- protocol.py: the OpenAI request bodies (pydantic, validated) and the error object.
+- protocol.py: the OpenAI request bodies (pydantic, validated) and the error object; structured_fields.py:
+  every spelling of structured outputs and tool choice -> one constraint; tool_calls.py: tool-call parsers.
 - metrics.py: Prometheus series (vLLM's names under a `radixkv:` prefix), from the core's EngineStats.
-- app.py: the FastAPI app (responses.py: envelopes, SSE events, usage, logprobs; api_errors.py: the error
-  object; routes_extra.py: /tokenize, /detokenize, /version); cli_serve.py:
+- app.py: the FastAPI app and its routes; handlers.py: the two generation endpoints (responses.py: envelopes,
+  SSE events, usage, logprobs; token_bytes.py: a token's bytes and name; api_errors.py: the error object;
+  routes_extra.py: /tokenize, /detokenize, /version); cli_serve.py:
   the `radixkv serve` subcommand; bench_client.py, bench_datasets.py, bench_results.py, cli_bench.py: `radixkv bench-serve`.
 
 Importing this package loads neither torch nor FastAPI; the modules do.
