@@ -17,23 +17,18 @@ from radixkv import LLM, SamplingParams
 
 from .tiny_models import tiny_config
 
-# Our own equivalent of vLLM's basic/generate.py: the engine's flags on a parser, the model's default
-# sampling params with the flags given laid over them, four prompts, each output printed. vLLM's reads
-# `from vllm import LLM, EngineArgs` and adds every engine flag with EngineArgs.add_cli_args(parser); this
-# one declares the few engine flags its runs pass (vLLM's names), so its only other change is the import.
+# Our own equivalent of vLLM's basic/generate.py: the engine's flags on a parser (EngineArgs.add_cli_args), the
+# model's default sampling params with the flags given laid over them, four prompts, each output printed; vLLM's
+# reads `from vllm import LLM, EngineArgs`, so the import is its only change.
 GENERATE_PY = '''
 import argparse
 
-from radixkv import LLM
+from radixkv import LLM, EngineArgs
 
 
 def create_parser():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    EngineArgs.add_cli_args(parser)
     sampling_group = parser.add_argument_group("Sampling parameters")
     sampling_group.add_argument("--max-tokens", type=int)
     sampling_group.add_argument("--temperature", type=float)
@@ -48,7 +43,7 @@ def main(args: dict):
     top_p = args.pop("top_p")
     top_k = args.pop("top_k")
 
-    llm = LLM(**{k: v for k, v in args.items() if v is not None})
+    llm = LLM(**args)
 
     sampling_params = llm.get_default_sampling_params()
     if max_tokens is not None:
@@ -159,8 +154,6 @@ def test_vllm_style_generate_script_runs_unchanged(model_folder, tmp_path) -> No
 
 
 def test_vllm_style_generate_script_with_sampling_flags(model_folder, tmp_path) -> None:
-    if SamplingParams.__dataclass_params__.frozen:  # type: ignore[attr-defined]
-        pytest.skip("SamplingParams fields are not assignable yet (issue 32 item 5, a separate change)")
     folder = model_folder("llama", "chatml")
     printed = _run_script(tmp_path, "--model", folder, *ENGINE_FLAGS, "--max-tokens", "5", "--temperature", "0")
     llm = LLM(folder, dtype="float32", device="cpu", num_gpu_blocks_override=64)

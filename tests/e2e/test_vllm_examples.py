@@ -1,6 +1,6 @@
-"""Scripts written the way vLLM's offline examples are (basic/generate.py, basic/chat.py), with only the
-import changed to radixkv (issue 32, item 5): EngineArgs on an argparse parser, LLM(**vars(args)),
-get_default_sampling_params() then assigned fields, get_tokenizer(), chat; and the keyword arguments
+"""Calls written the way vLLM's offline examples make them (basic/generate.py runs as a program in
+test_offline_api.py; basic/chat.py here), only the import changed (issue 32, item 5): EngineArgs from an
+argparse namespace, get_default_sampling_params() then assigned fields, get_tokenizer(), chat; and the keyword arguments
 a ported script passes (tokenizer, trust_remote_code, quantization, seed) honoured or refused by name."""
 from __future__ import annotations
 
@@ -31,43 +31,18 @@ def create_parser(model: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     EngineArgs.add_cli_args(parser)
     parser.set_defaults(model=model)
-    sampling = parser.add_argument_group("Sampling parameters")
-    sampling.add_argument("--max-tokens", type=int)
-    sampling.add_argument("--temperature", type=float)
-    sampling.add_argument("--top-p", type=float)
-    sampling.add_argument("--top-k", type=int)
     return parser
 
 
-def generate_main(args: dict) -> list[tuple[str, str]]:
-    """basic/generate.py's main, as vLLM writes it."""
-    max_tokens = args.pop("max_tokens")
-    temperature = args.pop("temperature")
-    top_p = args.pop("top_p")
-    top_k = args.pop("top_k")
-    llm = LLM(**args)
-    sampling_params = llm.get_default_sampling_params()
-    if max_tokens is not None:
-        sampling_params.max_tokens = max_tokens
-    if temperature is not None:
-        sampling_params.temperature = temperature
-    if top_p is not None:
-        sampling_params.top_p = top_p
-    if top_k is not None:
-        sampling_params.top_k = top_k
-    prompts = ["Hello, my name is", "The president of the United States is", "The capital of France is"]
-    outputs = llm.generate(prompts, sampling_params)
-    return [(output.prompt, output.outputs[0].text) for output in outputs]
+def test_generate_example(folder: str, tmp_path) -> None:
+    """basic/generate.py itself runs as a program in test_offline_api.py; here: run twice, the same texts, and
+    the parsed flags as an EngineArgs, in both of the examples' spellings."""
+    from .test_offline_api import PROMPTS, _run_script
 
-
-def test_generate_example(folder: str) -> None:
-    args = vars(create_parser(folder).parse_args([*ENGINE_FLAGS, "--max-tokens", "6", "--temperature", "0"]))
-    got = generate_main(dict(args))
-    assert [p for p, _ in got] == ["Hello, my name is", "The president of the United States is",
-                                   "The capital of France is"]
-    assert all(isinstance(t, str) for _, t in got)
-    again = generate_main(dict(args))
-    assert again == got  # greedy, same seed: the same texts
+    argv = ["--model", folder, *ENGINE_FLAGS, "--max-tokens", "6", "--temperature", "0"]
+    got = _run_script(tmp_path, *argv)
+    assert [p for p, _ in got] == PROMPTS and all(isinstance(t, str) for _, t in got)
+    assert _run_script(tmp_path, *argv) == got  # greedy, same seed: the same texts
     ns = create_parser(folder).parse_args(ENGINE_FLAGS)
     engine = EngineArgs.from_cli_args(ns)
     assert (engine.model, engine.dtype, engine.num_gpu_blocks_override, engine.max_num_seqs) == (
