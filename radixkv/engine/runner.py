@@ -65,9 +65,11 @@ class PromptScoring(NamedTuple):
         spans: dict[int, tuple[int, int, int, int]] = {}
         for b, r in enumerate(batch.requests):
             k = r.sampling.params.prompt_logprobs if r.sampling is not None else None
+            if k is None:  # the common case: a decode step checks one attribute a row
+                continue
             start = batch.seq_lens[b] - batch.q_lens[b]
             end = min(batch.seq_lens[b], len(r.prompt) - 1)
-            if k is None or end <= start:
+            if end <= start:
                 continue
             spans[b] = (start, len(index), end - start, k)
             index.extend(range(batch.q_start[b], batch.q_start[b] + end - start))
