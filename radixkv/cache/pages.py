@@ -125,18 +125,7 @@ class PagePool:
 
         The caller owns the pages once this returns: one that must not lose them to an interrupt
         between the return and its own store uses `alloc_into`."""
-        pages = self._take(n)
-        if n == 0:
-            return []
-        top = self._top
-        try:
-            self._refs[pages] = 1
-            self._top = top - n
-        except BaseException:
-            self._refs[pages] = 0
-            self._top = top
-            raise
-        return pages.tolist()
+        return self.alloc_array(n).tolist()
 
     def alloc_into(self, dest: list[int], n: int) -> None:
         """Append `n` free pages to the list `dest` (a holder's pages), each with refcount 1: the
