@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -57,5 +58,5 @@ def prompt_logprobs(logits_of: Callable[[Tensor], Tensor], hidden: Tensor, targe
     tok = torch.tensor(targets, dtype=torch.int64, device=hidden.device)  # [N]
     parts = [_score(logits_of(hidden[lo: lo + step]), tok[lo: lo + step], k) for lo in range(0, hidden.shape[0], step)]
     lp, rank, top_v, top_i = (torch.cat(x) for x in zip(*parts))
-    return LogprobsBlock.of(tok.cpu().numpy(), lp.cpu().numpy(), rank.cpu().numpy(), top_i.cpu().numpy(),
+    return LogprobsBlock.of(np.asarray(targets), lp.cpu().numpy(), rank.cpu().numpy(), top_i.cpu().numpy(),
                             top_v.cpu().numpy())
