@@ -7,6 +7,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, fields, replace
 
+from radixkv.plan_host import check_host_tier
+
 
 class Policy(enum.Enum):
     """Order in which waiting requests are admitted."""
@@ -275,6 +277,8 @@ class EngineConfig:
     decides scheduler.max_running once its pool is sized (engine_max_running; ModelRunner.config holds the
     decided config). auto_cascade: the user did not say whether cascade decode runs (cascade / scheduler): the
     engine decides (engine_cascade). from_kwargs sets both; an EngineConfig built directly keeps its scheduler's.
+    host_kv_cache_bytes / hicache_ratio: a host-memory tier under the KV pool (issue 37, engine/host_kv.py), in
+    bytes or as host pages per GPU page (SGLang's); None / 0: none. Checked by radixkv/plan_host.py.
     The per-step token budget (scheduler.max_batch_tokens, vLLM's max_num_batched_tokens) must hold one page;
     given explicitly with num_pages, it may not exceed the pool (num_pages * page_size tokens).
     """
@@ -298,6 +302,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = SchedulerConfig()
     auto_max_num_seqs: bool = False
     auto_cascade: bool = False
+    host_kv_cache_bytes: int | None = None
+    hicache_ratio: float | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> "EngineConfig":
@@ -389,6 +395,7 @@ class EngineConfig:
         check_load_format(self.load_format)
         if self.warmup is not None and not isinstance(self.warmup, bool):
             raise ValueError(f"warmup must be True, False or None, got {self.warmup!r}")
+        check_host_tier(self.host_kv_cache_bytes, self.hicache_ratio)
         for flag in ("auto_max_num_seqs", "auto_cascade"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")

@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -46,6 +46,9 @@ from .lru import LruLeaves, gpu_leaf, host_leaf
 from .node import _INT32, Descent, HashFn, MatchResult, Namespace, Node, as_tokens, xxhash_block
 from .pages import PagePool
 from .tree_insertion import TreeInsertion
+
+if TYPE_CHECKING:
+    from .tree_host import HostMover
 
 __all__ = ["HashFn", "MatchResult", "Namespace", "Node", "RadixCache", "xxhash_block"]
 
@@ -68,11 +71,14 @@ class RadixCache(TreeInsertion):
     """Block-keyed radix tree over a PagePool, with LRU eviction and namespaces."""
 
     def __init__(self, pool: PagePool, page_size: int = 16, hash_fn: HashFn = xxhash_block,
-                 events: KVEventPublisher | None = None, host_pool: PagePool | None = None) -> None:
+                 events: KVEventPublisher | None = None, host_pool: PagePool | None = None,
+                 mover: HostMover | None = None) -> None:
         """events: a publisher of KV events (cache/events.py) told of every block that enters or
         leaves the tree, with chain hashes; None publishes nothing and costs nothing.
         host_pool: the host tier's pages (tree_host.py: GPU eviction demotes blocks there, a match
-        reports the host part, `promote` brings it back); None (the default): one tier."""
+        reports the host part, `promote` brings it back); None (the default): one tier.
+        mover: copies the host tier's bytes as blocks are demoted and loaded (tree_host.HostMover); None:
+        bookkeeping only (the simulator)."""
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if host_pool is not None and host_pool is pool:
@@ -89,6 +95,8 @@ class RadixCache(TreeInsertion):
         self.num_host_pages = 0  # host pages the tree holds (one per host-resident block)
         self.demoted_pages = self.promoted_pages = 0  # blocks moved GPU -> host / host -> GPU
         self._demote = True  # clear() turns it off: eviction then drops
+        self.mover = mover
+        self.failed_demotes = self.failed_promotes = 0  # copies the mover failed (blocks dropped / recomputed)
         if host_pool is None:
             self._lru = LruLeaves()
             self._host_lru = None

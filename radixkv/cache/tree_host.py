@@ -24,10 +24,20 @@ promoted block is read). Rules on top of radix_tree.py's:
   GPU pages only, `num_host_pages` the host ones; `demoted_pages` / `promoted_pages` count the
   blocks moved each way (bytes moved = pages x bytes per page).
 - Without a host pool none of this runs and the tree is exactly the one-tier tree.
+
+Bytes (`RadixCache(..., host_pool=..., mover=...)`, an engine's HostMover): the tree calls
+`mover.demote(gpu_pages, host_pages)` for each block it demotes, before those GPU pages go back to the
+pool, and `mover.promote(host_pages, gpu_pages)` in `load` before the promoted blocks enter the GPU
+tier; the mover queues the copies and orders every later reader and writer of those pages behind them
+(engine/host_kv.py). A mover that raises is a failed copy: a demotion drops the block instead (as a
+full host tier does), a load frees the pages it took and leaves the blocks on host, so the request
+recomputes them. Either way no page leaks and the tiers stay consistent (`failed_demotes`,
+`failed_promotes` count them).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -52,6 +62,16 @@ class HostPool(PagePool):
         super().__init__(int(num_pages))
 
 
+class HostMover(Protocol):
+    """Copies a host tier's bytes (engine/host_kv.py HostKV). Both calls get int32 page id arrays of
+    equal length, pair by pair; each may only queue its copies, but must order them before any later
+    use of the destination pages and before any later write of the source pages."""
+
+    def demote(self, gpu_pages: np.ndarray, host_pages: np.ndarray) -> None: ...
+
+    def promote(self, host_pages: np.ndarray, gpu_pages: np.ndarray) -> None: ...
+
+
 class TreeHost(TreeEviction):
     """demote (through evict) / evict_host / promote of RadixCache with a host tier."""
 
@@ -61,6 +81,11 @@ class TreeHost(TreeEviction):
     demoted_pages: int
     promoted_pages: int
     _demote: bool
+    mover: HostMover | None
+    failed_demotes: int
+    failed_promotes: int
+
+    def match(self, tokens: Sequence[int] | np.ndarray, namespace: object = None) -> MatchResult: ...  # radix_tree.py
 
     # ---- GPU eviction: demotion ----------------------------------------------------------------
     def _take_victims(self, num_pages: int) -> list[np.ndarray]:
@@ -77,8 +102,9 @@ class TreeHost(TreeEviction):
                 self._split(node, len(node.pages) - want)  # the upper part: not a GPU leaf now
             pages = node.pages
             blocks = len(pages)
-            if self._demote and self._host_room(blocks, node.last_access):
-                host = self.host_pool.alloc_array(blocks)
+            host = (self._copy_down(pages) if self._demote and self._host_room(blocks, node.last_access)
+                    else None)
+            if host is not None:
                 node.pages = _EMPTY
                 node.host = host
                 self.num_host_pages += blocks
@@ -96,6 +122,20 @@ class TreeHost(TreeEviction):
             taken += blocks
         self.num_cached_pages -= taken
         return dropped
+
+    def _copy_down(self, pages: np.ndarray) -> np.ndarray | None:
+        """Host pages for the GPU pages `pages` of a block being demoted, their bytes queued to be
+        copied there by the mover; None (nothing held) when the mover failed."""
+        host = self.host_pool.alloc_array(len(pages))
+        if self.mover is None:
+            return host
+        try:
+            self.mover.demote(pages, host)
+        except Exception:  # noqa: BLE001 - a failed copy: the block is dropped instead (module docstring)
+            self.host_pool.decref_distinct(host)
+            self.failed_demotes += 1
+            return None
+        return host
 
     def _drop_gpu_node(self, node: Node) -> None:
         """Take the GPU leaf `node` (and its host subtree) out of the tree; its GPU pages are the
@@ -254,6 +294,40 @@ class TreeHost(TreeEviction):
         return MatchResult(m.num_tokens + n * ps, arr.tolist(), end, m.num_tokens // ps,
                            m.host_tokens - n * ps, tuple(rest))
 
+    def load(self, tokens: Sequence[int] | np.ndarray, namespace: object, m: MatchResult,
+             max_blocks: int) -> MatchResult:
+        """Bring up to `max_blocks` of the host blocks following the unlocked match `m` of `tokens`
+        back to the GPU: make room (LRU eviction, which demotes), allocate pages, have the mover copy the
+        blocks up, promote them. Returns a fresh match of `tokens` (unlocked, like `match`'s): longer by
+        the blocks loaded. A mover that raises loads nothing (pages freed, `failed_promotes` counted)."""
+        ps, pool = self.page_size, self.pool
+        want = min(m.host_tokens // ps, max_blocks)
+        if self.host_pool is None or want <= 0:
+            return m
+        self.lock(m)  # our own GPU prefix is never a victim of the room we make
+        cur = m
+        try:
+            if want > pool.num_free:
+                self.evict(want - pool.num_free)  # may drop older host blocks of our own path too
+            now = self.match(tokens, namespace)  # same GPU end (locked); what is left on host
+            n = min(want, now.host_tokens // ps, pool.num_free)
+            if n > 0:
+                pages = pool.alloc_array(n)
+                host = np.concatenate([node.host for node in now.host_path])[:n]
+                if self.mover is not None:
+                    try:
+                        self.mover.promote(host, pages)
+                    except Exception:  # noqa: BLE001 - a failed copy: recompute instead (module docstring)
+                        pool.decref_distinct(pages)
+                        self.failed_promotes += 1
+                        n = 0
+                if n:
+                    cur = self.promote(m._replace(host_tokens=now.host_tokens, host_path=now.host_path), pages,
+                                       donate=True)
+        finally:
+            self.unlock(cur)
+        return self.match(tokens, namespace)
+
     def _promote_adopted(self, nodes: list[Node], pages: np.ndarray) -> None:
         """Host nodes whose blocks a caller computed again: they take `pages` (validated, already
         referenced for the tree) in path order, and their host pages are freed."""
@@ -271,4 +345,4 @@ class TreeHost(TreeEviction):
             done += b
 
 
-__all__ = ["HostPool", "OutOfPages", "TreeHost"]
+__all__ = ["HostMover", "HostPool", "OutOfPages", "TreeHost"]
