@@ -189,18 +189,17 @@ def budget_given(kwargs: dict[str, object]) -> bool:
 # engine once its KV pool is sized (ModelRunner.__init__, engine_max_running). SchedulerConfig's own 256 stays
 # the replay's and CPU's.
 ENGINE_MAX_RUNNING_FLOOR = 256  # never fewer than the old default (SchedulerConfig.max_running)
-# The rule's cap. 1,024 rows measured +28% on ShareGPT offline (49k vocabulary), but an 8B engine with Llama-3's
-# 128,256-word vocabulary ran out of GPU memory capturing its decode graphs at start-up with 1,024 rows
-# (2026-12-02, H200: 11 GiB in CUDA-graph pools; the pool's reserve does not count the graphs): until graph
-# memory is counted, the rule stays at the old default.
-ENGINE_MAX_RUNNING_CAP = 256
+# The rule's cap: the largest running set measured to pay (+28% on ShareGPT offline at 1,024 rows against 256).
+# Its decode graphs write one shared logits buffer and their memory is reserved before the pool is sized
+# (plan.graph_reserve_bytes): one output per graph once kept sum(buckets) x vocabulary floats alive, which ran
+# an 8B engine with a 128k vocabulary out of memory at start-up (2026-12-02, H200).
+ENGINE_MAX_RUNNING_CAP = 1024
 ENGINE_POOL_TOKENS_PER_ROW = 512
 
 
 def engine_max_running(pool_tokens: int, max_batch_tokens: int, device_type: str, kv_window: int | None) -> int:
     """The engine's max_num_seqs when the user gives none: on CUDA
-    `max(256, min(ENGINE_MAX_RUNNING_CAP, max_batch_tokens, pool_tokens // 512))` (the cap is 256 for now: see
-    ENGINE_MAX_RUNNING_CAP; the rule below is kept for when graph memory is counted); 256 on any other device (CPU tests keep their
+    `max(256, min(ENGINE_MAX_RUNNING_CAP, max_batch_tokens, pool_tokens // 512))`; 256 on any other device (CPU tests keep their
     old running set) and with a recent-token window (`kv_window` > 0: INT4/INT2 pages by default), whose shadow
     pages are reserved for every row that could run (issue 34 item 4), so a bigger running set costs pool.
 

@@ -123,6 +123,23 @@ def step_reserve_bytes(hidden_size: int, intermediate_size: int, vocab_size: int
     return reserve + min(max_running, max_batch_tokens) * vocab_size * 8
 
 
+# The largest step the mixed-step graphs replay (engine/piecewise_graphs.py). Past 1024 tokens a step is eager:
+# its launches hide behind ~30 ms of device work, and a bucket's padding would cost more (H200, Llama-3-8B:
+# benchmarks/RESULTS.md)
+MIXED_GRAPH_MAX_TOKENS = 1024
+
+
+def graph_reserve_bytes(hidden_size: int, intermediate_size: int, vocab_size: int, max_rows: int,
+                        mixed_tokens: int, itemsize: int) -> int:
+    """What CUDA graphs hold beside an eager step's memory (engine/cuda_graphs.py, piecewise_graphs.py):
+    the decode graphs' pool (one step's activations and its 16-bit logits at max_rows rows: the graphs share
+    it), their one fp32 logits buffer [max_rows, V], and the mixed-step graphs' pool and static buffers at
+    mixed_tokens tokens (0: none)."""
+    per_token = (4 * intermediate_size + 8 * hidden_size) * itemsize
+    decode = max_rows * (per_token + vocab_size * (itemsize + 4))
+    return decode + mixed_tokens * (per_token + 4 * hidden_size * itemsize)
+
+
 # KIVI's full-precision window of recent tokens (radixkv/engine/kv_window.py): INT pages take one by default
 DEFAULT_KV_WINDOW = 16
 

@@ -27,7 +27,8 @@ only eager steps run two (attention.py, when the outer level pays). warm_cascade
 after capture_all, captures every such key a cascade rule lets a step reach (padding rows only: their
 eager runs compile the cascade kernels' Triton specialisations, kernels/cascade.py), so no cascade step
 of a workload compiles a kernel or captures a graph.
-Graphs share one memory pool and run one at a time. Sampling runs after the graph, eagerly.
+Graphs share one memory pool and run one at a time, and write their logits into one buffer [max_rows, V]
+(a step's logits are read before the next step). Sampling runs after the graph, eagerly.
 """
 from __future__ import annotations
 
@@ -82,6 +83,9 @@ class DecodeGraphs:
         self._rows = torch.arange(R, dtype=torch.int64, device=kv.device)  # sample index: every row
         self._q_start = torch.arange(R, dtype=torch.int32, device=kv.device)
         self._q_lens = torch.ones(R, dtype=torch.int32, device=kv.device)
+        # every graph writes its logits into this one buffer, outside the graphs' pool: one output each would
+        # keep sum(buckets) x V floats alive (17 GiB at 1,024 rows and a 128k vocabulary; plan.graph_reserve_bytes)
+        self._logits = torch.empty(R, model.vocab_rows, dtype=torch.float32, device=kv.device)
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
         self.replays = 0  # steps served from a graph (for tests and benchmarks)
@@ -227,13 +231,14 @@ class DecodeGraphs:
                              max_seq_len=0, num_splits=splits if cascade is None else 1, cascade=cascade)
         rows = self._rows[:bucket]
         self.attention.install(plan._replace(slots=slots.long()))
-        self.model.forward(ids.long(), pos.long(), self.attention, rows)  # eager warm-up, real inputs
+        out = self._logits[:bucket]
+        self.model.forward(ids.long(), pos.long(), self.attention, rows, out)  # eager warm-up, real inputs
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             slots64 = slots.long()
             self.attention.install(plan._replace(slots=slots64))
-            logits = self.model.forward(ids.long(), pos.long(), self.attention, rows)
+            logits = self.model.forward(ids.long(), pos.long(), self.attention, rows, out)
         return graph, logits
 
 

@@ -147,8 +147,8 @@ _CPU_DEFAULT_BYTES = 1 << 30
 def default_num_pages(spec: ModelSpec, cfg: EngineConfig, kv: KVDtype, dtype: torch.dtype,
                       device: torch.device) -> int:
     """KV pages when `num_pages` is not given: on CUDA, `gpu_memory_utilization` of the device memory
-    free after the weights, less a step's activations and logits and the recent-token window's shadow
-    pages; elsewhere a fixed token budget."""
+    free after the weights, less a step's activations and logits, the CUDA graphs' memory and the
+    recent-token window's shadow pages; elsewhere a fixed token budget."""
     ps = cfg.page_size
     per_page = KVStore.bytes_per_page(ps, spec.num_layers, spec.num_kv_heads, spec.head_dim, kv)
     if device.type != "cuda":
@@ -159,6 +159,10 @@ def default_num_pages(spec: ModelSpec, cfg: EngineConfig, kv: KVDtype, dtype: to
     itemsize = torch.empty((), dtype=dtype).element_size()
     reserve = plan.step_reserve_bytes(spec.hidden_size, spec.intermediate_size, spec.vocab_size,
                                       sched.max_batch_tokens, sched.max_running, itemsize)
+    if not cfg.enforce_eager:  # (the reference backend captures none: a small over-reserve there)
+        mixed = min(sched.max_batch_tokens, plan.MIXED_GRAPH_MAX_TOKENS) if not plan.kv_window_for(kv, cfg.kv_window) else 0
+        reserve += plan.graph_reserve_bytes(spec.hidden_size, spec.intermediate_size, spec.vocab_size,
+                                            sched.max_running, mixed, itemsize)
     window = plan.kv_window_for(kv, cfg.kv_window)
     reserve += plan.kv_window_bytes(window, ps, sched.max_running, spec.num_layers, spec.num_kv_heads, spec.head_dim,
                                     itemsize, plan.kv_sink_for(kv, window, ps, cfg.kv_sink))  # the shadow pages

@@ -141,23 +141,24 @@ class LlamaModel:
         return emb.cos().to(self.dtype)[:, None, :], emb.sin().to(self.dtype)[:, None, :]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: LayerAttention,
-                sample_index: torch.Tensor) -> torch.Tensor:
+                sample_index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Run all layers over the step's new tokens; return logits of the sampled rows.
 
         input_ids, positions: [T] int64 (new tokens of all rows, concatenated).
         sample_index: [S] int64 indices into T (each sampling row's last token).
-        Returns logits: [S, V] float32.
+        out: float32 [S, V] to write the logits into (a CUDA graph's static output), or None.
+        Returns logits: [S, V] float32 (`out` when given).
         """
-        return self.logits(self.hidden(input_ids, positions, attn)[sample_index])
+        return self.logits(self.hidden(input_ids, positions, attn)[sample_index], out)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
+    def logits(self, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """h: [S, H] residual-stream rows (hidden's output) -> logits [S, V] float32 (final norm, LM head;
-        gathered over the vocabulary shards under tensor parallelism)."""
+        gathered over the vocabulary shards under tensor parallelism), written into `out` [S, V] when given."""
         x, _ = self.ops.rms_norm(h, self.norm, self.spec.rms_norm_eps)  # [S, H]
         logits = F.linear(x, self.lm_head)  # [S, V], or [S, ceil(V / world)] of this rank's rows
         if self.tp is not None:
             logits = self.tp.gather_vocab(logits, self.vocab_rows)  # [S, V]
-        return logits.float()
+        return logits.float() if out is None else out.copy_(logits)
 
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: LayerAttention) -> torch.Tensor:
         """Run all layers over the step's new tokens (storing their K/V); return the residual stream

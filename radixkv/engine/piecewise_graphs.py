@@ -35,15 +35,15 @@ import torch
 from torch import Tensor
 
 from radixkv.batch import Batch
+from radixkv.plan import MIXED_GRAPH_MAX_TOKENS
 
 from .attention import PagedAttention
 from .model import LlamaModel
 
 # buckets: powers of two up to 128 (padding is nearly free while the weights' reads bound a step), then
-# steps of 32 up to 512 and of 64 up to LARGEST_BUCKET (a step's padding at most 25%, 6% from 512 on).
-# Past 1024 tokens a step is eager: its launches hide behind ~30 ms of device work, and a bucket's
-# padding would cost more (H200, Llama-3-8B: benchmarks/RESULTS.md)
-LARGEST_BUCKET = 1024
+# steps of 32 up to 512 and of 64 up to LARGEST_BUCKET (a step's padding at most 25%, 6% from 512 on; past
+# plan.MIXED_GRAPH_MAX_TOKENS a step is eager)
+LARGEST_BUCKET = MIXED_GRAPH_MAX_TOKENS
 
 
 def token_buckets(max_tokens: int, largest: int = LARGEST_BUCKET) -> list[int]:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-import radixkv.config
-
 from radixkv.config import (
     ENGINE_STEP_BUDGET,
     EngineConfig,
@@ -14,7 +12,8 @@ from radixkv.config import (
     engine_cascade,
     engine_max_running,
 )
-from radixkv.plan import kv_window_for
+from radixkv.engine.cuda_graphs import batch_buckets
+from radixkv.plan import graph_reserve_bytes, kv_window_for
 
 POOLS = {  # pool tokens of an 8B-shaped model (128 KiB a bf16 token) for a few pool sizes
     "tiny": 16_384, "24GB card": 50_000, "edge": 131_072, "half": 300_000, "H200 bf16": 857_696,
@@ -25,8 +24,7 @@ POOLS = {  # pool tokens of an 8B-shaped model (128 KiB a bf16 token) for a few 
 @pytest.mark.parametrize("pool, want", [(0, 256), (16_384, 256), (50_000, 256), (131_071, 256), (131_072, 256),
                                         (131_584, 257), (300_000, 585), (524_288, 1024), (857_696, 1024),
                                         (1_678_592, 1024), (10**9, 1024)])
-def test_cuda_max_running_grows_with_the_pool_between_256_and_1024(pool: int, want: int, monkeypatch) -> None:
-    monkeypatch.setattr(radixkv.config, "ENGINE_MAX_RUNNING_CAP", 1024)  # the rule as measured; shipped at 256
+def test_cuda_max_running_grows_with_the_pool_between_256_and_1024(pool: int, want: int) -> None:
     assert engine_max_running(pool, ENGINE_STEP_BUDGET, "cuda", None) == want
     assert engine_max_running(pool, ENGINE_STEP_BUDGET, "cuda", 0) == want  # kv_window=0: no window
 
@@ -39,10 +37,9 @@ def test_other_devices_keep_256(pool: int, device: str) -> None:
 
 @pytest.mark.parametrize("kv", list(KVDtype))
 @pytest.mark.parametrize("pool", [50_000, 857_696, 1_678_592])
-def test_a_recent_token_window_keeps_256(kv: KVDtype, pool: int, monkeypatch) -> None:
+def test_a_recent_token_window_keeps_256(kv: KVDtype, pool: int) -> None:
     """INT4/INT2 pages take a window by default (shadow pages per possible running row): 256 there; any other
     dtype, or INT pages with the window turned off, follow the pool."""
-    monkeypatch.setattr(radixkv.config, "ENGINE_MAX_RUNNING_CAP", 1024)
     for given in (None, 0, 16):
         window = kv_window_for(kv, given)
         got = engine_max_running(pool, ENGINE_STEP_BUDGET, "cuda", window)
@@ -53,13 +50,18 @@ def test_a_recent_token_window_keeps_256(kv: KVDtype, pool: int, monkeypatch) ->
     assert bool(kv_window_for(kv, None)) == kv.is_int
 
 
-def test_the_shipped_cap_keeps_the_old_default_until_graph_memory_is_counted() -> None:
-    assert radixkv.config.ENGINE_MAX_RUNNING_CAP == 256  # 1,024 rows x a 128k vocabulary: OOM capturing graphs
-    assert engine_max_running(10**9, ENGINE_STEP_BUDGET, "cuda", None) == 256
+def test_graph_memory_is_reserved_once_not_per_bucket() -> None:
+    """1,024 decode rows with Llama-3's 128,256-word vocabulary: the graphs' reserve is one logits buffer and one
+    step's activations, ~1 GiB (one fp32 output per captured bucket would have been ~16 GiB)."""
+    h, inter, vocab, itemsize = 4096, 14336, 128_256, 2
+    reserve = graph_reserve_bytes(h, inter, vocab, 1024, 0, itemsize)
+    assert reserve == 1024 * ((4 * inter + 8 * h) * itemsize + vocab * 6)
+    assert reserve < 2**30 < 15 * 2**30 < sum(batch_buckets(1024)) * vocab * 4
+    mixed = graph_reserve_bytes(h, inter, vocab, 1024, 1024, itemsize) - reserve
+    assert mixed == 1024 * ((4 * inter + 8 * h) * itemsize + 4 * h * itemsize)
 
 
-def test_the_running_set_never_exceeds_the_step_budget_but_stays_at_least_256(monkeypatch) -> None:
-    monkeypatch.setattr(radixkv.config, "ENGINE_MAX_RUNNING_CAP", 1024)
+def test_the_running_set_never_exceeds_the_step_budget_but_stays_at_least_256() -> None:
     assert engine_max_running(10**9, 512, "cuda", None) == 512
     assert engine_max_running(10**9, 64, "cuda", None) == 256  # a tiny budget keeps the old default
     assert engine_max_running(10**9, 8192, "cuda", None) == 1024
@@ -91,8 +93,7 @@ def test_from_kwargs_marks_what_was_not_given() -> None:
         EngineConfig(auto_max_num_seqs=1)  # type: ignore[arg-type]
 
 
-def test_with_engine_defaults_decides_only_what_was_left_to_it(monkeypatch) -> None:
-    monkeypatch.setattr(radixkv.config, "ENGINE_MAX_RUNNING_CAP", 1024)
+def test_with_engine_defaults_decides_only_what_was_left_to_it() -> None:
     auto = EngineConfig.from_kwargs()
     big = auto.with_engine_defaults(857_696, "cuda", None, True)
     assert (big.scheduler.max_running, big.scheduler.cascade) == (1024, True)
