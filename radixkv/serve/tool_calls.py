@@ -13,82 +13,34 @@ tool_choice, as vLLM serves it:
 Parsers (`PARSERS`): "hermes" (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, Qwen / Hermes /
 SmolLM-style templates) and "llama3_json" (a JSON object {"name", "parameters"} as the whole output,
 optionally after `<|python_tag|>`, several joined by ";"). A call that does not parse stays content.
+Each parser is its incremental twin (tool_call_stream.py) fed the whole output, so a streamed answer adds up
+to the whole one; when any call in the output is cut off or broken, all of the output is content.
 """
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from .tool_call_stream import (HermesStream, Llama3JsonStream, Parsed, RequiredStream, ToolCall, ToolCallStream,
+                               parse_whole)
 
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
-
-    def openai(self) -> dict[str, Any]:
-        return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
+__all__ = ["PARSERS", "Parsed", "ToolCall", "check_tools", "parse_hermes", "parse_llama3_json", "parse_required",
+           "required_schema", "template_tools_messages"]
 
 
-@dataclass(frozen=True)
-class Parsed:
-    content: str | None  # text outside the calls (None when there is none)
-    calls: list[ToolCall]
-
-
-def _call(obj: Any, args_key: str) -> ToolCall | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
-    return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
-
-
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+def _whole(stream: ToolCallStream, text: str) -> Parsed:
+    """The output's calls when every one is whole and valid; else all of it is content."""
+    parsed, complete = parse_whole(stream, text)
+    return parsed if complete and parsed.calls else Parsed(text, [])
 
 
 def parse_hermes(text: str) -> Parsed:
-    calls: list[ToolCall] = []
-    kept: list[str] = []
-    last = 0
-    for m in _HERMES.finditer(text):
-        try:
-            call = _call(json.loads(m.group(1)), "arguments")
-        except ValueError:
-            call = None
-        if call is None:
-            continue
-        kept.append(text[last:m.start()])
-        last = m.end()
-        calls.append(call)
-    kept.append(text[last:])
-    content = "".join(kept).strip()
-    return Parsed(content or None, calls) if calls else Parsed(text, [])
+    return _whole(HermesStream(), text)
 
 
 def parse_llama3_json(text: str) -> Parsed:
-    body = text.strip().removeprefix("<|python_tag|>").strip()
-    if not body.startswith("{"):
-        return Parsed(text, [])
-    calls: list[ToolCall] = []
-    decoder = json.JSONDecoder()
-    i = 0
-    while i < len(body):
-        try:
-            obj, end = decoder.raw_decode(body, i)
-        except ValueError:
-            return Parsed(text, [])
-        call = _call(obj, "parameters")
-        if call is None:
-            return Parsed(text, [])
-        calls.append(call)
-        i = end
-        while i < len(body) and body[i] in " \n\t;":
-            i += 1
-    return Parsed(None, calls)
+    return _whole(Llama3JsonStream(), text)
 
 
 PARSERS: dict[str, Callable[[str], Parsed]] = {"hermes": parse_hermes, "llama3_json": parse_llama3_json}
@@ -124,8 +76,12 @@ def required_schema(tools: dict[str, dict[str, Any]], parallel: bool) -> dict[st
 
 
 def parse_required(text: str) -> list[ToolCall]:
-    """The calls of a tool_choice "required" output (required_schema's array)."""
-    return [ToolCall(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in json.loads(text)]
+    """The calls of a tool_choice "required" output (required_schema's array); ValueError if it is not one
+    (cut short by max_tokens)."""
+    parsed, complete = parse_whole(RequiredStream(), text)
+    if not (complete and parsed.calls):
+        raise ValueError("the output is not a whole JSON array of calls")
+    return parsed.calls
 
 
 def template_tools_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

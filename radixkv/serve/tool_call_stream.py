@@ -1,0 +1,434 @@
+"""Tool calls read from a model's output as it streams: incremental parsers, independent of HTTP.
+
+A parser is fed the output's text deltas (`feed`) and told when it ends (`finish`); each call answers a
+StreamDelta: the content to send and the tool-call pieces, in OpenAI's streamed shape (a call's first piece
+carries its `index` and `name`, later ones fragments of its `arguments` text; the fragments of one index
+concatenate to its final arguments). The non-streamed parse is the same parser fed the whole text at once
+(`parse_whole`), so a stream and a whole answer agree by construction, for every chunking.
+
+Formats (tool_calls.py names them): "hermes" (`<tool_call>{"name", "arguments"}</tool_call>` blocks amid
+text), "llama3_json" (the whole output is calls: `{"name", "parameters"}` objects, optionally after
+`<|python_tag|>`, joined by ";"), "required" (a JSON array of {"name", "parameters"}), "named" (the output
+is the arguments of one known function).
+
+Rules:
+- A call's arguments are the text of its first "arguments" / "parameters" member as the model wrote it
+  (a string value: the string), "{}" when it has none; its name is sent once its "name" string closes.
+- Markup (tags, brackets, separators) never reaches content; a possible tag prefix is held back until it is
+  told apart. Whitespace right before a call, and trailing whitespace when there are calls, is dropped;
+  an output without calls is content exactly as written.
+- A call whose JSON turns invalid before its name was sent stays content (hermes), or makes the whole
+  output content (llama3_json, required), as the non-streamed parse says. One that turns invalid after, or
+  is cut off, makes the stream not `complete`: a caller never reports finish_reason "tool_calls" for it.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from .json_scan import JsonScanError, ObjectScanner
+
+_WS = " \t\n\r"
+ARGUMENT_KEYS = ("arguments", "parameters")
+
+
+def call_id() -> str:
+    """A fresh tool-call id in OpenAI's spelling."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+    def openai(self) -> dict[str, Any]:
+        return {"id": call_id(), "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class Parsed:
+    content: str | None  # text outside the calls (None when there is none)
+    calls: list[ToolCall]
+
+
+@dataclass(frozen=True)
+class CallDelta:
+    """A piece of call `index`: its name (in its first piece only) and/or a fragment of its arguments."""
+
+    index: int
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
+class StreamDelta:
+    """What one feed (or the finish) adds: content text and call pieces (at most one per index)."""
+
+    content: str = ""
+    calls: tuple[CallDelta, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.content or self.calls)
+
+
+class _CallReader:
+    """One call object being read: its name once known, its arguments text as it grows."""
+
+    def __init__(self) -> None:
+        self.scan = ObjectScanner()
+        self.name: str | None = None
+        self.announced = False
+        self._sent = -1  # how far the arguments text has been handed out (an index into scan.text)
+        self._args_done = False
+
+    def push(self, c: str) -> None:
+        self.scan.push(c)
+        if self.name is None:
+            for m in self.scan.members:
+                if m.key == "name" and m.end is not None:
+                    name = json.loads(self.scan.text[m.start:m.end])
+                    if not isinstance(name, str):
+                        raise JsonScanError(m.end, 'a call\'s "name" must be a string')
+                    self.name = name
+                    break
+                if m.key == "name":
+                    break
+            else:
+                if self.scan.closed:
+                    raise JsonScanError(len(self.scan.text) - 1, 'a call object needs a "name"')
+
+    def progress(self) -> tuple[str | None, str] | None:
+        """(the name if it was not sent yet, the new arguments text); None while the name is unknown."""
+        if self.name is None:
+            return None
+        name = None if self.announced else self.name
+        self.announced = True
+        args = next((m for m in self.scan.members if m.key in ARGUMENT_KEYS), None)
+        text = self.scan.text
+        if args is None or args.start < 0:
+            if self.scan.closed and not self._args_done:
+                self._args_done = True
+                return name, "{}"
+            return name, ""
+        if text[args.start] == '"':  # a string value: the string itself, once whole
+            if args.end is None or self._args_done:
+                return name, ""
+            self._args_done = True
+            return name, json.loads(text[args.start:args.end])
+        stop = len(text) if args.end is None else args.end
+        start = max(self._sent, args.start)
+        self._sent = stop
+        return name, text[start:stop]
+
+
+class ToolCallStream:
+    """The base of the incremental parsers: `feed(text)`, then `finish()` once; `called` and `complete` say
+    whether the output held calls and whether every call it began was read whole and valid."""
+
+    def __init__(self) -> None:
+        self.content = ""  # all the content handed out
+        self.calls: list[list[str]] = []  # [name, arguments so far] of every call handed out
+        self.broken = False  # a call whose name was sent turned invalid
+        self.cut = False  # the output ended inside a call
+        self._reader: _CallReader | None = None
+        self._out: list[str] = []
+        self._pieces: list[CallDelta] = []
+        self._ws = ""  # trailing whitespace of the content, held: it is dropped if a call follows
+        self._finished = False
+
+    @property
+    def called(self) -> bool:
+        return bool(self.calls)
+
+    @property
+    def complete(self) -> bool:
+        return not (self.broken or self.cut)
+
+    def feed(self, text: str) -> StreamDelta:
+        if self._finished:
+            raise RuntimeError("feed after finish")
+        for c in text:
+            self._char(c)
+        self._progress()
+        return self._take()
+
+    def finish(self) -> StreamDelta:
+        """The output ended: hand out what was held back."""
+        if not self._finished:
+            self._finished = True
+            self._end()
+            if not (self.calls or self.cut):  # else the whitespace was before a call, or trailing
+                self._out.append(self._ws)
+                self.content += self._ws
+            self._ws = ""
+        return self._take()
+
+    # ---- for the formats -----------------------------------------------------------------------
+    def _char(self, c: str) -> None:
+        raise NotImplementedError
+
+    def _end(self) -> None:
+        raise NotImplementedError
+
+    def _say(self, text: str) -> None:
+        """Content, its trailing whitespace held back."""
+        body = text.rstrip(_WS)
+        if body:
+            said = self._ws + body
+            self._out.append(said)
+            self.content += said
+            self._ws = text[len(body):]
+        else:
+            self._ws += text
+
+    def _push_call(self, c: str) -> bool:
+        """c into the call being read; False (the reader dropped) when it makes the call invalid."""
+        assert self._reader is not None
+        try:
+            self._reader.push(c)
+        except JsonScanError:
+            if self._reader.announced:
+                self.broken = True
+            self._reader = None
+            return False
+        if self._reader.scan.closed or self._reader.name is not None and not self._reader.announced:
+            self._progress()  # the name goes out at the character that closes it, however the text is cut
+        if self._reader.scan.closed:
+            self._reader = None
+        return True
+
+    def _progress(self) -> None:
+        got = self._reader.progress() if self._reader is not None else None
+        if got is not None:
+            self._piece(*got)
+
+    def _piece(self, name: str | None, arguments: str) -> None:
+        if name is not None:
+            self._ws = ""  # whitespace right before a call is the call's
+            self.calls.append([name, ""])
+        elif not arguments:
+            return
+        index = len(self.calls) - 1
+        self.calls[index][1] += arguments
+        last = self._pieces[-1] if self._pieces else None
+        if last is not None and last.index == index:
+            self._pieces[-1] = CallDelta(index, last.name, last.arguments + arguments)
+        else:
+            self._pieces.append(CallDelta(index, name, arguments))
+
+    def _end_reader(self) -> None:
+        """The output ended while a call was being read."""
+        if self._reader is not None:
+            self._progress()
+            self.cut = True
+            self._reader = None
+
+    def _take(self) -> StreamDelta:
+        out = StreamDelta("".join(self._out), tuple(self._pieces))
+        self._out, self._pieces = [], []
+        return out
+
+    def result(self) -> Parsed:
+        """The whole parse so far: what the deltas handed out add up to."""
+        return Parsed(self.content or None, [ToolCall(n, a) for n, a in self.calls])
+
+
+class HermesStream(ToolCallStream):
+    """`<tool_call>{...}</tool_call>` blocks amid content."""
+
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = "text"  # text -> open -> call -> close -> text; skip: a broken call's block
+        self._held = ""  # text: a possible prefix of OPEN; open/call: the markup read, for a revert; close/skip: of CLOSE
+
+    def _char(self, c: str) -> None:
+        if self._state == "text":
+            if self.OPEN.startswith(self._held + c):  # "<" stands only first in the tags: no overlaps
+                self._held += c
+                if self._held == self.OPEN:
+                    self._state = "open"
+            else:
+                self._say(self._held + c if c != "<" else self._held)
+                self._held = "<" if c == "<" else ""
+        elif self._state == "open":
+            if c == "{":
+                self._reader, self._state = _CallReader(), "call"
+                self._push_call(c)
+            elif c in _WS:
+                self._held += c
+            else:
+                self._revert(self._held, c)
+        elif self._state == "call":
+            reader = self._reader
+            assert reader is not None
+            if not self._push_call(c):  # sent already: the call is broken, the rest of its block dropped
+                if reader.announced:
+                    self._state, self._held = "skip", ""
+                    self._char(c)
+                else:  # its text is content
+                    self._revert(self._held + reader.scan.text[:-1], c)
+            elif self._reader is None:
+                self._state, self._held = "close", ""
+        elif self._state == "close":
+            if not self._held and c in _WS:
+                return
+            self._held += c
+            if self._held == self.CLOSE:
+                self._state, self._held = "text", ""
+            elif not self.CLOSE.startswith(self._held):
+                self.broken = True
+                self._state, self._held = "skip", ""
+                self._char(c)
+        elif self._state == "skip":  # a broken call's block, up to its closing tag
+            self._held = self._held + c if self.CLOSE.startswith(self._held + c) else "<" if c == "<" else ""
+            if self._held == self.CLOSE:
+                self._state, self._held = "text", ""
+
+    def _revert(self, markup: str, c: str) -> None:
+        """The block is not a call: its text so far is content; c is read again as text."""
+        self._state, self._held = "text", ""
+        self._say(markup)
+        self._char(c)
+
+    def _end(self) -> None:
+        if self._state == "text":
+            self._say(self._held)  # a tag's beginning that the output never finished
+        elif self._state in ("open", "call"):
+            self._end_reader()
+            self.cut = True  # cut off inside a call's markup: none of it is content
+        self._held = ""
+
+
+class _WholeCalls(ToolCallStream):
+    """Formats whose whole output is calls: any invalid text before a call was sent makes all of it content."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = "start"
+        self._raw = ""  # everything read while nothing was sent, for a revert
+
+    def _char(self, c: str) -> None:
+        if self._state == "content":
+            self._say(c)
+            return
+        if self._state == "dead":
+            return
+        if not self.calls:
+            self._raw += c
+        if self._state == "call":
+            if not self._push_call(c):
+                self._fail()
+            elif self._reader is None:
+                self._state = self._after_call()
+            return
+        self._frame(c)
+
+    def _frame(self, c: str) -> None:
+        """c outside any call (the format's brackets and separators)."""
+        raise NotImplementedError
+
+    def _begin_call(self) -> None:
+        self._reader, self._state = _CallReader(), "call"
+        self._push_call("{")
+
+    def _after_call(self) -> str:
+        raise NotImplementedError
+
+    def _fail(self) -> None:
+        self._reader = None
+        if self.calls:
+            self.broken, self._state = True, "dead"
+        else:
+            self._state = "content"
+            self._say(self._raw)
+
+    def _end(self) -> None:
+        if self._state == "call":
+            self._end_reader()
+        elif self._state == "start":  # nothing but whitespace, or a tag or its beginning: content
+            self._say(self._raw)
+        elif self._state not in ("content", "dead") and not self._finished_frame():
+            self.cut = True
+
+    def _finished_frame(self) -> bool:
+        """Whether the output may end where it stands (between calls, or after the closing bracket)."""
+        raise NotImplementedError
+
+
+class Llama3JsonStream(_WholeCalls):
+    """`{"name", "parameters"}` objects, optionally after `<|python_tag|>`, joined by ";"."""
+
+    TAG = "<|python_tag|>"
+
+    def _frame(self, c: str) -> None:
+        if self._state == "start":
+            lead = self._raw.lstrip(_WS)
+            body = lead[len(self.TAG):].lstrip(_WS) if lead.startswith(self.TAG) else lead
+            if body == "{":
+                self._begin_call()
+            elif body and not (self.TAG.startswith(lead) and not lead.startswith(self.TAG)):
+                self._fail()
+        elif c == "{":
+            self._begin_call()
+        elif c not in _WS and c != ";":
+            self._fail()
+
+    def _after_call(self) -> str:
+        return "between"
+
+    def _finished_frame(self) -> bool:
+        return self._state == "between"
+
+
+class RequiredStream(_WholeCalls):
+    """tool_choice "required": a JSON array of {"name", "parameters"} objects."""
+
+    def _frame(self, c: str) -> None:
+        if c in _WS:
+            return
+        state = self._state
+        if state == "start" and c == "[" or state == "after" and c == ",":
+            self._state = "item"
+        elif state == "item" and c == "{":
+            self._begin_call()
+        elif state == "after" and c == "]":
+            self._state = "done"
+        else:
+            self._fail()
+
+    def _after_call(self) -> str:
+        return "after"
+
+    def _finished_frame(self) -> bool:
+        return self._state == "done"
+
+
+class NamedStream(ToolCallStream):
+    """tool_choice naming a function: the whole output is that function's arguments."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self._name = name
+
+    def feed(self, text: str) -> StreamDelta:
+        self._piece(None if self.calls else self._name, text)
+        return self._take()
+
+    def _end(self) -> None:
+        if not self.calls:
+            self._piece(self._name, "")
+
+
+STREAMS = {"hermes": HermesStream, "llama3_json": Llama3JsonStream}
+
+
+def parse_whole(stream: ToolCallStream, text: str) -> tuple[Parsed, bool]:
+    """The whole output through a fresh parser: (its parse, whether every call in it is whole and valid)."""
+    stream.feed(text)
+    stream.finish()
+    return stream.result(), stream.complete
