@@ -80,13 +80,15 @@ def mem_available(meminfo: str = "/proc/meminfo") -> int | None:
     return None
 
 
-def check_pinnable(nbytes: int, what: str = "host_kv_cache_bytes", available: int | None = None) -> None:
-    """ValueError naming `nbytes` when it exceeds the host memory available to pin (`available`, default
-    MemAvailable); unknown availability lets it through (pinning then fails on its own)."""
+def check_pinnable(nbytes: int, what: str, available: int | None = None) -> None:
+    """ValueError naming `what` (the option as given, e.g. "host_kv_cache_bytes=...") when its `nbytes`
+    exceed the host memory available to pin (`available`, default MemAvailable); unknown availability lets
+    it through (pinning then fails on its own)."""
     avail = mem_available() if available is None else available
     if avail is not None and nbytes > avail:
-        raise ValueError(f"{what}={nbytes} ({nbytes / GIB:.1f} GiB) is more than this machine can pin: "
-                         f"{avail} bytes ({avail / GIB:.1f} GiB) of host memory available (MemAvailable)")
+        raise ValueError(f"{what}: a host KV tier of {nbytes} bytes ({nbytes / GIB:.1f} GiB) is more than this "
+                         f"machine can pin: {avail} bytes ({avail / GIB:.1f} GiB) of host memory available "
+                         f"(MemAvailable)")
 
 
 @dataclass(frozen=True)

@@ -38,12 +38,14 @@ import torch
 from radixkv.batch import Batch
 from radixkv.cache import PagePool, RadixCache
 from radixkv.cache.events import KVEventPublisher
+from radixkv.cache.tree_host import HostPool
 from radixkv.config import EngineConfig
 from radixkv.prompt_logprobs import LogprobsBlock
 from radixkv.request import FinishReason, PositionLogprobs, Request
 from radixkv.scheduler import Scheduler
 
 from .grammar import Grammars
+from .host_kv import HostKV, build_host_kv
 from .runner import Launched, ModelRunner
 
 
@@ -73,6 +75,16 @@ class EngineStats:
     preemptions: int
     num_steps: int
     mixed_steps: int  # steps that computed prompt tokens (not decode-only: no CUDA graph for them)
+    # the host tier (issue 37; all 0 without one): host_hit_tokens of hit_tokens were loaded back from host
+    # pages (the rest hit GPU pages); host_pages / host_pages_used: its capacity and the pages the tree holds
+    # there; bytes_d2h / bytes_h2d: bytes copied device-to-host (demotions) and host-to-device (loads);
+    # failed_copies: copies that raised (demotions dropped, loads recomputed)
+    host_hit_tokens: int = 0
+    host_pages: int = 0
+    host_pages_used: int = 0
+    bytes_d2h: int = 0
+    bytes_h2d: int = 0
+    failed_copies: int = 0
 
     @property
     def kv_usage(self) -> float:
@@ -81,6 +93,11 @@ class EngineStats:
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def gpu_hit_tokens(self) -> int:
+        """Prompt tokens served from GPU-resident cache (hit_tokens less the host tier's)."""
+        return self.hit_tokens - self.host_hit_tokens
 
 
 _EMPTY_BLOCK = LogprobsBlock(0, 0, b"", b"", b"", b"", b"")  # a one-token prompt scores no position
@@ -102,7 +119,11 @@ class EngineCore:
     def __init__(self, runner: ModelRunner, cfg: EngineConfig, kv_events: KVEventPublisher | None = None) -> None:
         self.runner, self.config = runner, cfg
         self.pool = PagePool(runner.num_pages)
-        self.cache = RadixCache(self.pool, page_size=cfg.page_size, events=kv_events)
+        # the host tier (issue 37): pinned host pages under the pool; the tree demotes to them and loads back
+        self.host_kv: HostKV | None = build_host_kv(runner, cfg)
+        self.cache = RadixCache(self.pool, page_size=cfg.page_size, events=kv_events,
+                                host_pool=None if self.host_kv is None else HostPool(self.host_kv.num_pages),
+                                mover=self.host_kv)
         self.scheduler = Scheduler(self.pool, self.cache, cfg.scheduler, cfg.page_size,
                                    cascade_rule=runner.cascade_rule)
         # tensor parallel workers read each step's input ids from the host batch: no steps ahead there
@@ -177,14 +198,20 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         """Evict every cached prefix no running request holds (vLLM's name); True when the tree is now empty."""
         with self.exclusive("reset_prefix_cache"):
+            if self.host_kv is not None:
+                self.cache.clear()  # drops unlocked blocks (no demotion) and the whole host tier
+                return self.cache.num_cached_pages == 0 and self.cache.num_host_pages == 0
             self.cache.evict(self.pool.num_pages)
             return self.cache.num_cached_pages == 0
 
     def stats(self) -> EngineStats:
-        s, pool, m = self.scheduler, self.pool, self.scheduler.metrics
+        s, pool, m, cache, host = self.scheduler, self.pool, self.scheduler.metrics, self.cache, self.host_kv
         return EngineStats(s.num_running, s.num_waiting, pool.num_pages,
-                           pool.num_pages - pool.num_free - self.cache.num_evictable_pages,
-                           m.prompt_tokens, m.hit_tokens, m.preemptions, self.num_steps, self.mixed_steps)
+                           pool.num_pages - pool.num_free - cache.num_evictable_pages,
+                           m.prompt_tokens, m.hit_tokens, m.preemptions, self.num_steps, self.mixed_steps,
+                           m.host_hit_tokens, 0 if host is None else host.num_pages, cache.num_host_pages,
+                           0 if host is None else host.bytes_d2h, 0 if host is None else host.bytes_h2d,
+                           cache.failed_demotes + cache.failed_promotes)
 
     # ------------------------------------------------------------------ the step
 
@@ -204,11 +231,13 @@ class EngineCore:
                 if batch is None:
                     return []
                 stage = "run"
+                self._fence()
                 launched = self.runner.launch(batch, grammar_mask=self._grammar_mask(batch))
             batch, stage = launched.batch, "run"
             if self.async_scheduling and self._may_run_ahead(launched):
                 nxt = self.scheduler.schedule_ahead(self.now())
                 if nxt is not None:
+                    self._fence()
                     self._ahead = self.runner.launch(nxt, launched)
                     self.steps_ahead += 1
             tokens = self.runner.collect(launched)  # the step's one wait on the device
@@ -232,6 +261,12 @@ class EngineCore:
         self._ran = {e.req.rid for e in self.scheduler.running}
         self._drop_finished_ahead()
         return deltas
+
+    def _fence(self) -> None:
+        """Before a step is launched: the host tier's copies queued while scheduling it (demotions of pages
+        it may reuse, loads of pages it reads) land first (HostKV.fence: a stream wait, no host sync)."""
+        if self.host_kv is not None:
+            self.host_kv.fence()
 
     def _deltas(self, launched: Launched, before: list[int]) -> list[RequestDelta]:
         out: list[RequestDelta] = []

@@ -97,6 +97,8 @@ class Admission(PageHolding):
             total = req.num_tokens
             tokens = e.token_array(total)
             m = e.last = self._lookup(e, tokens)
+            if m.host_tokens and self._reads_cache(e):  # the host tier holds more: load what fits
+                m = e.last = self._load_host(e, tokens, m, reserve if self.running else None)
             usable = min(m.num_tokens, (total - 1) // ps * ps)  # leave >= 1 token to compute
             if (cfg.in_batch_sharing and self._reads_cache(e) and shared and usable == m.num_tokens
                     and share_key(m, tokens, ps) in shared):
@@ -138,10 +140,30 @@ class Admission(PageHolding):
                 e.req.cached_tokens = usable
                 self.metrics.prompt_tokens += len(e.req.prompt)
                 self.metrics.hit_tokens += usable
+                self.metrics.host_hit_tokens += min(e.host_loaded, usable)
             e.wait_s += now - e.wait_since
         if admitted:
             ids = {id(e) for e, _ in admitted}
             self.waiting = [e for e in self.waiting if id(e) not in ids]
+
+    def _load_host(self, e: Entry, tokens: np.ndarray, m: MatchResult, reserve: int | None) -> MatchResult:
+        """The host tier (RadixCache with a host pool and a mover): bring m's host blocks back to GPU pages
+        before e is admitted, as many as leave room for the running requests' decode `reserve` (None: e
+        would run alone) and e's own, and leave >= 1 token to compute. Returns the longer match (unlocked);
+        the blocks loaded count as e's host hits (`Entry.host_loaded`). The copies are queued; the engine
+        fences them before the step that reads them (engine/host_kv.py)."""
+        ps, cache = self.page_size, self.cache
+        room = self.pool.num_free + cache.num_evictable_pages
+        if reserve is not None:
+            room -= reserve + self._decode_reserve(e)
+        limit = (len(tokens) - 1) // ps - m.num_tokens // ps
+        n = min(m.host_tokens // ps, room, limit)
+        if n <= 0:
+            return m
+        before = cache.promoted_pages
+        out = cache.load(tokens, e.req.namespace, m, n)
+        e.host_loaded += (cache.promoted_pages - before) * ps
+        return out
 
     def _decode_reserve(self, e: Entry) -> int:
         """Pages admission keeps free for a running request's coming decode tokens: a share

@@ -29,6 +29,7 @@ class Entry:
     score: int | None = None  # cached tokens at its last match (None: not matched yet)
     node: Node | None = None  # where that match ended (DFS_WEIGHT's grouping)
     last: MatchResult | None = None  # its latest match while waiting (RadixCache.match's `since`)
+    host_loaded: int = 0  # prompt tokens the host tier loaded back for it before its first admission
 
     def order_key(self) -> tuple[float, int]:
         return (self.arrival, self.seq)

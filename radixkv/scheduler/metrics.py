@@ -42,7 +42,8 @@ class SchedulerMetrics:
     """Counters of one scheduler run.
 
     prompt_tokens / hit_tokens: counted once per request, at its first admission
-    (hit_tokens = prompt tokens served from the prefix cache, i.e. `Request.cached_tokens`).
+    (hit_tokens = prompt tokens served from the prefix cache, i.e. `Request.cached_tokens`;
+    host_hit_tokens: those of them a host tier copied back to GPU pages before the admission).
     waits_s: per finished request, its total time in the waiting queue (first wait plus every
     wait after a preemption). peak_pages: most pool pages in use at the end of any step.
     timeline: one point per step; past `timeline_limit` points every other one is dropped (and
@@ -51,6 +52,7 @@ class SchedulerMetrics:
 
     prompt_tokens: int = 0
     hit_tokens: int = 0
+    host_hit_tokens: int = 0  # of hit_tokens, those the host tier loaded back (the rest were on GPU pages)
     preemptions: int = 0
     completed: int = 0
     steps: int = 0

@@ -1,0 +1,246 @@
+"""HostKV: the host tier's bytes (issue 37): pinned host pages mirroring a KVStore's pages, and the copies
+that demote GPU pages to them (device-to-host) and promote them back (host-to-device).
+
+The radix tree moves bookkeeping only (cache/tree_host.py); it calls this object (its HostMover) with page
+id pairs: `demote(gpu_pages, host_pages)` before the GPU pages go back to the pool, `promote(host_pages,
+gpu_pages)` before the promoted blocks enter the GPU tier. Each call only *queues* its copies:
+
+- On CUDA they run on one copy stream of their own. Each transfer first waits for the compute stream's
+  work queued so far (steps in flight may still write the source pages, or a page just freed), then
+  gathers / scatters the pages through a device staging buffer and moves it over the link in
+  page-sized or larger pieces; an event is recorded behind it. `fence()` makes the compute stream wait
+  on that event: the engine calls it before every step it launches (EngineCore), so no step reads a
+  promoted page before its bytes landed and no step writes a demoted page before its bytes left. One
+  copy stream keeps the copies themselves in order (a GPU page demoted then reused by a promotion in the
+  same admission; a host page freed by one copy and reused by the next).
+- On CPU (tests) the "device" pages are CPU tensors and the copies are plain copies, run at once; with
+  `delay_copies=True` they wait in a queue until `fence()` runs them (a test seam: a step that read a
+  page before its copy landed would see the wrong bytes, and `pending_gpu_pages` names the pages whose
+  copies are queued).
+
+Host layout: page-first by default, `[num_host_pages, page_bytes]` uint8 where one host page is every
+layer's K and V (and FP8 scales or INT (scale, zero) pairs) of one GPU page back to back. A run of
+consecutive host pages is then one contiguous host range, so a transfer of n pages is one copy per run
+(>= one whole page, 2 MiB for Llama-3-8B bf16 at page 16) instead of one per run per layer tensor
+(2 x layers x runs copies of 32 KiB). `layout="layer"` keeps one `[num_host_pages, chunk]` region per
+layer tensor (the GPU's layout) for comparison; benchmarks/engine/host_tier_gpu.py measures both.
+The GPU side is layer-first (KVStore), so each transfer gathers (or scatters) the pages of every layer
+tensor through a contiguous device staging buffer, at device-memory speed.
+
+Failure: an exception while queueing propagates to the tree, which drops the block (demotion) or
+recomputes it (promotion); nothing here holds pages.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from radixkv.config import EngineConfig
+from radixkv.plan_host import check_pinnable, host_pages
+
+from .kv_store import KVStore
+
+if TYPE_CHECKING:
+    from .runner import ModelRunner
+
+LAYOUTS = ("page", "layer")
+_STAGING_BYTES = 256 << 20  # device staging per transfer piece (a transfer of more pages is cut)
+
+
+def page_views(kv: KVStore) -> list[Tensor]:
+    """Every per-layer tensor of the store (K, V, then their scales) as uint8 [P, bytes of one page], views
+    of the same memory (FP8 / INT pages and scales are head-major: their [P, Hkv, S, ...] order is the
+    contiguous one)."""
+    out = []
+    for t in [*kv.k_cache, *kv.v_cache, *kv.k_scale, *kv.v_scale]:
+        c = t if t.is_contiguous() else t.transpose(1, 2)
+        if not c.is_contiguous():
+            raise ValueError(f"host tier: a KV tensor of shape {tuple(t.shape)} and strides {t.stride()} "
+                             "has no contiguous page layout")
+        out.append(c.reshape(c.shape[0], -1).view(torch.uint8))
+    return out
+
+
+def _runs(ids: np.ndarray) -> list[tuple[int, int, int]]:
+    """(first index into ids, first id, length) of each run of consecutive ids (ids sorted)."""
+    if len(ids) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [len(ids)]))
+    return [(int(s), int(ids[s]), int(e - s)) for s, e in zip(starts, ends)]
+
+
+class HostKV:
+    """Pinned host pages for a KVStore (see the module docstring); the tree's HostMover."""
+
+    def __init__(self, kv: KVStore, num_host_pages: int, layout: str = "page", *, delay_copies: bool = False,
+                 pin: bool | None = None) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"host tier layout must be one of {LAYOUTS}, got {layout!r}")
+        if isinstance(num_host_pages, bool) or not isinstance(num_host_pages, int) or num_host_pages < 1:
+            raise ValueError(f"host tier: num_host_pages must be an int >= 1, got {num_host_pages!r}")
+        self.kv, self.layout, self.num_pages = kv, layout, num_host_pages
+        self.device = kv.device
+        self._views = page_views(kv)
+        self._chunks = [v.shape[1] for v in self._views]
+        self.page_bytes = sum(self._chunks)
+        cuda = self.device.type == "cuda"
+        pin = cuda if pin is None else pin
+        # one allocation: [num_host_pages, page_bytes] (page) or the tensors' regions back to back (layer)
+        self._flat = torch.empty(num_host_pages * self.page_bytes, dtype=torch.uint8, pin_memory=pin)
+        self._host: list[Tensor] = []  # per layer tensor: [num_host_pages, chunk] (strided in "page")
+        off = 0
+        pages = self._flat.view(num_host_pages, self.page_bytes)
+        for c in self._chunks:
+            self._host.append(pages[:, off: off + c] if layout == "page"
+                              else self._flat[num_host_pages * off: num_host_pages * (off + c)].view(num_host_pages, c))
+            off += c
+        self._pages = pages  # page layout's [num_host_pages, page_bytes]
+        self.delay_copies = delay_copies and not cuda
+        self._queue: list[tuple[Callable[[], None], np.ndarray]] = []  # delayed CPU copies, GPU pages they touch
+        self._stream = torch.cuda.Stream(self.device) if cuda else None
+        self._event = torch.cuda.Event() if cuda else None
+        self._unfenced = False  # copies queued since the compute stream last waited for them
+        self.bytes_d2h = self.bytes_h2d = 0
+        self.pages_d2h = self.pages_h2d = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_pages * self.page_bytes
+
+    @property
+    def pending_gpu_pages(self) -> set[int]:
+        """GPU pages whose queued copy has not run yet (delayed CPU copies only; empty otherwise)."""
+        out: set[int] = set()
+        for _, pages in self._queue:
+            out.update(pages.tolist())
+        return out
+
+    # ---- the tree's HostMover ------------------------------------------------------------------
+    def demote(self, gpu_pages: np.ndarray, host_pages: np.ndarray) -> None:
+        """Queue the copy of GPU pages gpu_pages[i] to host pages host_pages[i]."""
+        g, h = self._pairs(gpu_pages, host_pages)
+        self._submit(lambda: self._transfer(g, h, to_host=True), g)
+        self.pages_d2h += len(g)
+        self.bytes_d2h += len(g) * self.page_bytes
+
+    def promote(self, host_pages: np.ndarray, gpu_pages: np.ndarray) -> None:
+        """Queue the copy of host pages host_pages[i] to GPU pages gpu_pages[i]."""
+        g, h = self._pairs(gpu_pages, host_pages)
+        self._submit(lambda: self._transfer(g, h, to_host=False), g)
+        self.pages_h2d += len(g)
+        self.bytes_h2d += len(g) * self.page_bytes
+
+    def fence(self) -> None:
+        """Order everything the caller queues next on the compute stream after every copy queued so far
+        (CUDA: a stream wait on the copies' event, no host sync); run delayed CPU copies."""
+        if self._queue:
+            jobs, self._queue = self._queue, []
+            for job, _ in jobs:
+                job()
+        if self._unfenced and self._stream is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._event)
+        self._unfenced = False
+
+    def synchronize(self) -> None:
+        """Wait on the host until every queued copy finished (benchmarks, tests)."""
+        self.fence()
+        if self._stream is not None:
+            self._stream.synchronize()
+
+    # ---- the copies ----------------------------------------------------------------------------
+    def _pairs(self, gpu_pages: np.ndarray, host_pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(gpu, host) id arrays, sorted by host page (so consecutive host pages form runs)."""
+        g = np.asarray(gpu_pages, dtype=np.int64)
+        h = np.asarray(host_pages, dtype=np.int64)
+        if g.shape != h.shape or g.ndim != 1:
+            raise ValueError(f"host tier: {g.shape} GPU pages for {h.shape} host pages")
+        if len(h) and (h.min() < 0 or h.max() >= self.num_pages):
+            raise ValueError(f"host tier: host page ids must be in [0, {self.num_pages}), got {h.tolist()}")
+        if len(g) and (g.min() < 0 or g.max() >= self._views[0].shape[0]):
+            raise ValueError(f"host tier: GPU page ids must be in [0, {self._views[0].shape[0]}), got {g.tolist()}")
+        order = np.argsort(h, kind="stable")
+        return g[order], h[order]
+
+    def _submit(self, job: Callable[[], None], gpu_pages: np.ndarray) -> None:
+        if self.delay_copies:
+            self._queue.append((job, gpu_pages))
+            return
+        if self._stream is None:
+            job()
+            return
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._stream):
+            self._stream.wait_stream(compute)  # steps queued so far may still write these pages
+            job()
+            self._event.record(self._stream)
+        self._unfenced = True
+
+    def _transfer(self, g: np.ndarray, h: np.ndarray, to_host: bool) -> None:
+        """Copy pages g <-> host pages h (h sorted), in pieces of at most _STAGING_BYTES of staging."""
+        step = max(1, _STAGING_BYTES // self.page_bytes)
+        for i in range(0, len(g), step):
+            self._piece(g[i: i + step], h[i: i + step], to_host)
+
+    def _piece(self, g: np.ndarray, h: np.ndarray, to_host: bool) -> None:
+        dev, n = self.device, len(g)
+        gi = torch.from_numpy(g).to(dev, non_blocking=True)  # [n] int64
+        runs = _runs(h)
+        nb = dev.type == "cuda"
+        if self.layout == "page":
+            staging = torch.empty(n, self.page_bytes, dtype=torch.uint8, device=dev)  # [n, page_bytes]
+            if to_host:
+                off = 0
+                for v, c in zip(self._views, self._chunks):
+                    staging[:, off: off + c] = v.index_select(0, gi)
+                    off += c
+                for r, first, length in runs:
+                    self._pages[first: first + length].copy_(staging[r: r + length], non_blocking=nb)
+            else:
+                for r, first, length in runs:
+                    staging[r: r + length].copy_(self._pages[first: first + length], non_blocking=nb)
+                off = 0
+                for v, c in zip(self._views, self._chunks):
+                    v.index_copy_(0, gi, staging[:, off: off + c])
+                    off += c
+            return
+        for v, host in zip(self._views, self._host):  # layer-first: one staging [n, chunk] per tensor
+            if to_host:
+                staging = v.index_select(0, gi)
+                for r, first, length in runs:
+                    host[first: first + length].copy_(staging[r: r + length], non_blocking=nb)
+            else:
+                staging = torch.empty(n, v.shape[1], dtype=torch.uint8, device=dev)
+                for r, first, length in runs:
+                    staging[r: r + length].copy_(host[first: first + length], non_blocking=nb)
+                v.index_copy_(0, gi, staging)
+
+
+def build_host_kv(runner: ModelRunner, cfg: EngineConfig) -> HostKV | None:
+    """The host tier cfg asks for over runner's KV store (EngineConfig.host_kv_cache_bytes or hicache_ratio),
+    or None. Refused, naming the value, when it holds no page, when the machine cannot pin it (MemAvailable),
+    under tensor parallelism (each rank's shard would need its own copies: not built yet) and without prefix
+    caching (nothing to keep)."""
+    b, r = cfg.host_kv_cache_bytes, cfg.hicache_ratio
+    if not b and r is None:
+        return None
+    what = f"host_kv_cache_bytes={b}" if r is None else f"hicache_ratio={r}"
+    if cfg.tensor_parallel_size > 1:
+        raise ValueError(f"{what}: the host KV tier does not run with tensor_parallel_size="
+                         f"{cfg.tensor_parallel_size} yet (give one or the other)")
+    if not cfg.scheduler.prefix_caching:
+        raise ValueError(f"{what}: the host KV tier needs prefix caching (enable_prefix_caching=False given)")
+    page_bytes = sum(v.shape[1] for v in page_views(runner.kv))
+    n = host_pages(runner.num_pages, page_bytes, b, r)
+    if n < 1:
+        raise ValueError(f"{what} holds no KV page (one page is {page_bytes} bytes)")
+    check_pinnable(b if r is None else n * page_bytes, what)
+    return HostKV(runner.kv, n)
+
+
+__all__ = ["HostKV", "LAYOUTS", "build_host_kv", "page_views"]

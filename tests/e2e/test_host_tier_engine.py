@@ -1,0 +1,164 @@
+"""The engine's host KV tier (issue 37, engine/host_kv.py): a multi-turn workload whose history overflows a
+small GPU pool gives the same greedy tokens with the tier as without it, with hits counted by tier; copies held
+back on purpose are never read before they land; a failed copy falls back to recompute with no leak (CPU, tiny
+random model, the tree's invariants checked after every step)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from radixkv import LLM, SamplingParams
+from radixkv.cache.events import MEDIUM_CPU, BlockStored, QueuePublisher
+from radixkv.engine.host_kv import HostKV
+
+from .tiny_models import tiny_config
+
+PAGE = 4
+GPU_PAGES = 24  # 96 tokens: four conversations of ~40-60 tokens do not fit
+HOST_BYTES = 1 << 20
+GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+
+
+def engine(**kw) -> LLM:
+    llm = LLM(tiny_config("llama"), dtype="float32", device="cpu", page_size=PAGE, num_pages=GPU_PAGES, **kw)
+    core, step = llm.core, llm.core.step
+
+    def checked_step():
+        out = step()
+        core.cache.check_invariants()
+        return out
+
+    core.step = checked_step  # every step of every generate below
+    return llm
+
+
+def conversations(llm: LLM, turns: int = 3, convs: int = 4, salts: tuple[str | None, ...] = (None,)) -> list[list[int]]:
+    """Round-robin multi-turn chats: each turn re-sends the whole history plus a new user message."""
+    rng = random.Random(0)
+    hist = [[rng.randrange(5, 150) for _ in range(12)] for _ in range(convs)]
+    outs = []
+    for _ in range(turns):
+        for c in range(convs):
+            salt = salts[c % len(salts)]
+            o = llm.generate([hist[c]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True,
+                                                       cache_salt=salt))[0]
+            outs.append(o.token_ids)
+            hist[c] = hist[c] + o.token_ids + [rng.randrange(5, 150) for _ in range(6)]
+    return outs
+
+
+def assert_no_leak(llm: LLM) -> None:
+    core = llm.core
+    assert core.reset_prefix_cache()
+    core.cache.check_invariants()
+    assert core.pool.num_free == core.pool.num_pages
+    if core.host_kv is not None:
+        assert core.cache.host_pool.num_free == core.cache.host_pool.num_pages
+
+
+@pytest.fixture(scope="module")
+def baseline() -> list[list[int]]:
+    return conversations(engine())
+
+
+def test_outputs_equal_without_the_tier_and_hits_counted_by_tier(baseline):
+    llm = engine(host_kv_cache_bytes=HOST_BYTES)
+    assert isinstance(llm.core.host_kv, HostKV) and llm.core.host_kv.page_bytes == llm.runner.kv.total_bytes // (
+        llm.runner.kv.num_pages)
+    assert conversations(llm) == baseline
+    s = llm.core.stats()
+    plain = engine()
+    conversations(plain)
+    p = plain.core.stats()
+    assert s.host_hit_tokens > 0 and s.hit_tokens > p.hit_tokens  # history the GPU pool had dropped came back
+    assert s.gpu_hit_tokens + s.host_hit_tokens == s.hit_tokens
+    page = llm.core.host_kv.page_bytes
+    assert s.bytes_h2d == llm.core.cache.promoted_pages * page and s.bytes_h2d >= s.host_hit_tokens // PAGE * page
+    assert s.bytes_d2h == llm.core.cache.demoted_pages * page > 0
+    assert s.host_pages == llm.core.host_kv.num_pages and s.failed_copies == 0
+    assert_no_leak(llm)
+
+
+def test_hicache_ratio_sizes_the_tier_from_the_pool(baseline):
+    llm = engine(hicache_ratio=2.0)
+    assert llm.core.host_kv.num_pages == 2 * GPU_PAGES
+    assert conversations(llm) == baseline
+
+
+def test_delayed_copies_are_never_read_before_they_land(baseline, monkeypatch):
+    llm = engine(host_kv_cache_bytes=HOST_BYTES)
+    host = llm.core.host_kv
+    host.delay_copies = True  # copies queue until the engine fences them
+    launch, seen = llm.runner.launch, []
+
+    def checked_launch(batch, *args, **kwargs):
+        pending = host.pending_gpu_pages
+        seen.append(bool(host._queue))
+        used = {p for row in batch.page_tables for p in row}
+        assert not (pending & used), f"a step reads or writes pages {sorted(pending & used)} before their copy landed"
+        return launch(batch, *args, **kwargs)
+
+    monkeypatch.setattr(llm.runner, "launch", checked_launch)
+    assert conversations(llm) == baseline
+    assert llm.core.cache.promoted_pages > 0 and llm.core.stats().host_hit_tokens > 0
+    assert not any(seen)  # every launch found the queue empty: the core fenced first
+    # the control: without the fence a launch does meet a queued copy of its own pages
+    broken = engine(host_kv_cache_bytes=HOST_BYTES)
+    broken.core.host_kv.delay_copies = True
+    monkeypatch.setattr(broken.core, "_fence", lambda: None)
+    host, launch = broken.core.host_kv, broken.runner.launch
+    monkeypatch.setattr(broken.runner, "launch", checked_launch)
+    with pytest.raises(Exception, match="before their copy landed"):
+        conversations(broken)
+
+
+def test_failed_loads_recompute_and_failed_demotions_drop(baseline, monkeypatch):
+    llm = engine(host_kv_cache_bytes=HOST_BYTES)
+
+    def fail(*_):
+        raise RuntimeError("injected copy failure")
+
+    monkeypatch.setattr(llm.core.host_kv, "promote", fail)
+    assert conversations(llm) == baseline  # the host part is recomputed
+    s = llm.core.stats()
+    assert s.failed_copies > 0 and s.host_hit_tokens == 0 and s.bytes_h2d == 0
+    assert llm.core.cache.num_host_pages > 0  # the blocks stay on host (another load may succeed)
+    assert_no_leak(llm)
+
+    llm = engine(host_kv_cache_bytes=HOST_BYTES)
+    monkeypatch.setattr(llm.core.host_kv, "demote", fail)
+    assert conversations(llm) == baseline  # eviction drops the blocks as without a tier
+    s = llm.core.stats()
+    assert s.failed_copies > 0 and s.host_pages_used == 0 and s.host_hit_tokens == 0
+    assert_no_leak(llm)
+
+
+def test_salts_stay_apart_and_events_name_the_tier():
+    pub = QueuePublisher()
+    llm = engine(host_kv_cache_bytes=HOST_BYTES, kv_events=pub)
+    conversations(llm, salts=("tenant-a", "tenant-b"))
+    cache = llm.core.cache
+    assert set(cache.namespaces) <= {"tenant-a", "tenant-b"}
+    events = pub.drain().events
+    assert any(isinstance(e, BlockStored) and e.medium == MEDIUM_CPU for e in events)
+    assert llm.core.stats().host_hit_tokens > 0
+    # the same prompt under another salt hits nothing, on either tier
+    rng = random.Random(0)
+    first = [rng.randrange(5, 150) for _ in range(12)]
+    o = llm.generate([first], SamplingParams(max_tokens=1, temperature=0.0, cache_salt="tenant-c"))[0]
+    assert o.cached_tokens == 0
+    assert_no_leak(llm)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(host_kv_cache_bytes=-1), "host_kv_cache_bytes must be >= 0, got -1"),
+    (dict(host_kv_cache_bytes="lots"), "host_kv_cache_bytes must be an int"),
+    (dict(hicache_ratio="x"), "hicache_ratio must be a number"),
+    (dict(hicache_ratio=-1.0), "hicache_ratio must be a finite number > 0, got -1.0"),
+    (dict(host_kv_cache_bytes=1 << 60), f"host_kv_cache_bytes={1 << 60}: .* more than this machine can pin"),
+    (dict(host_kv_cache_bytes=10), "host_kv_cache_bytes=10 holds no KV page"),
+])
+def test_bad_host_sizes_are_refused_by_name(kw, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        engine(**kw)
