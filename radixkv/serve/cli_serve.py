@@ -15,6 +15,7 @@ from typing import Any
 
 from radixkv.argtypes import positive_int
 from radixkv.config import check_load_format
+from radixkv.plan_host import GIB, parse_gb, parse_ratio
 
 # option dest -> default (applied after the config file, so a flag left out can come from it)
 DEFAULTS: dict[str, Any] = {
@@ -25,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "log_level": "info", "chat_template": None, "load_format": "auto", "enable_log_requests": False,
     "tool_call_parser": "hermes",
     "trust_request_chat_template": False, "metrics_require_key": False, "enable_reset_prefix_cache": False,
+    "host_kv_cache_gb": None, "hicache_ratio": None,
 }
 # config-file spellings that differ from the dest
 _ALIASES = {"block_size": "page_size", "block-size": "page_size"}
@@ -38,6 +40,16 @@ def _fraction(text: str) -> float:
     if not 0.0 < v <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
     return v
+
+
+def _arg(parse: Any) -> Any:
+    """An argparse type from a plan_host parser (its ValueError names the flag and the text)."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return convert
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -93,6 +105,11 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--enable-reset-prefix-cache", action="store_true", default=None,
                    help="serve POST /reset_prefix_cache, with which a client flushes every tenant's prefix cache "
                         "(default: off, 404; vLLM serves it in its dev mode only)")
+    s.add_argument("--host-kv-cache-gb", type=_arg(lambda t: parse_gb(t) / GIB), metavar="N",
+                   help="a host-memory KV tier of N GiB under the GPU pool (pinned; GPU eviction writes blocks "
+                        "back there, a prefix hit on them loads them back; default: none)")
+    s.add_argument("--hicache-ratio", type=_arg(parse_ratio), metavar="R",
+                   help="SGLang's spelling of the host tier: R host pages per GPU page (instead of --host-kv-cache-gb)")
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                    help="log level (default info)")
     s.set_defaults(run=run_serve)
@@ -134,6 +151,13 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
     if opts["model"] is None:
         raise ValueError("MODEL is required (as an argument or `model:` in --config)")
     check_load_format(opts["load_format"])  # a flag or a config-file value, refused before the model loads
+    # the host tier: a config file's value is checked as a flag's is (refused before the model loads)
+    if opts["host_kv_cache_gb"] is not None:
+        opts["host_kv_cache_gb"] = parse_gb(str(opts["host_kv_cache_gb"])) / GIB
+    if opts["hicache_ratio"] is not None:
+        opts["hicache_ratio"] = parse_ratio(str(opts["hicache_ratio"]))
+    if opts["host_kv_cache_gb"] and opts["hicache_ratio"] is not None:
+        raise ValueError("give --host-kv-cache-gb or --hicache-ratio, not both")
     return opts
 
 
@@ -149,6 +173,10 @@ def llm_kwargs(opts: dict[str, Any]) -> dict[str, Any]:
     for name in ("num_gpu_blocks_override", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
         if opts[name] is not None:
             kw[name] = opts[name]
+    if opts.get("host_kv_cache_gb"):
+        kw["host_kv_cache_bytes"] = int(opts["host_kv_cache_gb"] * GIB)
+    if opts.get("hicache_ratio") is not None:
+        kw["hicache_ratio"] = float(opts["hicache_ratio"])
     return kw
 
 

@@ -9,6 +9,9 @@ prefix_cache_hits (tokens: prompt tokens looked up / served from the cache), num
 request_success (label finished_reason: stop, length, abort), request_failure (a failed step),
 http_requests (labels endpoint, status). Gauges: num_requests_running, num_requests_waiting,
 kv_cache_usage_perc (0..1: pages held by requests or cache that eviction cannot free).
+The host KV tier (issue 37; zero without one): counters prefix_cache_hits_by_tier (label tier: gpu, host:
+hit tokens by where their KV was at admission), kv_transfer_bytes (label direction: d2h = demotions to
+host, h2d = loads back), kv_transfer_failures; gauge host_kv_cache_usage_perc (host pages the tree holds).
 Histograms (seconds): time_to_first_token_seconds, time_per_output_token_seconds,
 e2e_request_latency_seconds.
 """
@@ -67,6 +70,16 @@ class ServeMetrics:
             .labels(model_name)
         self.http_requests = counter("http_requests", "HTTP requests, by endpoint and status.",
                                      ("endpoint", "status"))
+        tiers = counter("prefix_cache_hits_by_tier", "Prompt tokens served from the prefix cache, by the tier "
+                        "their KV was on at admission (host: loaded back from the host KV tier).", ("tier",))
+        self.hits_gpu, self.hits_host = tiers.labels(model_name, "gpu"), tiers.labels(model_name, "host")
+        moved = counter("kv_transfer_bytes", "KV bytes copied between the GPU pool and the host tier, by direction "
+                        "(d2h: demotions, h2d: loads).", ("direction",))
+        self.bytes_d2h, self.bytes_h2d = moved.labels(model_name, "d2h"), moved.labels(model_name, "h2d")
+        self.transfer_failures = counter("kv_transfer_failures", "Host-tier copies that failed (blocks dropped or "
+                                         "recomputed).").labels(model_name)
+        self.host_kv_cache_usage_perc = gauge("host_kv_cache_usage_perc",
+                                              "Fraction of the host KV tier's pages holding cached blocks.")
         self.num_requests_running = gauge("num_requests_running", "Requests in the running set.")
         self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting to be admitted.")
         self.kv_cache_usage_perc = gauge("kv_cache_usage_perc",
@@ -88,7 +101,12 @@ class ServeMetrics:
                                      (self.num_preemptions, stats.preemptions, last.preemptions),
                                      (self.mixed_steps, stats.mixed_steps, last.mixed_steps),
                                      (self.decode_steps, stats.num_steps - stats.mixed_steps,
-                                      last.num_steps - last.mixed_steps)):
+                                      last.num_steps - last.mixed_steps),
+                                     (self.hits_gpu, stats.gpu_hit_tokens, last.gpu_hit_tokens),
+                                     (self.hits_host, stats.host_hit_tokens, last.host_hit_tokens),
+                                     (self.bytes_d2h, stats.bytes_d2h, last.bytes_d2h),
+                                     (self.bytes_h2d, stats.bytes_h2d, last.bytes_h2d),
+                                     (self.transfer_failures, stats.failed_copies, last.failed_copies)):
             if now > before:
                 counter.inc(now - before)
         if generation_tokens:
@@ -97,6 +115,7 @@ class ServeMetrics:
         self.num_requests_running.set(stats.num_running)
         self.num_requests_waiting.set(stats.num_waiting)
         self.kv_cache_usage_perc.set(stats.kv_usage)
+        self.host_kv_cache_usage_perc.set(stats.host_pages_used / stats.host_pages if stats.host_pages else 0.0)
 
     def on_finish(self, stats: Any, reason: str, num_generated: int) -> None:
         """stats: the request's StreamStats (arrival, first_token, finished: monotonic seconds)."""
