@@ -71,6 +71,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--profile", action="store_true", help="cProfile of the all-constrained run (host time)")
     a = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows, n = (4, 12) if a.smoke else (a.rows, a.max_tokens)
@@ -89,6 +90,13 @@ def main() -> None:
         out.append({"constrained": name, "rows": rows, "max_tokens": n, "seconds": round(secs, 4), "steps": steps,
                     "ms_per_step": round(per_step, 3), "vs_none": round(per_step / base, 3),
                     "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"})
+    if a.profile:  # where the host's time goes when every row is constrained
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.runcall(run, llm, prompts, cases["all"], n, device)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     print(f"\n{'constrained':>11} {'rows':>5} {'steps':>6} {'ms/step':>8} {'vs none':>8}")

@@ -63,6 +63,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tokenizer", help="SmolLM2 tokenizer folder (default: .devshare/smollm2-tokenizer or the GGUF's)")
     p.add_argument("--no-warmup", action="store_true", help="time the very first generate (vLLM's script has no "
                                                             "warm-up; its engine captures graphs at start-up)")
+    p.add_argument("--step-profile", action="store_true",
+                   help="also print where the timed run's wall time went, by running-set size (steps, ms a step)")
     p.add_argument("--json", help="rows merge into this file (default benchmarks/results/sharegpt_offline.json; "
                                   "--smoke: a temp file)")
     a = p.parse_args()
@@ -100,7 +102,35 @@ def config_kwargs(config: str) -> dict[str, Any]:
     return out
 
 
-def run_config(model: str, base: dict, config: str, reqs: list[tuple[list[int], int]], warmup: bool) -> dict:
+def time_steps(core: Any) -> list[tuple[int, bool, float]]:
+    """Record (running rows after the step, mixed step?, seconds) for every core.step() from now on."""
+    log: list[tuple[int, bool, float]] = []
+    step = core.step
+
+    def timed() -> Any:
+        mixed, t = core.mixed_steps, time.perf_counter()
+        out = step()
+        log.append((len(core.scheduler.running), core.mixed_steps > mixed, time.perf_counter() - t))
+        return out
+
+    core.step = timed
+    return log
+
+
+def print_step_profile(log: list[tuple[int, bool, float]]) -> None:
+    """Wall time by running-set band: how much of the run the big batches take and how much the tail."""
+    bands = [(0, 16), (16, 64), (64, 256), (256, 512), (512, 768), (768, 10**9)]
+    print(f"  {'running':>11} {'steps':>6} {'mixed':>6} {'seconds':>8} {'ms/step':>8} {'tokens':>8}")
+    for lo, hi in bands:
+        sel = [(n, m, s) for n, m, s in log if lo <= n < hi]
+        if sel:
+            secs = sum(s for *_, s in sel)
+            print(f"  {f'{lo}-{hi if hi < 10**9 else 1024}':>11} {len(sel):>6} {sum(m for _, m, _ in sel):>6} "
+                  f"{secs:>8.2f} {secs / len(sel) * 1e3:>8.2f} {sum(n for n, *_ in sel):>8}", flush=True)
+
+
+def run_config(model: str, base: dict, config: str, reqs: list[tuple[list[int], int]], warmup: bool,
+               step_profile: bool = False) -> dict:
     import torch
 
     from radixkv import LLM, SamplingParams
@@ -115,11 +145,14 @@ def run_config(model: str, base: dict, config: str, reqs: list[tuple[list[int], 
         llm.reset_prefix_cache()
     params = [SamplingParams(n=1, temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=n) for _, n in reqs]
     before = llm.core.stats()
+    log = time_steps(llm.core) if step_profile else None
     sync()
     t = time.perf_counter()
     outs = llm.generate([p for p, _ in reqs], params)
     sync()
     wall = time.perf_counter() - t
+    if log is not None:
+        print_step_profile(log)
     after = llm.core.stats()
     n_in = sum(len(p) for p, _ in reqs)
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -155,7 +188,7 @@ def main() -> int:
     base = engine_kwargs(a)
     rows = []
     for config in a.configs:
-        row = run_config(model, base, config, reqs, not a.no_warmup)
+        row = run_config(model, base, config, reqs, not a.no_warmup, a.step_profile)
         row.update(model=label, date=time.strftime("%Y-%m-%d %H:%M"))
         rows.append(row)
     out = json_path(a, "sharegpt_offline.json")
