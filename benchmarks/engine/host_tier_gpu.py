@@ -92,16 +92,36 @@ def tier_rates(cfg: Any, pages: int, dev: torch.device, layout: str, scattered_h
     kv = KVStore(cfg.num_hidden_layers, pages * 2, PAGE, cfg.num_key_value_heads, hd,
                  "bf16" if dtype == torch.bfloat16 else "fp32", dev, dtype)
     host = HostKV(kv, pages * 2, layout)
+    if dev.type == "cuda" and not host._flat.is_pinned():
+        raise RuntimeError("host tier: the host pages are not pinned")
     rng = np.random.default_rng(0)
     g = rng.permutation(pages * 2)[:pages].astype(np.int32)
     h = (rng.permutation(pages * 2)[:pages] if scattered_host else np.arange(pages)).astype(np.int32)
     nbytes = pages * host.page_bytes
+    check_round_trip(kv, host, g, h)
     d2h = timed(lambda: (host.demote(g, h), host.synchronize()), dev, reps)
     h2d = timed(lambda: (host.promote(h, g), host.synchronize()), dev, reps)
     del host, kv
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return nbytes / h2d / 1e9, nbytes / d2h / 1e9
+
+
+def check_round_trip(kv: KVStore, host: HostKV, g: np.ndarray, h: np.ndarray) -> None:
+    """Demote pages g, overwrite them, promote them back: every byte must come back (RuntimeError if not)."""
+    for t in [*kv.k_cache, *kv.v_cache]:
+        t.copy_(torch.randn(t.shape, device=t.device).to(t.dtype))
+    idx = torch.from_numpy(g.astype(np.int64)).to(kv.device)
+    want = [t.index_select(0, idx).clone() for t in kv.k_cache]
+    host.demote(g, h)
+    host.fence()  # what the engine does before a step: the overwrite below is ordered after the copy
+    for t in kv.k_cache:
+        t.index_fill_(0, idx, 0)
+    host.promote(h, g)
+    host.synchronize()
+    for layer, (t, w) in enumerate(zip(kv.k_cache, want)):
+        if not torch.equal(t.index_select(0, idx), w):
+            raise RuntimeError(f"host tier ({host.layout}-first): layer {layer}'s K pages differ after demote + promote")
 
 
 # ---------------------------------------------------------------- (b) conversations

@@ -32,6 +32,7 @@ recomputes it (promotion); nothing here holds pages.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,23 @@ def page_views(kv: KVStore) -> list[Tensor]:
     return out
 
 
+def pinned_bytes(nbytes: int) -> Tensor:
+    """uint8 [nbytes] of page-locked host memory, exactly nbytes: pageable memory registered with CUDA
+    (cudaHostRegister; unregistered when the tensor is freed). PyTorch's pinned allocator
+    (`pin_memory=True`) would round the request up to a power of two (a 48 GiB tier would pin 64); it is
+    the fallback where registering fails."""
+    t = torch.empty(nbytes, dtype=torch.uint8)
+    try:
+        rt = torch.cuda.cudart()
+        err = rt.cudaHostRegister(t.data_ptr(), nbytes, 0)
+    except (AttributeError, RuntimeError):
+        err = -1
+    if int(getattr(err, "value", err)) != 0:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    weakref.finalize(t, rt.cudaHostUnregister, t.data_ptr())
+    return t
+
+
 def _runs(ids: np.ndarray) -> list[tuple[int, int, int]]:
     """(first index into ids, first id, length) of each run of consecutive ids (ids sorted)."""
     if len(ids) == 0:
@@ -92,7 +110,8 @@ class HostKV:
         cuda = self.device.type == "cuda"
         pin = cuda if pin is None else pin
         # one allocation: [num_host_pages, page_bytes] (page) or the tensors' regions back to back (layer)
-        self._flat = torch.empty(num_host_pages * self.page_bytes, dtype=torch.uint8, pin_memory=pin)
+        self._flat = pinned_bytes(num_host_pages * self.page_bytes) if pin else torch.empty(
+            num_host_pages * self.page_bytes, dtype=torch.uint8)
         self._host: list[Tensor] = []  # per layer tensor: [num_host_pages, chunk] (strided in "page")
         off = 0
         pages = self._flat.view(num_host_pages, self.page_bytes)
