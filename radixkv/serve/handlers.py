@@ -23,6 +23,7 @@ from .responses import LogprobsFormat, _event, _Shape, _sse, _stream_error, _usa
 from .routes_extra import check_request_template, render_chat
 from .streams import merge_streams
 from .structured_fields import Structured, ToolPlan, structured_request, tool_message, tool_plan
+from .tool_call_stream import StreamDelta, call_id
 from .tool_calls import template_tools_messages
 
 log = logging.getLogger("radixkv.serve")
@@ -206,14 +207,6 @@ class Handlers:
             out["prompt_token_ids"] = ids
         return JSONResponse(out)
 
-    def _tool_chunk(self, shape: "_Shape", k: int, plan: ToolPlan, text: str, out: StreamOutput) -> dict[str, Any]:
-        """A tools choice's one chunk at its end: its content and tool_calls (each with its index)."""
-        message, called = tool_message(plan, text, self.tool_call_parser)
-        delta: dict[str, Any] = {"content": message["content"]} if message["content"] else {}
-        if called:
-            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
-        return shape.chunk(k, delta, _tool_finish(plan, called, out.finish_reason), stop_reason=out.stop_reason)
-
     def _render(self, body: ChatCompletionRequest, plan: ToolPlan | None = None) -> list[int]:
         """The chat prompt's token ids (run on a worker thread; the request template already allowed)."""
         tok = self.engine.tokenizer
@@ -265,8 +258,10 @@ class Handlers:
                       echo: list[str], prompts: list[list[int]], plan: ToolPlan | None = None) -> AsyncIterator[str]:
         """SSE lines of every choice as its deltas arrive, then usage (if asked), then [DONE]. An echo
         with logprobs is sent with the first delta, which brings the prompt's logprobs. With tools (other
-        than tool_choice none) a choice's output is held and sent whole at its end, its calls as tool_calls."""
-        calls = plan is not None and plan.mode != "none"
+        than tool_choice none) each choice's text goes through its incremental tool-call parser: content
+        deltas, then tool_calls deltas in OpenAI's shape (_tool_delta)."""
+        parsers = [plan.stream(self.tool_call_parser) if plan is not None else None for _ in streams]
+        ids: list[list[str]] = [[] for _ in streams]  # each choice's call ids, by index
         items, tasks = merge_streams(streams)
         finals: dict[int, StreamOutput] = {}
         lps = [self._logformat(body) for _ in streams]
@@ -274,7 +269,10 @@ class Handlers:
         held_echo = [bool(echo[k // body.n]) and lps[k] is not None and not shape.chat for k in range(len(streams))]
         try:
             for k in range(len(streams)):
-                if shape.chat:
+                if shape.chat and parsers[k] is not None:  # the echo goes through the parser as well
+                    yield _event(shape.chunk(k, {"role": "assistant", "content": "",
+                                                 **_tool_delta([parsers[k].feed(echo[0])], ids[k])}, None))
+                elif shape.chat:
                     yield _event(shape.chunk(k, {"role": "assistant", "content": echo[0]}, None))
                 elif echo[k // body.n] and not held_echo[k]:
                     yield _event(shape.chunk(k, echo[k // body.n], None))
@@ -293,23 +291,29 @@ class Handlers:
                         continue
                 if out.finished:
                     finals[k] = out
-                if calls:  # the whole output, parsed, at its end
-                    if out.finished:
-                        yield _event(self._tool_chunk(shape, k, plan, echo[0] + out.text, out))
-                    continue
                 if lps[k] is not None:
                     lps[k].add(out)  # held until a chunk carries text (or the end)
-                if not (out.delta_text or out.finished or body.return_token_ids or self.engine.tokenizer is None):
-                    continue
-                delta: Any = {"content": out.delta_text} if shape.chat else out.delta_text
-                if shape.chat and out.finished and not out.delta_text:
-                    delta = {}
+                reason = out.finish_reason
+                parser = parsers[k]
+                if parser is not None:
+                    pieces = [parser.feed(out.delta_text)] + ([parser.finish()] if out.finished else [])
+                    delta: Any = _tool_delta(pieces, ids[k])
+                    if out.finished:  # "tool_calls" only for calls read whole and valid
+                        reason = _tool_finish(plan, parser.called and parser.complete, reason)
+                    elif not (delta or body.return_token_ids):
+                        continue
+                else:
+                    if not (out.delta_text or out.finished or body.return_token_ids or self.engine.tokenizer is None):
+                        continue
+                    delta = {"content": out.delta_text} if shape.chat else out.delta_text
+                    if shape.chat and out.finished and not out.delta_text:
+                        delta = {}
                 extra: dict[str, Any] = {"token_ids": out.delta_token_ids} if body.return_token_ids else {}
                 if lps[k] is not None:
                     extra["logprobs"] = lps[k].take()
                 if out.finished:
                     extra["stop_reason"] = out.stop_reason
-                yield _event(shape.chunk(k, delta, out.finish_reason, **extra))
+                yield _event(shape.chunk(k, delta, reason, **extra))
             if body.include_usage and finals:
                 yield _event({**shape.head(chunk=True), "choices": [],
                               "usage": _usage([finals[k] for k in sorted(finals)], body.n)})
@@ -318,6 +322,30 @@ class Handlers:
             for t in tasks:
                 t.cancel()
             await items.aclose()  # a single stream left early: its request is aborted
+
+
+def _tool_delta(pieces: list[StreamDelta], ids: list[str]) -> dict[str, Any]:
+    """A chat delta of a tool-call parser's output: its content, and its call pieces as OpenAI streams them
+    (a call's first piece with index, id, type and function.name; later ones index and function.arguments).
+    ids: the choice's call ids so far, added to as calls begin."""
+    delta: dict[str, Any] = {}
+    content = "".join(p.content for p in pieces)
+    if content:
+        delta["content"] = content
+    calls: list[dict[str, Any]] = []
+    for piece in (c for p in pieces for c in p.calls):
+        if calls and calls[-1]["index"] == piece.index:
+            calls[-1]["function"]["arguments"] += piece.arguments
+            continue
+        call: dict[str, Any] = {"index": piece.index, "function": {"arguments": piece.arguments}}
+        if piece.name is not None:
+            ids.append(call_id())
+            call.update(id=ids[piece.index], type="function")
+            call["function"] = {"name": piece.name, "arguments": piece.arguments}
+        calls.append(call)
+    if calls:
+        delta["tool_calls"] = calls
+    return delta
 
 
 def _tool_finish(plan: ToolPlan | None, called: bool, reason: str | None) -> str | None:

@@ -15,6 +15,7 @@ from typing import Any
 from radixkv.structured_outputs import StructuredOutputsParams
 
 from .api_errors import APIError
+from .tool_call_stream import STREAMS, NamedStream, RequiredStream, ToolCallStream
 from .tool_calls import PARSERS, ToolCall, check_tools, parse_required, required_schema
 
 BACKENDS = (None, "auto", "xgrammar")
@@ -83,6 +84,15 @@ class ToolPlan:
         if self.mode == "named":
             return _make("tool_choice", json=self.tools[self.name or ""])
         return None
+
+    def stream(self, parser: str) -> ToolCallStream | None:
+        """A fresh incremental parser of one choice's output, as tool_message reads it whole (None for
+        tool_choice none: plain content)."""
+        if self.mode == "none":
+            return None
+        if self.mode == "named":
+            return NamedStream(self.name or "")
+        return RequiredStream() if self.mode == "required" else STREAMS[parser]()
 
 
 def tool_plan(body: Any) -> ToolPlan | None:

@@ -104,11 +104,42 @@ def test_tool_choice_required_and_named_give_valid_calls(server) -> None:
     assert "tool_calls" not in plain["message"] and isinstance(plain["message"]["content"], str)
 
 
-def test_streamed_tool_calls_come_whole_at_the_end(server) -> None:
-    body = {"messages": MSGS, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 80,
-            "temperature": 0.7, "seed": 2, "stream": True}
-    chunks = sse_chunks(httpx.post(server.url + CHAT, json=body, timeout=60))
-    calls = [tc for ch in chunks for tc in ch["choices"][0]["delta"].get("tool_calls", [])]
-    assert len(calls) >= 1 and calls[0]["index"] == 0 and calls[0]["function"]["name"] == "get_weather"
-    assert json.loads(calls[0]["function"]["arguments"])["city"] in ("Paris", "Rome")
-    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+def _reassembled(chunks: list[dict]) -> tuple[str, list[dict], str | None]:
+    """A streamed choice put back together as OpenAI users do: (content, calls by index, finish_reason)."""
+    content, calls = "", []
+    for ch in chunks:
+        delta = ch["choices"][0]["delta"]
+        content += delta.get("content") or ""
+        for tc in delta.get("tool_calls", []):
+            if tc["index"] == len(calls):
+                assert tc["id"].startswith("call_") and tc["type"] == "function", tc
+                calls.append({"name": tc["function"]["name"], "arguments": ""})
+            calls[tc["index"]]["arguments"] += tc["function"].get("arguments", "")
+    return content, calls, chunks[-1]["choices"][0]["finish_reason"]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_streamed_tool_calls_add_up_to_the_whole_answer(server, choice) -> None:
+    body = {"messages": MSGS, "tools": [WEATHER, TIME], "tool_choice": choice, "max_tokens": 80,
+            "temperature": 0.7, "seed": 2}
+    whole = httpx.post(server.url + CHAT, json=body, timeout=60).json()["choices"][0]
+    chunks = sse_chunks(httpx.post(server.url + CHAT, json={**body, "stream": True}, timeout=60))
+    content, calls, finish = _reassembled(chunks)
+    assert finish == whole["finish_reason"] == ("tool_calls" if choice == "required" else "stop")
+    assert content == "" and whole["message"]["content"] is None
+    assert calls == [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                     for c in whole["message"]["tool_calls"]]
+    pieces = [tc for ch in chunks for tc in ch["choices"][0]["delta"].get("tool_calls", [])]
+    assert len(pieces) > len(calls), "the arguments come in fragments"
+
+
+def test_a_call_cut_short_is_never_claimed_complete(server) -> None:
+    """30 characters (the tiny model's tokens) reach past the name, not to the end of the arguments."""
+    body = {"messages": MSGS, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 30, "temperature": 0}
+    whole = httpx.post(server.url + CHAT, json=body, timeout=60).json()["choices"][0]
+    assert whole["finish_reason"] == "length" and "tool_calls" not in whole["message"]  # all of it content
+    content, calls, finish = _reassembled(sse_chunks(httpx.post(server.url + CHAT, json={**body, "stream": True},
+                                                                timeout=60)))
+    assert finish == "length" and content == "" and [c["name"] for c in calls] == ["get_weather"]
+    assert whole["message"]["content"].endswith(calls[0]["arguments"])  # what came of it before the cut
