@@ -15,7 +15,8 @@ from typing import Any
 from radixkv.structured_outputs import StructuredOutputsParams
 
 from .api_errors import APIError
-from .tool_call_stream import STREAMS, NamedStream, RequiredStream, ToolCallStream
+from .tool_call_formats import STREAMS, NamedStream, RequiredStream
+from .tool_call_stream import ToolCallStream
 from .tool_calls import PARSERS, ToolCall, check_tools, parse_required, required_schema
 
 BACKENDS = (None, "auto", "xgrammar")

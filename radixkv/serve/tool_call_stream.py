@@ -1,19 +1,14 @@
-"""Tool calls read from a model's output as it streams: incremental parsers, independent of HTTP.
+"""Tool calls read from a model's output as it streams: the incremental parser's interface, independent of HTTP.
 
-A parser is fed the output's text deltas (`feed`) and told when it ends (`finish`); each call answers a
-StreamDelta: the content to send and the tool-call pieces, in OpenAI's streamed shape (a call's first piece
-carries its `index` and `name`, later ones fragments of its `arguments` text; the fragments of one index
-concatenate to its final arguments). The non-streamed parse is the same parser fed the whole text at once
-(`parse_whole`), so a stream and a whole answer agree by construction, for every chunking.
+A parser (one per format: tool_call_formats.py) is fed the output's text deltas (`feed`) and told when it ends
+(`finish`); each call answers a StreamDelta: the content to send and the tool-call pieces, in OpenAI's streamed
+shape (a call's first piece carries its `index` and `name`, later ones fragments of its `arguments` text; the
+fragments of one index concatenate to its final arguments). The non-streamed parse is the same parser fed the
+whole text at once (`parse_whole`), so a stream and a whole answer agree by construction, for every chunking.
 
-Formats (tool_calls.py names them): "hermes" (`<tool_call>{"name", "arguments"}</tool_call>` blocks amid
-text), "llama3_json" (the whole output is calls: `{"name", "parameters"}` objects, optionally after
-`<|python_tag|>`, joined by ";"), "required" (a JSON array of {"name", "parameters"}), "named" (the output
-is the arguments of one known function).
-
-Rules:
+Rules, for every format:
 - A call's arguments are the text of its first "arguments" / "parameters" member as the model wrote it
-  (a string value: the string), "{}" when it has none; its name is sent once its "name" string closes.
+  (a string value: the string), "{}" when it has none; its name is sent at the character that closes it.
 - Markup (tags, brackets, separators) never reaches content; a possible tag prefix is held back until it is
   told apart. Whitespace right before a call, and trailing whitespace when there are calls, is dropped;
   an output without calls is content exactly as written.
@@ -30,7 +25,7 @@ from typing import Any
 
 from .json_scan import JsonScanError, ObjectScanner
 
-_WS = " \t\n\r"
+WHITESPACE = " \t\n\r"
 ARGUMENT_KEYS = ("arguments", "parameters")
 
 
@@ -175,7 +170,7 @@ class ToolCallStream:
 
     def _say(self, text: str) -> None:
         """Content, its trailing whitespace held back."""
-        body = text.rstrip(_WS)
+        body = text.rstrip(WHITESPACE)
         if body:
             said = self._ws + body
             self._out.append(said)
@@ -183,6 +178,11 @@ class ToolCallStream:
             self._ws = text[len(body):]
         else:
             self._ws += text
+
+    def _start_call(self, c: str) -> None:
+        """A call object begins with c ("{")."""
+        self._reader = _CallReader()
+        self._push_call(c)
 
     def _push_call(self, c: str) -> bool:
         """c into the call being read; False (the reader dropped) when it makes the call invalid."""
@@ -234,197 +234,6 @@ class ToolCallStream:
     def result(self) -> Parsed:
         """The whole parse so far: what the deltas handed out add up to."""
         return Parsed(self.content or None, [ToolCall(n, a) for n, a in self.calls])
-
-
-class HermesStream(ToolCallStream):
-    """`<tool_call>{...}</tool_call>` blocks amid content."""
-
-    OPEN, CLOSE = "<tool_call>", "</tool_call>"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._state = "text"  # text -> open -> call -> close -> text; skip: a broken call's block
-        self._held = ""  # text: a possible prefix of OPEN; open/call: the markup read, for a revert; close/skip: of CLOSE
-
-    def _char(self, c: str) -> None:
-        if self._state == "text":
-            if self.OPEN.startswith(self._held + c):  # "<" stands only first in the tags: no overlaps
-                self._held += c
-                if self._held == self.OPEN:
-                    self._state = "open"
-            else:
-                self._say(self._held + c if c != "<" else self._held)
-                self._held = "<" if c == "<" else ""
-        elif self._state == "open":
-            if c == "{":
-                self._reader, self._state = _CallReader(), "call"
-                self._push_call(c)
-            elif c in _WS:
-                self._held += c
-            else:
-                self._revert(self._held, c)
-        elif self._state == "call":
-            reader = self._reader
-            assert reader is not None
-            if not self._push_call(c):  # sent already: the call is broken, the rest of its block dropped
-                if reader.announced:
-                    self._state, self._held = "skip", ""
-                    self._char(c)
-                else:  # its text is content
-                    self._revert(self._held + reader.scan.text[:-1], c)
-            elif self._reader is None:
-                self._state, self._held = "close", ""
-        elif self._state == "close":
-            if not self._held and c in _WS:
-                return
-            self._held += c
-            if self._held == self.CLOSE:
-                self._state, self._held = "text", ""
-            elif not self.CLOSE.startswith(self._held):
-                self.broken = True
-                self._state, self._held = "skip", ""
-                self._char(c)
-        elif self._state == "skip":  # a broken call's block, up to its closing tag
-            self._held = self._held + c if self.CLOSE.startswith(self._held + c) else "<" if c == "<" else ""
-            if self._held == self.CLOSE:
-                self._state, self._held = "text", ""
-
-    def _revert(self, markup: str, c: str) -> None:
-        """The block is not a call: its text so far is content; c is read again as text."""
-        self._state, self._held = "text", ""
-        self._say(markup)
-        self._char(c)
-
-    def _end(self) -> None:
-        if self._state == "text":
-            self._say(self._held)  # a tag's beginning that the output never finished
-        elif self._state in ("open", "call"):
-            self._end_reader()
-            self.cut = True  # cut off inside a call's markup: none of it is content
-        self._held = ""
-
-
-class _WholeCalls(ToolCallStream):
-    """Formats whose whole output is calls: any invalid text before a call was sent makes all of it content."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._state = "start"
-        self._raw = ""  # everything read while nothing was sent, for a revert
-
-    def _char(self, c: str) -> None:
-        if self._state == "content":
-            self._say(c)
-            return
-        if self._state == "dead":
-            return
-        if not self.calls:
-            self._raw += c
-        if self._state == "call":
-            if not self._push_call(c):
-                self._fail()
-            elif self._reader is None:
-                self._state = self._after_call()
-            return
-        self._frame(c)
-
-    def _frame(self, c: str) -> None:
-        """c outside any call (the format's brackets and separators)."""
-        raise NotImplementedError
-
-    def _begin_call(self) -> None:
-        self._reader, self._state = _CallReader(), "call"
-        self._push_call("{")
-
-    def _after_call(self) -> str:
-        raise NotImplementedError
-
-    def _fail(self) -> None:
-        self._reader = None
-        if self.calls:
-            self.broken, self._state = True, "dead"
-        else:
-            self._state = "content"
-            self._say(self._raw)
-
-    def _end(self) -> None:
-        if self._state == "call":
-            self._end_reader()
-        elif self._state == "start":  # nothing but whitespace, or a tag or its beginning: content
-            self._say(self._raw)
-        elif self._state not in ("content", "dead") and not self._finished_frame():
-            self.cut = True
-
-    def _finished_frame(self) -> bool:
-        """Whether the output may end where it stands (between calls, or after the closing bracket)."""
-        raise NotImplementedError
-
-
-class Llama3JsonStream(_WholeCalls):
-    """`{"name", "parameters"}` objects, optionally after `<|python_tag|>`, joined by ";"."""
-
-    TAG = "<|python_tag|>"
-
-    def _frame(self, c: str) -> None:
-        if self._state == "start":
-            lead = self._raw.lstrip(_WS)
-            body = lead[len(self.TAG):].lstrip(_WS) if lead.startswith(self.TAG) else lead
-            if body == "{":
-                self._begin_call()
-            elif body and not (self.TAG.startswith(lead) and not lead.startswith(self.TAG)):
-                self._fail()
-        elif c == "{":
-            self._begin_call()
-        elif c not in _WS and c != ";":
-            self._fail()
-
-    def _after_call(self) -> str:
-        return "between"
-
-    def _finished_frame(self) -> bool:
-        return self._state == "between"
-
-
-class RequiredStream(_WholeCalls):
-    """tool_choice "required": a JSON array of {"name", "parameters"} objects."""
-
-    def _frame(self, c: str) -> None:
-        if c in _WS:
-            return
-        state = self._state
-        if state == "start" and c == "[" or state == "after" and c == ",":
-            self._state = "item"
-        elif state == "item" and c == "{":
-            self._begin_call()
-        elif state == "after" and c == "]":
-            self._state = "done"
-        else:
-            self._fail()
-
-    def _after_call(self) -> str:
-        return "after"
-
-    def _finished_frame(self) -> bool:
-        return self._state == "done"
-
-
-class NamedStream(ToolCallStream):
-    """tool_choice naming a function: the whole output is that function's arguments."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        self._name = name
-
-    def feed(self, text: str) -> StreamDelta:
-        self._piece(None if self.calls else self._name, text)
-        return self._take()
-
-    def _end(self) -> None:
-        if not self.calls:
-            self._piece(self._name, "")
-
-
-STREAMS = {"hermes": HermesStream, "llama3_json": Llama3JsonStream}
 
 
 def parse_whole(stream: ToolCallStream, text: str) -> tuple[Parsed, bool]:

@@ -22,8 +22,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from .tool_call_stream import (HermesStream, Llama3JsonStream, Parsed, RequiredStream, ToolCall, ToolCallStream,
-                               parse_whole)
+from .tool_call_formats import HermesStream, Llama3JsonStream, RequiredStream
+from .tool_call_stream import Parsed, ToolCall, ToolCallStream, parse_whole
 
 __all__ = ["PARSERS", "Parsed", "ToolCall", "check_tools", "parse_hermes", "parse_llama3_json", "parse_required",
            "required_schema", "template_tools_messages"]

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from radixkv.serve.json_scan import JsonScanError, ObjectScanner
-from radixkv.serve.tool_call_stream import (HermesStream, Llama3JsonStream, NamedStream, RequiredStream,
-                                            ToolCallStream)
+from radixkv.serve.tool_call_formats import HermesStream, Llama3JsonStream, NamedStream, RequiredStream
+from radixkv.serve.tool_call_stream import ToolCallStream
 from radixkv.serve.tool_calls import parse_hermes, parse_llama3_json, parse_required
 
 MARKUP = ("<tool_call>", "</tool_call>", "<|python_tag|>")
