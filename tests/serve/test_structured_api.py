@@ -143,3 +143,24 @@ def test_a_call_cut_short_is_never_claimed_complete(server) -> None:
                                                                 timeout=60)))
     assert finish == "length" and content == "" and [c["name"] for c in calls] == ["get_weather"]
     assert whole["message"]["content"].endswith(calls[0]["arguments"])  # what came of it before the cut
+
+
+HERMES_OUT = ('Let me see. <tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>\n'
+              '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
+
+
+def test_auto_hermes_calls_stream_with_no_markup_in_content(server) -> None:
+    """tool_choice auto, parsed by the hermes parser: a regex makes the tiny model write two calls after some
+    text, one character a token, so every tag arrives split across chunks."""
+    literal = re.sub(r'([\\^$.|?*+()\[\]{}])', r"\\\1", HERMES_OUT)
+    body = {"messages": MSGS, "tools": [WEATHER, TIME], "max_tokens": 200, "guided_regex": literal}
+    whole = _post(server, CHAT, **body)
+    assert whole["message"]["content"] == "Let me see." and whole["finish_reason"] == "tool_calls"
+    chunks = sse_chunks(httpx.post(server.url + CHAT, json={**body, "messages": MSGS, "stream": True}, timeout=60))
+    content, calls, finish = _reassembled(chunks)
+    assert (content, finish) == ("Let me see.", "tool_calls")
+    assert calls == [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                     for c in whole["message"]["tool_calls"]]
+    assert [c["name"] for c in calls] == ["get_weather", "get_time"]
+    contents = [ch["choices"][0]["delta"].get("content") or "" for ch in chunks]
+    assert sum(bool(c) for c in contents) > 3 and not any("<" in c or ">" in c for c in contents)
