@@ -20,6 +20,18 @@ class HermesStream(ToolCallStream):
         self._state = "text"  # text -> open -> call -> close -> text; skip: a broken call's block
         self._held = ""  # text: a possible prefix of OPEN; open/call: the markup read, for a revert; close/skip: of CLOSE
 
+    def _read(self, text: str) -> None:
+        i = 0
+        while i < len(text):
+            if self._state == "text" and not self._held:  # plain content up to the next "<" in one piece
+                j = text.find("<", i)
+                self._say(text[i:] if j < 0 else text[i:j])
+                if j < 0:
+                    return
+                i = j
+            self._char(text[i])
+            i += 1
+
     def _char(self, c: str) -> None:
         if self._state == "text":
             if self.OPEN.startswith(self._held + c):  # "<" stands only first in the tags: no overlaps

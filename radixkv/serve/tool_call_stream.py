@@ -124,7 +124,7 @@ class ToolCallStream:
     whether the output held calls and whether every call it began was read whole and valid."""
 
     def __init__(self) -> None:
-        self.content = ""  # all the content handed out
+        self._said: list[str] = []  # all the content handed out
         self.calls: list[list[str]] = []  # [name, arguments so far] of every call handed out
         self.broken = False  # a call whose name was sent turned invalid
         self.cut = False  # the output ended inside a call
@@ -145,8 +145,7 @@ class ToolCallStream:
     def feed(self, text: str) -> StreamDelta:
         if self._finished:
             raise RuntimeError("feed after finish")
-        for c in text:
-            self._char(c)
+        self._read(text)
         self._progress()
         return self._take()
 
@@ -157,11 +156,15 @@ class ToolCallStream:
             self._end()
             if not (self.calls or self.cut):  # else the whitespace was before a call, or trailing
                 self._out.append(self._ws)
-                self.content += self._ws
+                self._said.append(self._ws)
             self._ws = ""
         return self._take()
 
     # ---- for the formats -----------------------------------------------------------------------
+    def _read(self, text: str) -> None:
+        for c in text:
+            self._char(c)
+
     def _char(self, c: str) -> None:
         raise NotImplementedError
 
@@ -174,7 +177,7 @@ class ToolCallStream:
         if body:
             said = self._ws + body
             self._out.append(said)
-            self.content += said
+            self._said.append(said)
             self._ws = text[len(body):]
         else:
             self._ws += text
@@ -233,7 +236,7 @@ class ToolCallStream:
 
     def result(self) -> Parsed:
         """The whole parse so far: what the deltas handed out add up to."""
-        return Parsed(self.content or None, [ToolCall(n, a) for n, a in self.calls])
+        return Parsed("".join(self._said) or None, [ToolCall(n, a) for n, a in self.calls])
 
 
 def parse_whole(stream: ToolCallStream, text: str) -> tuple[Parsed, bool]:
