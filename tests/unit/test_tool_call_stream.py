@@ -7,6 +7,8 @@ import random
 from collections.abc import Callable, Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radixkv.serve.json_scan import JsonScanError, ObjectScanner
 from radixkv.serve.tool_call_formats import HermesStream, Llama3JsonStream, NamedStream, RequiredStream
@@ -168,3 +170,24 @@ def test_the_scanner_knows_each_members_span() -> None:
     spans = {m.key: text[m.start:m.end] for m in scan.members}
     assert spans == {"a": "1.5e2", "b": '{"c": [1, "}"]}', "d": '"x\\"y"', "e": "null"}
     assert {k: json.loads(v) for k, v in spans.items()} == json.loads(text)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                    | st.text(max_size=8), lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(args=st.dictionaries(st.text(max_size=6), JSON, max_size=4), before=st.text(max_size=10),
+       indent=st.sampled_from([None, 1]), cuts=st.lists(st.integers(1, 400), max_size=8))
+def test_any_arguments_any_cuts_stream_what_json_reads(args, before, indent, cuts) -> None:
+    """Random arguments (escapes, unicode, numbers, nesting), written compact or indented after random text,
+    cut anywhere: the streamed arguments are the text written, which json reads back as the arguments."""
+    written = json.dumps(args, indent=indent, ensure_ascii=indent is None)
+    text = f'{before}<tool_call>{{"name": "f", "arguments": {written}}}</tool_call>'
+    bounds = sorted({c for c in cuts if c < len(text)})
+    chunks = [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)])]
+    content, calls, complete = stream(HermesStream, chunks)
+    whole = parse_hermes(text)
+    assert complete and calls == [("f", written)] and json.loads(calls[0][1]) == args
+    assert (content or None) == whole.content and [(c.name, c.arguments) for c in whole.calls] == calls
