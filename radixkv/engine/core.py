@@ -14,8 +14,10 @@ same rows is scheduled ahead and queued behind it, its input ids taken from thos
 So the host's work between steps (reading tokens, update, the front end's output processing,
 scheduling and planning the step after) runs while the GPU computes, and step() returns with the next
 step in flight. Rows that finished meanwhile are dropped from the step ahead; a step that cannot be
-planned ahead (admissions, prefill chunks, penalties, min_tokens, bad words of several tokens, logprobs,
-pages short) runs after the update, as without async scheduling.
+planned ahead (admissions, prefill chunks, logprobs, pages short) runs after the update, as without async
+scheduling. Rows whose sampler reads their latest token on the host (grammars, penalties, min_tokens, bad
+words of several tokens) run ahead in two halves: the forward is queued ahead, the sampler once the update
+has applied the tokens (and advanced the grammars), so the forward still overlaps the host's update.
 
 Failure: a step is failure-atomic. If anything raises before its tokens are applied, the batch goes
 back to the scheduler as if it never ran and the next step recomputes the same work. An Exception
@@ -46,7 +48,7 @@ from radixkv.scheduler import Scheduler
 
 from .grammar import Grammars
 from .host_kv import HostKV, build_host_kv
-from .runner import Launched, ModelRunner
+from .runner import Forwarded, Launched, ModelRunner
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,8 @@ class EngineCore:
         self.num_steps = 0
         self.mixed_steps = 0
         self.steps_ahead = 0  # steps that were scheduled ahead (for tests and benchmarks)
-        self._ahead: Launched | None = None  # the step queued behind the last one returned (async scheduling)
+        # the step queued behind the last one returned (async scheduling): sampled by the time step() returns
+        self._ahead: Launched | Forwarded | None = None
         self._sent: dict[int, int] = {}  # rid -> output tokens already reported, for live requests
         self._prompt_lps: dict[int, list[LogprobsBlock]] = {}  # rid -> its prompt's scores so far, until sent
         # structured outputs: the compiled grammars and matchers (set by the front end that built this core:
@@ -238,7 +241,10 @@ class EngineCore:
                 nxt = self.scheduler.schedule_ahead(self.now())
                 if nxt is not None:
                     self._fence()
-                    self._ahead = self.runner.launch(nxt, launched)
+                    # rows that read their latest token (grammars, penalties): the forward now, the sampler
+                    # once this step's tokens are applied (_sample_ahead)
+                    reads = any(r.sampling.params.reads_output for r in nxt.requests)
+                    self._ahead = self.runner.forward(nxt, launched) if reads else self.runner.launch(nxt, launched)
                     self.steps_ahead += 1
             tokens = self.runner.collect(launched)  # the step's one wait on the device
             stage = "update"
@@ -257,6 +263,7 @@ class EngineCore:
             raise
         self.num_steps += 1
         self.mixed_steps += not batch.is_decode_only
+        self._sample_ahead()
         deltas = self._deltas(launched, before)
         self._ran = {e.req.rid for e in self.scheduler.running}
         self._drop_finished_ahead()
@@ -330,17 +337,31 @@ class EngineCore:
             self.scheduler.abandon(self._ahead.batch)  # nothing left to read from it
             self._ahead = None
 
+    def _sample_ahead(self) -> None:
+        """The step ahead was forwarded only (rows that read their latest token): queue its sampler now that
+        this step's tokens are applied and the grammars advanced. If that fails, the step ahead is dropped
+        (the next step schedules the same work afresh, where a failure is reported with its suspects)."""
+        fw = self._ahead
+        if not isinstance(fw, Forwarded):
+            return
+        try:
+            self._ahead = self.runner.sample(fw, self._grammar_mask(fw.batch))
+        except Exception:
+            self._ahead = None
+            self.scheduler.abandon(fw.batch)
+
     def _may_run_ahead(self, launched: Launched) -> bool:
         """Whether the step after `launched` may be scheduled before its tokens are read: every row
-        samples, and none needs its own latest token on the host to sample the next
-        (SamplingParams.reads_output: penalties, min_tokens, bad words of several tokens) or asks for
-        logprobs (read when the step is launched)."""
+        samples and none asks for logprobs (read when the step is launched). Rows whose sampler reads
+        their latest token on the host (SamplingParams.reads_output: grammars, penalties, min_tokens, bad
+        words of several tokens) run ahead too: their forward is queued ahead, their sampler after the
+        update (_sample_ahead)."""
         batch = launched.batch
         if not all(batch.sample):
             return False
         for r in batch.requests:
             p = r.sampling.params if r.sampling is not None else None
-            if p is None or p.reads_output or p.logprobs is not None:
+            if p is None or p.logprobs is not None:
                 return False
         return True
 

@@ -50,6 +50,14 @@ class Launched(NamedTuple):
     prompt_logprobs: dict[int, tuple[int, LogprobsBlock]]
 
 
+class Forwarded(NamedTuple):
+    """A step whose forward pass is queued and whose sampler is not (ModelRunner.forward, then .sample)."""
+
+    batch: Batch
+    logits: Tensor  # [S, V] float32, the sampling rows' (a CUDA graph's output: sample before the next forward)
+    prompt_logprobs: dict[int, tuple[int, LogprobsBlock]]  # as Launched's
+
+
 class PromptScoring(NamedTuple):
     """The prompt positions a step scores (SamplingParams.prompt_logprobs): the logits at position i
     give the log-probability of prompt token i + 1, so a row's positions stop before its prompt's last."""
@@ -216,19 +224,33 @@ class ModelRunner:
         of the tokens to the host; read the logprobs of the rows that asked for them. prev: the step
         `batch` was scheduled ahead of (its tokens are batch's inputs). grammar_mask: the structured-output
         mask of the sampling rows (EngineCore's, Grammars.bitmask). Changes no request."""
-        dev = self.device
-        rows = [b for b, s in enumerate(batch.sample) if s]
+        return self.sample(self.forward(batch, prev), grammar_mask)
+
+    def forward(self, batch: Batch, prev: Launched | None = None) -> Forwarded:
+        """Queue `batch`'s forward pass only (launch's first half): `sample` queues its sampler later, once
+        the host knows what the sampler reads (a step scheduled ahead of rows that read their latest tokens:
+        EngineCore). prev as for launch."""
         ids = None
         if batch.follows is not None:
             # every row of prev samples (EngineCore runs ahead only then), so follows indexes prev.drawn
             ids = (prev.drawn if batch.follows == prev.rows
-                   else prev.drawn.index_select(0, host_to_device(batch.follows, torch.int64, dev)))
+                   else prev.drawn.index_select(0, host_to_device(batch.follows, torch.int64, self.device)))
         scoring = PromptScoring.of(batch)
         prompt_lps: dict[int, tuple[int, LogprobsBlock]] = {}
         if scoring is None:
-            raw = logits = self.forward_logits(batch, input_ids=ids)
+            logits = self.forward_logits(batch, input_ids=ids)
         else:
-            raw = logits = self._forward_scoring(batch, scoring, prompt_lps)
+            logits = self._forward_scoring(batch, scoring, prompt_lps)
+        return Forwarded(batch, logits, prompt_lps)
+
+    def sample(self, fw: Forwarded, grammar_mask: tuple[Tensor, list[int]] | None = None) -> Launched:
+        """Queue the sampler of a forwarded step (launch's second half) over its requests as they are now
+        (penalties read each row's output, the grammar mask its matcher's state). Use before the next
+        step's forward (a CUDA graph's logits live until then). Changes no request."""
+        batch, dev = fw.batch, self.device
+        rows = [b for b, s in enumerate(batch.sample) if s]
+        raw = logits = fw.logits
+        prompt_lps = fw.prompt_logprobs
         reqs = [batch.requests[b] for b in rows]
         params = [r.sampling.params for r in reqs]
         if any(p.penalized or p.min_tokens for p in params):

@@ -69,6 +69,27 @@ def test_logits_controls_that_read_no_output_keep_the_overlap() -> None:
     assert all(p.reads_output for p in waiting)
 
 
+def test_rows_that_read_their_output_run_ahead_in_two_halves() -> None:
+    """Penalties, min_tokens and bad words of several tokens read each row's latest token on the host: the
+    step ahead queues their forward, and their sampler once the update has applied the tokens. Outputs equal
+    the synchronous loop's; the decode steps still run ahead."""
+    prompts = _prompts(4, seed=10)
+    greedy = [o.token_ids for o in _llm(False).generate(prompts, SamplingParams(temperature=0.0, max_tokens=12,
+                                                                                 ignore_eos=True))]
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, presence_penalty=1.5,
+                             frequency_penalty=0.5),
+              SamplingParams(temperature=0.0, max_tokens=12, min_tokens=6, stop_token_ids=[greedy[1][2]]),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, bad_words_token_ids=[greedy[2][3:5]]),
+              SamplingParams(temperature=0.9, seed=4, max_tokens=12, ignore_eos=True, repetition_penalty=1.3)]
+    assert all(p.reads_output for p in params)
+    want = _outputs(_llm(False).generate(prompts, params))
+    llm = _llm(True)
+    assert _outputs(llm.generate(prompts, params)) == want
+    assert llm.core.steps_ahead >= 8, llm.core.steps_ahead
+    assert len(want[1][0][0]) >= 6  # min_tokens held the stop token back
+    _whole(llm)
+
+
 def test_stop_strings_end_rows_of_the_step_ahead_without_harm() -> None:
     class Tok:  # one "word" a token: stop strings are token ids in angle brackets
         def decode(self, ids, skip_special_tokens=True):

@@ -132,6 +132,19 @@ def test_constraints_hold_across_n_seeds_and_preemption(smol: LLM) -> None:
     assert not small.core._constrained and small.core.pool.num_free + small.core.cache.num_cached_pages == 8
 
 
+def test_async_scheduling_runs_constrained_rows_ahead_with_the_same_outputs(smol: LLM) -> None:
+    """With async scheduling (CUDA's default) a constrained row's forward runs ahead and its mask is filled
+    once the previous token is applied: outputs equal the synchronous loop's, the steps still run ahead."""
+    prompts = [f"Reply with JSON matching this schema: {json.dumps(s)}\n" for s in SCHEMAS[:6]] + ["Hello"]
+    params = [SamplingParams(temperature=0.0, max_tokens=40, structured_outputs={"json": s}) for s in SCHEMAS[:6]]
+    params += [SamplingParams(temperature=0.8, seed=1, max_tokens=12, ignore_eos=True)]  # unconstrained beside them
+    want = [o.token_ids for o in smol.generate(prompts, params)]
+    ahead = LLM(smol.hf_config._name_or_path, dtype="float32", device="cpu", num_pages=512, async_scheduling=True)
+    assert [o.token_ids for o in ahead.generate(prompts, params)] == want
+    assert ahead.core.steps_ahead >= 8, ahead.core.steps_ahead
+    assert not ahead.core._constrained
+
+
 def test_bad_specs_are_refused_by_name(smol: LLM) -> None:
     for so, field in [({"json": '{"type": "object", "properties": 5}'}, "structured_outputs.json"),
                       ({"regex": "(unclosed"}, "structured_outputs.regex"),
