@@ -1,0 +1,142 @@
+"""Where an offline workload's wall time goes, step by step: few-shot GSM8K (issue 31's 10x target) through
+`LLM.generate`, per engine config.
+
+    python benchmarks/engine/profile_offline.py --gsm8k .devshare/gsm8k                     # H200
+    python benchmarks/engine/profile_offline.py --smoke                                     # CPU: checks the script
+    ... --configs default max_num_batched_tokens=8192 --profile-steps 4
+
+Llama-3-8B shape, random bf16 weights (`load_format="dummy"`), the few-shot prompts of bench_e2e_gpu.py
+(512 questions over 4 8-shot example sets, 64 new tokens, greedy, all sent at once). For each config (`default`
+or comma-separated LLM keywords): the run's wall time and output tok/s, then its steps by kind (mixed or
+decode-only) with their count, seconds and mean ms; with --profile-steps N, torch.profiler's top kernels
+over N mixed steps from the middle of the prefill and N decode-only steps after it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "serve"))
+from gpu_engine_check import llama3_8b_config  # noqa: E402
+from sharegpt_offline import config_kwargs  # noqa: E402
+
+from radixkv import LLM, SamplingParams  # noqa: E402
+from radixkv.engine.bench import few_shot_prompts  # noqa: E402
+
+
+def top_kernels(prof: Any, steps: int, n: int = 10) -> list[str]:
+    rows = sorted((e for e in prof.key_averages() if e.device_time_total > 0),
+                  key=lambda e: e.device_time_total, reverse=True)[:n]
+    total = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0)
+    out = [f"      device {total / 1e3 / steps:8.2f} ms/step in all"]
+    for e in rows:
+        out.append(f"      {e.device_time_total / 1e3 / steps:8.3f} ms/step x {e.count / steps:6.1f}  {e.key[:80]}")
+    return out
+
+
+class StepClock:
+    """Times every core.step(); profiles N mixed steps from the middle of the prefill and N decode steps."""
+
+    def __init__(self, llm: LLM, profile_steps: int, cuda: bool) -> None:
+        self.core, self.n, self.cuda = llm.core, profile_steps, cuda
+        self.log: list[tuple[bool, int, float]] = []  # (mixed, running rows, seconds)
+        self.tables: dict[str, list[str]] = {}
+        self._step = llm.core.step
+        llm.core.step = self._timed
+
+    def _profiled(self, kind: str) -> bool:
+        return self.n > 0 and kind not in self.tables and (
+            (kind == "mixed" and sum(m for m, *_ in self.log) >= 10) or
+            (kind == "decode" and len(self.log) > 20 and not self.log[-1][0] and not self.log[-2][0]))
+
+    def _timed(self) -> Any:
+        kind = "mixed" if self.log and self.log[-1][0] else "decode"
+        if self.cuda and self._profiled(kind):
+            from torch.profiler import ProfilerActivity, profile
+
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                out = [self._one() for _ in range(self.n)][-1]
+                torch.cuda.synchronize()
+            self.tables[kind] = top_kernels(prof, self.n)
+            return out
+        return self._one()
+
+    def _one(self) -> Any:
+        mixed, t = self.core.mixed_steps, time.perf_counter()
+        out = self._step()
+        self.log.append((self.core.mixed_steps > mixed, len(self.core.scheduler.running), time.perf_counter() - t))
+        return out
+
+    def summary(self) -> list[str]:
+        out = [f"    {'kind':>7} {'steps':>6} {'seconds':>8} {'ms/step':>8} {'mean rows':>9}"]
+        for name, flag in (("mixed", True), ("decode", False)):
+            sel = [(n, s) for m, n, s in self.log if m == flag]
+            if sel:
+                secs = sum(s for _, s in sel)
+                out.append(f"    {name:>7} {len(sel):>6} {secs:>8.2f} {secs / len(sel) * 1e3:>8.2f} "
+                           f"{sum(n for n, _ in sel) / len(sel):>9.1f}")
+        for kind, table in self.tables.items():
+            out += [f"    top kernels, {self.n} {kind} steps (profiled: not in the times above' accuracy)"] + table
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--configs", nargs="+", default=["default"])
+    ap.add_argument("--gsm8k", default=None)
+    ap.add_argument("--profile-steps", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    folder = Path(tempfile.mkdtemp(prefix="rkv-profile-offline-"))
+    cfg = llama3_8b_config(a.smoke)
+    (folder / "config.json").write_text(json.dumps(cfg.to_dict()))
+    prompts = few_shot_prompts(cfg.vocab_size, 2 if a.smoke else 8, 4 if a.smoke else 128, 8 if a.smoke else 64,
+                               a.gsm8k, templates=4)
+    new = 8 if a.smoke else 64
+    params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
+    rows = []
+    for config in a.configs:
+        kw = config_kwargs(config) | ({} if cuda else {"device": "cpu", "dtype": "float32", "num_pages": 2048})
+        llm = LLM(str(folder), load_format="dummy", **kw)
+        llm.generate([p[:64] for p in prompts[:8]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+        llm.reset_prefix_cache()
+        clock = StepClock(llm, a.profile_steps, cuda)
+        if cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+        n_out = sum(len(o.token_ids) for o in outs)
+        row = {"config": config, "requests": len(prompts), "wall_s": round(wall, 3),
+               "output_tok_s": round(n_out / wall, 1), "steps": len(clock.log),
+               "max_num_seqs": llm.config.scheduler.max_running,
+               "max_batch_tokens": llm.config.scheduler.max_batch_tokens}
+        rows.append(row)
+        print(f"  {config}: {json.dumps(row)}", flush=True)
+        print("\n".join(clock.summary()), flush=True)
+        del llm, outs
+        if cuda:
+            torch.cuda.empty_cache()
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    print(f"\n{'config':>32} {'wall s':>7} {'out tok/s':>10} {'steps':>6} {'seqs':>5} {'budget':>6}")
+    for r in rows:
+        print(f"{r['config']:>32} {r['wall_s']:>7.2f} {r['output_tok_s']:>10.1f} {r['steps']:>6} "
+              f"{r['max_num_seqs']:>5} {r['max_batch_tokens']:>6}")
+
+
+if __name__ == "__main__":
+    main()
