@@ -44,6 +44,7 @@ from radixkv.config import EngineConfig
 from radixkv.plan_host import check_pinnable, host_pages
 
 from .kv_store import KVStore
+from .kv_window import KVWindow
 
 if TYPE_CHECKING:
     from .runner import ModelRunner
@@ -97,12 +98,14 @@ class HostKV:
     """Pinned host pages for a KVStore (see the module docstring); the tree's HostMover."""
 
     def __init__(self, kv: KVStore, num_host_pages: int, layout: str = "page", *, delay_copies: bool = False,
-                 pin: bool | None = None) -> None:
+                 pin: bool | None = None, window: KVWindow | None = None) -> None:
+        """window: the runner's recent-token window over `kv`, if any: a promotion unmaps the pages it writes
+        (KVWindow.forget), whose full-precision shadows would otherwise be of their old content."""
         if layout not in LAYOUTS:
             raise ValueError(f"host tier layout must be one of {LAYOUTS}, got {layout!r}")
         if isinstance(num_host_pages, bool) or not isinstance(num_host_pages, int) or num_host_pages < 1:
             raise ValueError(f"host tier: num_host_pages must be an int >= 1, got {num_host_pages!r}")
-        self.kv, self.layout, self.num_pages = kv, layout, num_host_pages
+        self.kv, self.layout, self.num_pages, self.window = kv, layout, num_host_pages, window
         self.device = kv.device
         self._views = page_views(kv)
         self._chunks = [v.shape[1] for v in self._views]
@@ -151,6 +154,8 @@ class HostKV:
     def promote(self, host_pages: np.ndarray, gpu_pages: np.ndarray) -> None:
         """Queue the copy of host pages host_pages[i] to GPU pages gpu_pages[i]."""
         g, h = self._pairs(gpu_pages, host_pages)
+        if self.window is not None:
+            self.window.forget(g.tolist())  # (on the compute stream: before any later step maps them again)
         self._submit(lambda: self._transfer(g, h, to_host=False), g)
         self.pages_h2d += len(g)
         self.bytes_h2d += len(g) * self.page_bytes
@@ -259,7 +264,7 @@ def build_host_kv(runner: ModelRunner, cfg: EngineConfig) -> HostKV | None:
     if n < 1:
         raise ValueError(f"{what} holds no KV page (one page is {page_bytes} bytes)")
     check_pinnable(b if r is None else n * page_bytes, what)
-    return HostKV(runner.kv, n)
+    return HostKV(runner.kv, n, window=runner.attention.window)
 
 
 __all__ = ["HostKV", "LAYOUTS", "build_host_kv", "page_views"]

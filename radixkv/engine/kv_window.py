@@ -111,6 +111,17 @@ class KVWindow:
         if fills:
             self._fill(fills)
 
+    def forget(self, pages: list[int]) -> None:
+        """Unmap `pages`: their content is about to change other than through a step's stores (the host KV
+        tier copies a block into them, engine/host_kv.py), so a shadow kept from before would be stale. A
+        later `prepare` that needs them maps and fills them from their new content."""
+        gone = [p for p in pages if p in self._map]
+        if not gone:
+            return
+        for p in gone:
+            self._free.append(self._map.pop(p))
+        self.shadow_of[host_to_device(gone, torch.int64, self.kv.device)] = self.scratch
+
     def _fill(self, fills: list[tuple[int, int]]) -> None:
         """Shadow pages from their KV pages' current content, dequantised, in every layer."""
         kv, dev = self.kv, self.kv.device

@@ -162,3 +162,34 @@ def test_salts_stay_apart_and_events_name_the_tier():
 def test_bad_host_sizes_are_refused_by_name(kw, match):
     with pytest.raises((ValueError, TypeError), match=match):
         engine(**kw)
+
+
+def test_int4_pages_and_scales_come_back_exactly_and_the_window_forgets_loaded_pages(monkeypatch):
+    """INT4 pages with their (scale, zero) pairs: without the recent-token window the tier's outputs equal the
+    one-tier engine's; with it, every page a load writes loses its shadow mapping (KVWindow.forget: the next
+    step fills it from the loaded bytes, as after any evicted mapping) and the window's invariants hold."""
+    def make(**kw):
+        return LLM(tiny_config("llama"), dtype="float32", kv_dtype="int4", device="cpu", page_size=16, num_pages=6,
+                   **kw)
+
+    plain = make(kv_window=0)
+    tiered = make(kv_window=0, host_kv_cache_bytes=HOST_BYTES)
+    assert conversations(tiered, convs=8) == conversations(plain, convs=8)
+    assert tiered.core.stats().host_hit_tokens > 0
+
+    llm = make(host_kv_cache_bytes=HOST_BYTES)
+    window = llm.runner.attention.window
+    assert window is not None and llm.core.host_kv.window is window
+    forgot, forget = [], window.forget
+
+    def spy(pages):
+        mapped = [p for p in pages if p in window._map]
+        forget(pages)
+        assert all(int(window.shadow_of[p]) == window.scratch and p not in window._map for p in pages)
+        forgot.extend(mapped)
+
+    monkeypatch.setattr(window, "forget", spy)
+    conversations(llm, convs=8)
+    window.check_invariants()
+    assert llm.core.stats().host_hit_tokens > 0 and forgot  # loads landed on pages whose old shadows were dropped
+    assert_no_leak(llm)
