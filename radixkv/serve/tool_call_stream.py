@@ -36,6 +36,8 @@ def call_id() -> str:
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One parsed call: the function's name and its arguments' JSON text."""
+
     name: str
     arguments: str  # JSON text, as OpenAI sends it
 
@@ -45,6 +47,8 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Parsed:
+    """A whole output's parse: the content around the calls, and the calls."""
+
     content: str | None  # text outside the calls (None when there is none)
     calls: list[ToolCall]
 
