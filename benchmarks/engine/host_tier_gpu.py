@@ -187,6 +187,26 @@ def unlimited_hit_rate(done: list[tuple[list[int], list[int]]]) -> float:
     return hits / prompt
 
 
+def time_calls(llm: LLM) -> dict[str, float]:
+    """--timers: host seconds spent in the engine's step parts and the host tier's calls (wrapped in place)."""
+    spent: dict[str, float] = {}
+    targets = [(llm.core.scheduler, "schedule"), (llm.core.scheduler, "update"), (llm.runner, "launch"),
+               (llm.runner, "collect"), (llm.core.scheduler, "_load_host")]
+    if llm.core.host_kv is not None:
+        targets += [(llm.core.host_kv, "demote"), (llm.core.host_kv, "promote"), (llm.core.host_kv, "fence")]
+    for obj, name in targets:
+        fn = getattr(obj, name)
+
+        def wrapped(*args: Any, _fn: Any = fn, _name: str = name, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return _fn(*args, **kw)
+            finally:
+                spent[_name] = spent.get(_name, 0.0) + time.perf_counter() - t
+        setattr(obj, name, wrapped)
+    return spent
+
+
 def since(s: EngineStats, before: EngineStats) -> EngineStats:
     """The counters of `s` less those of `before` (the core's are totals since it started)."""
     counters = ("prompt_tokens", "hit_tokens", "preemptions", "num_steps", "mixed_steps", "host_hit_tokens",
@@ -212,7 +232,10 @@ def chat_rows(a: argparse.Namespace, dev: torch.device, dtype: torch.dtype) -> l
             llm.core = EngineCore(llm.runner, dataclasses.replace(llm.config, host_kv_cache_bytes=host_bytes))
             llm.core.grammars = base_core.grammars
         before = llm.core.stats()
+        spent = time_calls(llm) if a.timers else None
         ttfts, out_tokens, wall, done = run_chats(llm, a, vocab)
+        if spent is not None:
+            print("  host seconds in: " + ", ".join(f"{k} {v:.3f}" for k, v in spent.items()), flush=True)
         s = since(llm.core.stats(), before)
         host_tokens = s.host_pages * PAGE if tier else 0
         rows.append(row(workload=f"multiturn {a.convs}x{a.turns} turns, {'host tier' if tier else 'GPU only'}",
@@ -262,6 +285,8 @@ def main() -> None:
     ap.add_argument("--copy-pages", type=int, default=512, help="pages per timed tier copy (1 GiB at 8B)")
     ap.add_argument("--link-mib", type=int, default=2048)
     ap.add_argument("--skip-chats", action="store_true")
+    ap.add_argument("--skip-copies", action="store_true")
+    ap.add_argument("--timers", action="store_true", help="print host seconds in the step's parts")
     a = ap.parse_args()
     if a.smoke:
         a.convs, a.turns, a.system, a.user, a.new, a.wave = 6, 2, 48, 16, 4, 2
@@ -269,7 +294,7 @@ def main() -> None:
     dev = torch.device("cpu" if a.smoke or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
     t0 = time.perf_counter()
-    rows = copy_rows(a, dev, dtype)
+    rows = [] if a.skip_copies else copy_rows(a, dev, dtype)
     print(f"copies measured in {time.perf_counter() - t0:.0f} s", flush=True)
     if not a.skip_chats:
         rows += chat_rows(a, dev, dtype)

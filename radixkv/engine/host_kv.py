@@ -3,20 +3,24 @@ that demote GPU pages to them (device-to-host) and promote them back (host-to-de
 
 The radix tree moves bookkeeping only (cache/tree_host.py); it calls this object (its HostMover) with page
 id pairs: `demote(gpu_pages, host_pages)` before the GPU pages go back to the pool, `promote(host_pages,
-gpu_pages)` before the promoted blocks enter the GPU tier. Each call only *queues* its copies:
+gpu_pages)` before the promoted blocks enter the GPU tier. A call validates its ids and adds them to a
+batch; batches are queued on the device when 256 MiB of copies wait, and at `fence()`. The engine calls
+`fence()` before every step it launches (EngineCore), so an admission's demotions and loads (one tree call
+per node) move as a few large transfers, and no step runs before the copies it depends on are queued.
+Copies of the same page keep the order they were asked in (a new batch starts where a page repeats or the
+direction changes).
 
-- On CUDA they run on one copy stream of their own. Each transfer first waits for the compute stream's
-  work queued so far (steps in flight may still write the source pages, or a page just freed), then
-  gathers / scatters the pages through a device staging buffer and moves it over the link in
+- On CUDA the batches run on one copy stream of their own. Each flush first waits for the compute
+  stream's work queued so far (steps in flight may still write the source pages, or a page just freed),
+  then gathers / scatters the pages through a device staging buffer and moves it over the link in
   page-sized or larger pieces; an event is recorded behind it. `fence()` makes the compute stream wait
-  on that event: the engine calls it before every step it launches (EngineCore), so no step reads a
-  promoted page before its bytes landed and no step writes a demoted page before its bytes left. One
-  copy stream keeps the copies themselves in order (a GPU page demoted then reused by a promotion in the
-  same admission; a host page freed by one copy and reused by the next).
-- On CPU (tests) the "device" pages are CPU tensors and the copies are plain copies, run at once; with
-  `delay_copies=True` they wait in a queue until `fence()` runs them (a test seam: a step that read a
-  page before its copy landed would see the wrong bytes, and `pending_gpu_pages` names the pages whose
-  copies are queued).
+  on that event (no host sync): no step reads a promoted page before its bytes landed and no step
+  writes a demoted page before its bytes left. One copy stream keeps the copies in order (a GPU page
+  demoted then reused by a promotion in the same admission; a host page freed by one copy and reused
+  by the next).
+- On CPU (tests) the "device" pages are CPU tensors and a flush copies them at once; with
+  `delay_copies=True` nothing is flushed before `fence()` (a test seam: `pending_gpu_pages` names the
+  pages whose copies are not queued yet, and a step that read one would see the wrong bytes).
 
 Host layout: page-first by default, `[num_host_pages, page_bytes]` uint8 where one host page is every
 layer's K and V (and FP8 scales or INT (scale, zero) pairs) of one GPU page back to back. A run of
@@ -27,13 +31,13 @@ layer tensor (the GPU's layout) for comparison; benchmarks/engine/host_tier_gpu.
 The GPU side is layer-first (KVStore), so each transfer gathers (or scatters) the pages of every layer
 tensor through a contiguous device staging buffer, at device-memory speed.
 
-Failure: an exception while queueing propagates to the tree, which drops the block (demotion) or
-recomputes it (promotion); nothing here holds pages.
+Failure: an exception from `demote` / `promote` (bad ids, or an injected fault in tests) propagates to the
+tree, which drops the block (demotion) or recomputes it (promotion); nothing here holds pages. A CUDA error
+in a flushed copy is asynchronous and, as any CUDA error, fatal to the engine's device context.
 """
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,6 +55,7 @@ if TYPE_CHECKING:
 
 LAYOUTS = ("page", "layer")
 _STAGING_BYTES = 256 << 20  # device staging per transfer piece (a transfer of more pages is cut)
+_FLUSH_BYTES = 256 << 20  # copies asked for are queued on the device once this many are waiting (or at a fence)
 
 
 def page_views(kv: KVStore) -> list[Tensor]:
@@ -82,6 +87,29 @@ def pinned_bytes(nbytes: int) -> Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     weakref.finalize(t, rt.cudaHostUnregister, t.data_ptr())
     return t
+
+
+class _Batch:
+    """Copies of one direction asked for in a row: GPU pages paired with host pages (each page at most once)."""
+
+    def __init__(self, to_host: bool) -> None:
+        self.to_host = to_host
+        self.gpu: set[int] = set()
+        self.host: set[int] = set()
+        self._g: list[int] = []
+        self._h: list[int] = []
+
+    def add(self, g: list[int], h: list[int]) -> None:
+        self._g += g
+        self._h += h
+        self.gpu.update(g)
+        self.host.update(h)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(gpu, host) int64 ids, sorted by host page (consecutive host pages form runs: one copy each)."""
+        g, h = np.asarray(self._g, dtype=np.int64), np.asarray(self._h, dtype=np.int64)
+        order = np.argsort(h, kind="stable")
+        return g[order], h[order]
 
 
 def _runs(ids: np.ndarray) -> list[tuple[int, int, int]]:
@@ -124,7 +152,8 @@ class HostKV:
             off += c
         self._pages = pages  # page layout's [num_host_pages, page_bytes]
         self.delay_copies = delay_copies and not cuda
-        self._queue: list[tuple[Callable[[], None], np.ndarray]] = []  # delayed CPU copies, GPU pages they touch
+        self.flush_pages = max(1, _FLUSH_BYTES // self.page_bytes)  # a batch this large is queued at once
+        self._batches: list[_Batch] = []  # copies asked for and not queued on the device yet, in order
         self._stream = torch.cuda.Stream(self.device) if cuda else None
         self._event = torch.cuda.Event() if cuda else None
         self._unfenced = False  # copies queued since the compute stream last waited for them
@@ -137,49 +166,46 @@ class HostKV:
 
     @property
     def pending_gpu_pages(self) -> set[int]:
-        """GPU pages whose queued copy has not run yet (delayed CPU copies only; empty otherwise)."""
+        """GPU pages whose copy has been asked for but not queued on the device yet (fence queues them)."""
         out: set[int] = set()
-        for _, pages in self._queue:
-            out.update(pages.tolist())
+        for b in self._batches:
+            out |= b.gpu
         return out
 
     # ---- the tree's HostMover ------------------------------------------------------------------
     def demote(self, gpu_pages: np.ndarray, host_pages: np.ndarray) -> None:
-        """Queue the copy of GPU pages gpu_pages[i] to host pages host_pages[i]."""
-        g, h = self._pairs(gpu_pages, host_pages)
-        self._submit(lambda: self._transfer(g, h, to_host=True), g)
-        self.pages_d2h += len(g)
-        self.bytes_d2h += len(g) * self.page_bytes
+        """Copy GPU pages gpu_pages[i] to host pages host_pages[i] (queued; see the module docstring)."""
+        self._add(True, gpu_pages, host_pages)
+        self.pages_d2h += len(gpu_pages)
+        self.bytes_d2h += len(gpu_pages) * self.page_bytes
 
     def promote(self, host_pages: np.ndarray, gpu_pages: np.ndarray) -> None:
-        """Queue the copy of host pages host_pages[i] to GPU pages gpu_pages[i]."""
-        g, h = self._pairs(gpu_pages, host_pages)
+        """Copy host pages host_pages[i] to GPU pages gpu_pages[i] (queued; see the module docstring)."""
+        self._add(False, gpu_pages, host_pages)
         if self.window is not None:
-            self.window.forget(g.tolist())  # (on the compute stream: before any later step maps them again)
-        self._submit(lambda: self._transfer(g, h, to_host=False), g)
-        self.pages_h2d += len(g)
-        self.bytes_h2d += len(g) * self.page_bytes
+            self.window.forget(list(map(int, gpu_pages)))  # (on the compute stream: before a later step maps them)
+        self.pages_h2d += len(gpu_pages)
+        self.bytes_h2d += len(gpu_pages) * self.page_bytes
 
     def fence(self) -> None:
-        """Order everything the caller queues next on the compute stream after every copy queued so far
-        (CUDA: a stream wait on the copies' event, no host sync); run delayed CPU copies."""
-        if self._queue:
-            jobs, self._queue = self._queue, []
-            for job, _ in jobs:
-                job()
+        """Queue every copy asked for, and order everything the caller queues next on the compute stream
+        after them (CUDA: a stream wait on the copies' event, no host sync; CPU: the copies run now)."""
+        self._flush()
         if self._unfenced and self._stream is not None:
             torch.cuda.current_stream(self.device).wait_event(self._event)
         self._unfenced = False
 
     def synchronize(self) -> None:
-        """Wait on the host until every queued copy finished (benchmarks, tests)."""
+        """Wait on the host until every copy asked for finished (benchmarks, tests)."""
         self.fence()
         if self._stream is not None:
             self._stream.synchronize()
 
-    # ---- the copies ----------------------------------------------------------------------------
-    def _pairs(self, gpu_pages: np.ndarray, host_pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(gpu, host) id arrays, sorted by host page (so consecutive host pages form runs)."""
+    # ---- batching ------------------------------------------------------------------------------
+    def _add(self, to_host: bool, gpu_pages: np.ndarray, host_pages: np.ndarray) -> None:
+        """Validate one call's pages and add them to the batch of its direction at the end of the list
+        (a new batch when the last one goes the other way or already names one of the pages: copies of
+        the same page stay in the order they were asked for). Raises, adding nothing, on bad ids."""
         g = np.asarray(gpu_pages, dtype=np.int64)
         h = np.asarray(host_pages, dtype=np.int64)
         if g.shape != h.shape or g.ndim != 1:
@@ -188,20 +214,31 @@ class HostKV:
             raise ValueError(f"host tier: host page ids must be in [0, {self.num_pages}), got {h.tolist()}")
         if len(g) and (g.min() < 0 or g.max() >= self._views[0].shape[0]):
             raise ValueError(f"host tier: GPU page ids must be in [0, {self._views[0].shape[0]}), got {g.tolist()}")
-        order = np.argsort(h, kind="stable")
-        return g[order], h[order]
+        gl, hl = g.tolist(), h.tolist()
+        last = self._batches[-1] if self._batches else None
+        if (last is None or last.to_host != to_host or not last.gpu.isdisjoint(gl)
+                or not last.host.isdisjoint(hl)):
+            last = _Batch(to_host)
+            self._batches.append(last)
+        last.add(gl, hl)
+        if not self.delay_copies and sum(len(b.gpu) for b in self._batches) >= self.flush_pages:
+            self._flush()  # big enough to move now (overlapping the host's work until the fence)
 
-    def _submit(self, job: Callable[[], None], gpu_pages: np.ndarray) -> None:
-        if self.delay_copies:
-            self._queue.append((job, gpu_pages))
+    def _flush(self) -> None:
+        """Queue the batches asked for, oldest first (CUDA: on the copy stream, after the compute stream's
+        work so far, which may still write these pages; CPU: run now)."""
+        if not self._batches:
             return
+        batches, self._batches = self._batches, []
         if self._stream is None:
-            job()
+            for b in batches:
+                self._transfer(*b.arrays(), to_host=b.to_host)
             return
         compute = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self._stream):
-            self._stream.wait_stream(compute)  # steps queued so far may still write these pages
-            job()
+            self._stream.wait_stream(compute)
+            for b in batches:
+                self._transfer(*b.arrays(), to_host=b.to_host)
             self._event.record(self._stream)
         self._unfenced = True
 
