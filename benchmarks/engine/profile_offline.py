@@ -32,7 +32,7 @@ from radixkv import LLM, SamplingParams  # noqa: E402
 from radixkv.engine.bench import few_shot_prompts  # noqa: E402
 
 
-def top_kernels(prof: Any, steps: int, n: int = 10) -> list[str]:
+def top_kernels(prof: Any, steps: int, n: int = 8) -> list[str]:
     rows = sorted((e for e in prof.key_averages() if e.device_time_total > 0),
                   key=lambda e: e.device_time_total, reverse=True)[:n]
     total = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0)
@@ -51,6 +51,11 @@ class StepClock:
         self.tables: dict[str, list[str]] = {}
         self._step = llm.core.step
         llm.core.step = self._timed
+
+    def restore(self) -> Any:
+        """The engine's own step (to put back), dropping this clock's hold on the engine."""
+        step, self.core, self._step = self._step, None, None
+        return step
 
     def _profiled(self, kind: str) -> bool:
         return self.n > 0 and kind not in self.tables and (
@@ -127,7 +132,8 @@ def main() -> None:
         rows.append(row)
         print(f"  {config}: {json.dumps(row)}", flush=True)
         print("\n".join(clock.summary()), flush=True)
-        del llm, outs
+        llm.core.step = clock.restore()
+        del llm, outs, clock
         if cuda:
             torch.cuda.empty_cache()
     if a.json:
