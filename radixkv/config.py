@@ -173,10 +173,23 @@ def check_load_format(value: object) -> str:
     return value
 
 
-# LLM(...)'s default per-step token budget (SchedulerConfig's own, 8192, stays the replay's): the knee of the
-# measured latency/throughput curve (benchmarks/RESULTS.md, "Mixed steps"): 64 decode rows + a 2,048-token
-# chunk take 54 ms a step at 38k prefill tokens/s, the plateau; 8,192 gains nothing and stalls decode 227 ms.
+# The per-step token budget when the user gives none (SchedulerConfig's own, 8192, stays the replay's), by
+# vLLM's usage contexts (its OpenAI server and its LLM class default differently too):
+# - serving (`radixkv serve`, AsyncLLM.start; usage="serve") and every non-CUDA device: the knee of the
+#   measured latency/throughput curve (benchmarks/RESULTS.md, "Mixed steps"): 64 decode rows + a 2,048-token
+#   chunk take 54 ms a step at 38k prefill tokens/s, the plateau; 8,192 stalls every decode row 227 ms a step.
+# - offline on CUDA (LLM(...), usage="offline"): throughput, not inter-token latency: few-shot GSM8K (512 x
+#   8-shot) 7.8 s at 8,192 against 9.5 s at 2,048 (82 mixed steps of 2,048 tokens, each carrying ~250 decode
+#   rows, against 20 of 8,192), ShareGPT offline 19.6k against 19.1k output tok/s ("Defaults with graph memory
+#   counted", 2026-12-02).
 ENGINE_STEP_BUDGET = 2048
+OFFLINE_STEP_BUDGET = 8192
+USAGES = ("offline", "serve")
+
+
+def engine_step_budget(device_type: str, usage: str) -> int:
+    """The per-step token budget the engine takes when the user gives none (see OFFLINE_STEP_BUDGET)."""
+    return OFFLINE_STEP_BUDGET if device_type == "cuda" and usage == "offline" else ENGINE_STEP_BUDGET
 
 
 def budget_given(kwargs: dict[str, object]) -> bool:
@@ -275,7 +288,11 @@ class EngineConfig:
     auto_max_num_seqs: the user gave no running-set size (max_num_seqs / max_running / scheduler): the engine
     decides scheduler.max_running once its pool is sized (engine_max_running; ModelRunner.config holds the
     decided config). auto_cascade: the user did not say whether cascade decode runs (cascade / scheduler): the
-    engine decides (engine_cascade). from_kwargs sets both; an EngineConfig built directly keeps its scheduler's.
+    engine decides (engine_cascade). auto_budget: the user gave no per-step budget (max_num_batched_tokens /
+    max_batch_tokens / scheduler): the engine decides it by device and `usage` (engine_step_budget).
+    from_kwargs sets all three; an EngineConfig built directly keeps its scheduler's.
+    usage: "offline" (LLM(...): throughput) or "serve" (`radixkv serve`, AsyncLLM.start: inter-token latency),
+    vLLM's usage context; it only picks defaults (the per-step budget).
     host_kv_cache_bytes / hicache_ratio: a host-memory tier under the KV pool (issue 37, engine/host_kv.py), in
     bytes or as host pages per GPU page (SGLang's); None / 0: none. Checked by radixkv/plan_host.py.
     The per-step token budget (scheduler.max_batch_tokens, vLLM's max_num_batched_tokens) must hold one page;
@@ -301,6 +318,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = SchedulerConfig()
     auto_max_num_seqs: bool = False
     auto_cascade: bool = False
+    auto_budget: bool = False
+    usage: str = "offline"
     host_kv_cache_bytes: int | None = None
     hicache_ratio: float | None = None
 
@@ -323,7 +342,8 @@ class EngineConfig:
             target[name] = value
         if not budget_given(kwargs):
             sched["max_batch_tokens"] = ENGINE_STEP_BUDGET
-        for flag, given in (("auto_max_num_seqs", max_running_given), ("auto_cascade", cascade_given)):
+        for flag, given in (("auto_max_num_seqs", max_running_given), ("auto_cascade", cascade_given),
+                            ("auto_budget", budget_given)):
             if flag in mine:
                 raise TypeError(f"LLM() got an unexpected keyword argument {flag!r} (the engine sets it)")
             mine[flag] = not given(kwargs)
@@ -339,10 +359,14 @@ class EngineConfig:
 
     def with_engine_defaults(self, pool_tokens: int, device_type: str, kv_window: int | None,
                              cascade_possible: bool) -> EngineConfig:
-        """This config with the defaults the engine decides once its pool is sized: scheduler.max_running
-        (engine_max_running) when auto_max_num_seqs, scheduler.cascade (engine_cascade) when auto_cascade;
-        itself when neither. Depends only on its arguments (every tensor-parallel rank decides the same)."""
+        """This config with the defaults the engine decides once its pool is sized: scheduler.max_batch_tokens
+        (engine_step_budget, within the pool) when auto_budget, scheduler.max_running (engine_max_running) when
+        auto_max_num_seqs, scheduler.cascade (engine_cascade) when auto_cascade; itself when none. Depends only
+        on its arguments (every tensor-parallel rank decides the same)."""
         sched = self.scheduler
+        if self.auto_budget:  # before the running set, which never exceeds the budget
+            budget = min(engine_step_budget(device_type, self.usage), pool_tokens)  # no more than the pool holds
+            sched = replace(sched, max_batch_tokens=max(budget, sched.max_batch_tokens))
         if self.auto_max_num_seqs:
             sched = replace(sched, max_running=engine_max_running(pool_tokens, sched.max_batch_tokens, device_type,
                                                                   kv_window))
@@ -395,7 +419,9 @@ class EngineConfig:
         if self.warmup is not None and not isinstance(self.warmup, bool):
             raise ValueError(f"warmup must be True, False or None, got {self.warmup!r}")
         check_host_tier(self.host_kv_cache_bytes, self.hicache_ratio)
-        for flag in ("auto_max_num_seqs", "auto_cascade"):
+        if self.usage not in USAGES:
+            raise ValueError(f"usage must be one of {', '.join(USAGES)}, got {self.usage!r}")
+        for flag in ("auto_max_num_seqs", "auto_cascade", "auto_budget"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         budget = self.scheduler.max_batch_tokens

@@ -444,7 +444,7 @@ def main() -> int:
     from radixkv import LLM
 
     t = time.perf_counter()
-    llm = LLM(model, **engine_kwargs(a))
+    llm = LLM(model, usage="serve", **engine_kwargs(a))  # the server's defaults (config.engine_step_budget), as `radixkv serve` takes them
     print(f"  in-process LLM built in {time.perf_counter() - t:.1f} s ({llm.num_pages} pages)", flush=True)
     if "inproc" in a.modes:
         res["inproc"] = run_inproc(a, llm, work)

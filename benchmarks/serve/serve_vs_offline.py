@@ -361,7 +361,7 @@ def run_offline(a, model: str, work: dict, todo: list[str], batch: int | None) -
 
     from radixkv import LLM, SamplingParams
 
-    llm = LLM(model, **engine_kwargs(a))
+    llm = LLM(model, usage="serve", **engine_kwargs(a))  # the server's defaults, so the two sides run one engine config
     sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)  # the engine is on CUDA
     params = SamplingParams(max_tokens=a.output_len, ignore_eos=True, temperature=0)
     llm.generate([r["tokens"] for r in work["warmup"]], SamplingParams(max_tokens=8, ignore_eos=True, temperature=0))

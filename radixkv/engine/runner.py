@@ -119,9 +119,10 @@ class ModelRunner:
         # config is what everything below, the EngineCore's scheduler and the warm-up read (`runner.config`)
         cascade_pays = triton and self.cascade_rule is not RULE_NEVER  # (the reference backend gains nothing)
         decided = cfg.with_engine_defaults(num_pages * cfg.page_size, device.type, self.kv_window, cascade_pays)
-        if cfg.num_pages is None and decided.scheduler.max_running > cfg.scheduler.max_running:
-            # more rows sample a step: size the pool again with their logits reserved (a slightly smaller pool,
-            # on which the rule gives at most as many rows, so the reserve covers them)
+        if cfg.num_pages is None and (decided.scheduler.max_running > cfg.scheduler.max_running
+                                      or decided.scheduler.max_batch_tokens > cfg.scheduler.max_batch_tokens):
+            # more rows sample a step, or more tokens: size the pool again with their activations and logits
+            # reserved (a slightly smaller pool, on which the rules give at most as much, so the reserve covers it)
             num_pages = default_num_pages(s, decided, self.kv_dtype, self.dtype, device)
             if group is not None:
                 num_pages = group.min_over_ranks(num_pages)

@@ -73,6 +73,7 @@ def core_main(model: Any, engine_kwargs: dict[str, Any], to_core: str, from_core
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(asctime)s %(name)s[core]: %(message)s")
     try:
+        engine_kwargs.setdefault("usage", "serve")  # serving defaults (config.engine_step_budget)
         cfg = engine_config(engine_kwargs.pop("dtype", "auto"), engine_kwargs.pop("kv_dtype", "auto"),
                             engine_kwargs.pop("page_size", 16), engine_kwargs.pop("device", None), engine_kwargs)
         use_radixkv_triton_cache()  # compiled kernels persist across restarts

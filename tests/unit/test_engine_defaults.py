@@ -6,11 +6,13 @@ import pytest
 
 from radixkv.config import (
     ENGINE_STEP_BUDGET,
+    OFFLINE_STEP_BUDGET,
     EngineConfig,
     KVDtype,
     SchedulerConfig,
     engine_cascade,
     engine_max_running,
+    engine_step_budget,
 )
 from radixkv.engine.cuda_graphs import batch_buckets
 from radixkv.plan import graph_reserve_bytes, kv_window_for
@@ -97,13 +99,32 @@ def test_with_engine_defaults_decides_only_what_was_left_to_it() -> None:
     auto = EngineConfig.from_kwargs()
     big = auto.with_engine_defaults(857_696, "cuda", None, True)
     assert (big.scheduler.max_running, big.scheduler.cascade) == (1024, True)
-    assert big.scheduler.max_batch_tokens == ENGINE_STEP_BUDGET
+    assert big.scheduler.max_batch_tokens == OFFLINE_STEP_BUDGET  # LLM(...) on CUDA: throughput
     assert big.with_engine_defaults(857_696, "cuda", None, True) == big  # idempotent
     assert auto.with_engine_defaults(857_696, "cpu", None, True) == auto  # CPU: 256, cascade off
     int4 = auto.with_engine_defaults(857_696, "cuda", 16, False)
     assert (int4.scheduler.max_running, int4.scheduler.cascade) == (256, False)
-    given = EngineConfig.from_kwargs(max_num_seqs=64, cascade=False)
+    given = EngineConfig.from_kwargs(max_num_seqs=64, cascade=False, max_num_batched_tokens=512)
     assert given.with_engine_defaults(857_696, "cuda", None, True) is given
     on = EngineConfig.from_kwargs(cascade=True)
     assert on.with_engine_defaults(16_384, "cpu", None, False).scheduler.cascade is True  # explicit: respected
     assert EngineConfig().with_engine_defaults(857_696, "cuda", None, True) == EngineConfig()
+
+
+def test_the_step_budget_follows_the_usage_and_the_device() -> None:
+    """vLLM's usage contexts: `radixkv serve` keeps the latency knee (2,048), LLM(...) on CUDA takes 8,192 for
+    throughput, capped by the pool and never below what the config holds; CPU keeps 2,048; a budget given is kept."""
+    assert (engine_step_budget("cuda", "offline"), engine_step_budget("cuda", "serve")) == (8192, 2048)
+    assert engine_step_budget("cpu", "offline") == engine_step_budget("cpu", "serve") == ENGINE_STEP_BUDGET
+    serve = EngineConfig.from_kwargs(usage="serve").with_engine_defaults(857_696, "cuda", None, True)
+    assert serve.scheduler.max_batch_tokens == ENGINE_STEP_BUDGET and serve.scheduler.max_running == 1024
+    small = EngineConfig.from_kwargs().with_engine_defaults(4096, "cuda", None, True)
+    assert small.scheduler.max_batch_tokens == 4096  # no more than the pool holds
+    tiny = EngineConfig.from_kwargs().with_engine_defaults(1024, "cuda", None, True)
+    assert tiny.scheduler.max_batch_tokens == ENGINE_STEP_BUDGET  # never below the old default
+    assert EngineConfig.from_kwargs(max_batch_tokens=4096).with_engine_defaults(
+        857_696, "cuda", None, True).scheduler.max_batch_tokens == 4096
+    with pytest.raises(ValueError, match="usage must be one of offline, serve, got 'batch'"):
+        EngineConfig.from_kwargs(usage="batch")
+    with pytest.raises(TypeError, match="auto_budget"):
+        EngineConfig.from_kwargs(auto_budget=True)
