@@ -15,7 +15,7 @@ from typing import Any
 
 from radixkv.argtypes import positive_int
 from radixkv.config import check_load_format
-from radixkv.plan_host import GIB, parse_gb, parse_ratio
+from radixkv.plan_host import GIB, check_pinnable, parse_gb, parse_ratio
 
 # option dest -> default (applied after the config file, so a flag left out can come from it)
 DEFAULTS: dict[str, Any] = {
@@ -153,7 +153,8 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
     check_load_format(opts["load_format"])  # a flag or a config-file value, refused before the model loads
     # the host tier: a config file's value is checked as a flag's is (refused before the model loads)
     if opts["host_kv_cache_gb"] is not None:
-        opts["host_kv_cache_gb"] = parse_gb(str(opts["host_kv_cache_gb"])) / GIB
+        opts["host_kv_cache_gb"] = gb = parse_gb(str(opts["host_kv_cache_gb"])) / GIB
+        check_pinnable(int(gb * GIB), f"--host-kv-cache-gb {gb:g}")  # before the model loads, not after
     if opts["hicache_ratio"] is not None:
         opts["hicache_ratio"] = parse_ratio(str(opts["hicache_ratio"]))
     if opts["host_kv_cache_gb"] and opts["hicache_ratio"] is not None:

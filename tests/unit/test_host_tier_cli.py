@@ -83,6 +83,8 @@ def test_serve_flags(tmp_path, capsys):
         assert needle in capsys.readouterr().err
     with pytest.raises(ValueError, match="not both"):
         resolve_options(p.parse_args(["serve", "m", "--host-kv-cache-gb", "1", "--hicache-ratio", "2"]))
+    with pytest.raises(ValueError, match=r"--host-kv-cache-gb 1e\+06: .* more than this machine can pin"):
+        resolve_options(p.parse_args(["serve", "m", "--host-kv-cache-gb", "1000000"]))
     conf = tmp_path / "c.yaml"
     conf.write_text("host-kv-cache-gb: -4\n")
     with pytest.raises(ValueError, match="--host-kv-cache-gb must be a number of GiB >= 0, got '-4"):
