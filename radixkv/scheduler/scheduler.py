@@ -38,6 +38,12 @@ When a running request still cannot get a page, the most recently admitted reque
 preempted (pages released, generated tokens kept, recomputed on re-admission); a request is
 never dropped. A request that could not fit the pool even alone is refused at `add`.
 
+Host tier (a RadixCache with a host pool and a mover, issue 37): GPU eviction demotes blocks to host pages
+instead of dropping them; admission loads the host blocks a waiting request's match reaches back onto GPU
+pages before admitting it (admission.py `_load_host`: as many as the pool spares beyond the running
+requests' decode reserve), so the request starts from the longer GPU match; the engine orders the copies
+before the step (engine/host_kv.py).
+
 Files: this one (the queues and the step), admission.py (who joins a step), page_holding.py (pages a
 running request holds: grown, preempted, released).
 """

@@ -10,6 +10,7 @@ import pytest
 
 from radixkv import LLM, SamplingParams
 from radixkv.cache.events import MEDIUM_CPU, BlockStored, QueuePublisher
+from radixkv.engine.core import EngineStats
 from radixkv.engine.host_kv import HostKV
 
 from .tiny_models import tiny_config
@@ -58,19 +59,22 @@ def assert_no_leak(llm: LLM) -> None:
 
 
 @pytest.fixture(scope="module")
-def baseline() -> list[list[int]]:
-    return conversations(engine())
+def one_tier() -> tuple[list[list[int]], EngineStats]:
+    llm = engine()
+    return conversations(llm), llm.core.stats()
 
 
-def test_outputs_equal_without_the_tier_and_hits_counted_by_tier(baseline):
+@pytest.fixture(scope="module")
+def baseline(one_tier) -> list[list[int]]:
+    return one_tier[0]
+
+
+def test_outputs_equal_without_the_tier_and_hits_counted_by_tier(baseline, one_tier):
     llm = engine(host_kv_cache_bytes=HOST_BYTES)
     assert isinstance(llm.core.host_kv, HostKV) and llm.core.host_kv.page_bytes == llm.runner.kv.total_bytes // (
         llm.runner.kv.num_pages)
     assert conversations(llm) == baseline
-    s = llm.core.stats()
-    plain = engine()
-    conversations(plain)
-    p = plain.core.stats()
+    s, p = llm.core.stats(), one_tier[1]
     assert s.host_hit_tokens > 0 and s.hit_tokens > p.hit_tokens  # history the GPU pool had dropped came back
     assert s.gpu_hit_tokens + s.host_hit_tokens == s.hit_tokens
     page = llm.core.host_kv.page_bytes
@@ -158,6 +162,8 @@ def test_salts_stay_apart_and_events_name_the_tier():
     (dict(hicache_ratio=-1.0), "hicache_ratio must be a finite number > 0, got -1.0"),
     (dict(host_kv_cache_bytes=1 << 60), f"host_kv_cache_bytes={1 << 60}: .* more than this machine can pin"),
     (dict(host_kv_cache_bytes=10), "host_kv_cache_bytes=10 holds no KV page"),
+    (dict(host_kv_cache_bytes=HOST_BYTES, enable_prefix_caching=False), "needs prefix caching"),
+    (dict(host_kv_cache_bytes=HOST_BYTES, hicache_ratio=2.0), "not both"),
 ])
 def test_bad_host_sizes_are_refused_by_name(kw, match):
     with pytest.raises((ValueError, TypeError), match=match):
