@@ -310,7 +310,7 @@ class TreeHost(TreeEviction):
             if want > pool.num_free:
                 self.evict(want - pool.num_free)  # may drop older host blocks of our own path too
             now = self.match(tokens, namespace)  # same GPU end (locked); what is left on host
-            n = min(want, now.host_tokens // ps, pool.num_free)
+            n = min(want, now.host_tokens // ps, pool.num_free) if now.node is m.node else 0
             if n > 0:
                 pages = pool.alloc_array(n)
                 host = np.concatenate([node.host for node in now.host_path])[:n]
@@ -322,8 +322,12 @@ class TreeHost(TreeEviction):
                         self.failed_promotes += 1
                         n = 0
                 if n:
-                    cur = self.promote(m._replace(host_tokens=now.host_tokens, host_path=now.host_path), pages,
-                                       donate=True)
+                    try:
+                        cur = self.promote(m._replace(host_tokens=now.host_tokens, host_path=now.host_path),
+                                           pages, donate=True)
+                    except BaseException:
+                        pool.decref_distinct(pages)  # (the copy lands in free pages: harmless)
+                        raise
         finally:
             self.unlock(cur)
         return self.match(tokens, namespace)
