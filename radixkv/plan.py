@@ -140,6 +140,18 @@ def graph_reserve_bytes(hidden_size: int, intermediate_size: int, vocab_size: in
     return decode + mixed_tokens * (per_token + 4 * hidden_size * itemsize)
 
 
+def engine_reserve_bytes(hidden_size: int, intermediate_size: int, vocab_size: int, max_batch_tokens: int,
+                         max_running: int, itemsize: int, graphs: bool = True) -> int:
+    """What the engine keeps out of the KV budget (kv_store.default_num_pages; `radixkv plan` the same): an
+    eager step's memory and, with CUDA graphs, theirs (the mixed-step graphs' counted even where a window
+    keeps them from being built)."""
+    reserve = step_reserve_bytes(hidden_size, intermediate_size, vocab_size, max_batch_tokens, max_running, itemsize)
+    if graphs:
+        reserve += graph_reserve_bytes(hidden_size, intermediate_size, vocab_size, max_running,
+                                       min(max_batch_tokens, MIXED_GRAPH_MAX_TOKENS), itemsize)
+    return reserve
+
+
 # KIVI's full-precision window of recent tokens (radixkv/engine/kv_window.py): INT pages take one by default
 DEFAULT_KV_WINDOW = 16
 
@@ -188,6 +200,39 @@ def kv_window_bytes(window: int, page_size: int, max_rows: int, num_layers: int,
 
 def pages_per_request(context: int, page_size: int) -> int:
     return -(-context // page_size)
+
+
+def window_rows(budget: int, per_page: int, row_bytes: int, scratch_bytes: int, max_rows: int,
+                tokens_per_row: int, page_size: int) -> int:
+    """How many running rows a recent-token window reserves shadow pages for (row_bytes each, scratch_bytes
+    once): the most, up to max_rows, for which the pages left in `budget` after their windows still hold that
+    many rows of tokens_per_row tokens; 0 when not even one. Reserving for rows that could never hold their
+    tokens only takes pages from the ones that can (an INT4 pool would get fewer requests than FP8's)."""
+    need = pages_per_request(tokens_per_row, page_size)
+
+    def fits(rows: int) -> bool:
+        left = budget - scratch_bytes - rows * row_bytes
+        return left >= 0 and left // per_page >= rows * need
+
+    lo, hi = 0, max_rows  # fits(rows) only turns false as rows grow: the largest that fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def kv_pool_split(budget: int, per_page: int, window: int, page_size: int, max_rows: int, tokens_per_row: int,
+                  num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int, sink: int = 0) -> tuple[int, int]:
+    """(KV pages, window rows) of `budget` bytes: without a window every byte is pages and max_rows run; with
+    one, window_rows decides the rows whose shadow pages come out of the budget first. `radixkv plan` (at its
+    context) and the engine (kv_store.default_num_pages, at max_model_len or 512 tokens a row) both size here."""
+    if window == 0:
+        return pages_in_budget(budget, per_page), max_rows
+    scratch = kv_window_bytes(window, page_size, 0, num_layers, num_kv_heads, head_dim, itemsize, sink)
+    row = kv_window_bytes(window, page_size, 1, num_layers, num_kv_heads, head_dim, itemsize, sink) - scratch
+    rows = window_rows(budget, per_page, row, scratch, max_rows, tokens_per_row, page_size)
+    left = budget - kv_window_bytes(window, page_size, rows, num_layers, num_kv_heads, head_dim, itemsize, sink)
+    return pages_in_budget(max(0, left), per_page), rows
 
 
 # ---- the model's numbers -----------------------------------------------------------------------
@@ -334,7 +379,8 @@ class KVPlanRow:
     max_requests: int  # at `context` tokens each, all at their peak at once
     load_bytes: int  # KV of `batch` requests of `context` tokens (whole pages)
     load_fits: bool
-    window_bytes: int = 0  # shadow pages of the dtype's default recent-token window, out of the budget first
+    window_bytes: int = 0  # shadow pages of the dtype's default recent-token window for the requests that fit
+    window_rows: int = 0  # the running rows those shadow pages are for (kv_pool_split); 0 without a window
 
 
 @dataclass(frozen=True)
@@ -386,8 +432,8 @@ def plan_memory(shape: ModelShape, gpu_memory: int, utilization: float = 0.9, pa
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
     itemsize = DTYPE_BYTES[dtype]
     weights = shape.num_params * itemsize
-    reserve = step_reserve_bytes(shape.hidden_size, shape.intermediate_size, shape.vocab_size,
-                                 max_batch_tokens, max_running, itemsize)
+    reserve = engine_reserve_bytes(shape.hidden_size, shape.intermediate_size, shape.vocab_size, max_batch_tokens,
+                                   max_running, itemsize)
     budget = kv_budget_bytes(max(0, gpu_memory - weights), utilization, reserve)
     per_req = pages_per_request(context, page_size)
     rows = []
@@ -395,13 +441,14 @@ def plan_memory(shape: ModelShape, gpu_memory: int, utilization: float = 0.9, pa
         kd = KVDtype.parse(kv)
         per_token = shape.kv_bytes_per_token(kd)
         per_page = page_size * per_token
-        w = kv_window_for(kd)
-        window = kv_window_bytes(w, page_size, max_running, shape.num_layers, shape.num_kv_heads, shape.head_dim,
-                                 itemsize, kv_sink_for(kd, w, page_size))  # as kv_store.default_num_pages reserves it
-        pages = pages_in_budget(max(0, budget - window), per_page)
-        load = batch * per_req * per_page
-        rows.append(KVPlanRow(kd.value, per_token, per_page, pages, pages * page_size, pages // per_req, load,
-                              load + window <= budget, window))
+        w, geometry = kv_window_for(kd), (shape.num_layers, shape.num_kv_heads, shape.head_dim, itemsize)
+        sink = kv_sink_for(kd, w, page_size)
+        # as the engine sizes its pool (kv_store.default_num_pages), at this plan's context a request
+        pages, runnable = kv_pool_split(budget, per_page, w, page_size, max_running, context, *geometry, sink)
+        window = kv_window_bytes(w, page_size, runnable, *geometry, sink)
+        most = min(pages // per_req, runnable)
+        rows.append(KVPlanRow(kd.value, per_token, per_page, pages, pages * page_size, most,
+                              batch * per_req * per_page, batch <= most, window, runnable if w else 0))
     return MemoryPlan(shape.name, dtype, weights, gpu_memory, utilization, reserve, budget, page_size, context,
                       batch, batch * context, rows)
 
@@ -427,7 +474,7 @@ def format_plan(p: MemoryPlan) -> str:
     lines = [f"{'model':<28}{p.model}",
              f"{'weights':<28}{gib(p.weight_bytes)} ({p.dtype})",
              f"{'GPU memory':<28}{gib(p.gpu_memory)} x {p.utilization} of what the weights leave, "
-             f"less {gib(p.reserve_bytes)} for a step",
+             f"less {gib(p.reserve_bytes)} for a step and its graphs",
              f"{'KV budget':<28}{gib(p.kv_budget_bytes)}",
              f"{'load':<28}{p.batch} requests x {p.context:,} tokens = {p.load_tokens:,} tokens "
              f"(page {p.page_size})",

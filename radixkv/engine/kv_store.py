@@ -26,11 +26,13 @@ and its scales one 32-byte run. INT pages and (scale, zero) pairs too; 16/32-bit
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 from radixkv import plan
-from radixkv.config import EngineConfig, KVDtype
+from radixkv.config import ENGINE_POOL_TOKENS_PER_ROW, EngineConfig, KVDtype
 
 from .model_config import ModelSpec
 
@@ -144,29 +146,37 @@ _CPU_DEFAULT_TOKENS = 65536
 _CPU_DEFAULT_BYTES = 1 << 30
 
 
+class PoolSize(NamedTuple):
+    """What default_num_pages decided: the KV pages, and how many running rows a recent-token window holds
+    shadow pages for (the scheduler's max_running when there is no window)."""
+
+    pages: int
+    window_rows: int
+
+
 def default_num_pages(spec: ModelSpec, cfg: EngineConfig, kv: KVDtype, dtype: torch.dtype,
-                      device: torch.device) -> int:
+                      device: torch.device) -> PoolSize:
     """KV pages when `num_pages` is not given: on CUDA, `gpu_memory_utilization` of the device memory
     free after the weights, less a step's activations and logits, the CUDA graphs' memory and the
-    recent-token window's shadow pages; elsewhere a fixed token budget."""
-    ps = cfg.page_size
+    recent-token window's shadow pages for the rows the pool can hold (plan.kv_pool_split: rows of
+    max_model_len tokens when the user gave one, else ENGINE_POOL_TOKENS_PER_ROW); elsewhere a fixed token
+    budget."""
+    ps, sched = cfg.page_size, cfg.scheduler
     per_page = KVStore.bytes_per_page(ps, spec.num_layers, spec.num_kv_heads, spec.head_dim, kv)
     if device.type != "cuda":
-        return max(1, min(-(-_CPU_DEFAULT_TOKENS // ps), _CPU_DEFAULT_BYTES // per_page))
+        return PoolSize(max(1, min(-(-_CPU_DEFAULT_TOKENS // ps), _CPU_DEFAULT_BYTES // per_page)), sched.max_running)
     torch.cuda.empty_cache()  # blocks freed while loading weights count as used otherwise
     free, _ = torch.cuda.mem_get_info(device)
-    sched = cfg.scheduler
     itemsize = torch.empty((), dtype=dtype).element_size()
-    reserve = plan.step_reserve_bytes(spec.hidden_size, spec.intermediate_size, spec.vocab_size,
-                                      sched.max_batch_tokens, sched.max_running, itemsize)
-    if not cfg.enforce_eager:  # (the reference backend captures none: a small over-reserve there)
-        mixed = min(sched.max_batch_tokens, plan.MIXED_GRAPH_MAX_TOKENS) if not plan.kv_window_for(kv, cfg.kv_window) else 0
-        reserve += plan.graph_reserve_bytes(spec.hidden_size, spec.intermediate_size, spec.vocab_size,
-                                            sched.max_running, mixed, itemsize)
+    # (the reference backend captures no graphs: a small over-reserve there)
+    reserve = plan.engine_reserve_bytes(spec.hidden_size, spec.intermediate_size, spec.vocab_size,
+                                        sched.max_batch_tokens, sched.max_running, itemsize, not cfg.enforce_eager)
     window = plan.kv_window_for(kv, cfg.kv_window)
-    reserve += plan.kv_window_bytes(window, ps, sched.max_running, spec.num_layers, spec.num_kv_heads, spec.head_dim,
-                                    itemsize, plan.kv_sink_for(kv, window, ps, cfg.kv_sink))  # the shadow pages
-    pages = plan.pages_in_budget(plan.kv_budget_bytes(free, cfg.gpu_memory_utilization, reserve), per_page)
-    if pages < 1:
+    budget = plan.kv_budget_bytes(free, cfg.gpu_memory_utilization, reserve)
+    row_tokens = cfg.max_model_len or ENGINE_POOL_TOKENS_PER_ROW
+    pages, rows = plan.kv_pool_split(budget, per_page, window, ps, sched.max_running, row_tokens, spec.num_layers,
+                                     spec.num_kv_heads, spec.head_dim, itemsize,
+                                     plan.kv_sink_for(kv, window, ps, cfg.kv_sink))
+    if pages < 1 or rows < 1:
         raise RuntimeError(f"no device memory left for KV pages ({free / 2**30:.1f} GiB free after weights)")
-    return pages
+    return PoolSize(pages, rows)

@@ -8,6 +8,8 @@ over its shard every step; only rank 0 samples.
 """
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import torch
@@ -35,6 +37,8 @@ from .logprobs import prompt_logprobs, token_logprobs
 from .sampling import penalize, sample, sampling_rows
 from .tp_workers import TensorParallel
 from .weights import LoadedModel, load_model
+
+log = logging.getLogger(__name__)
 
 
 class Launched(NamedTuple):
@@ -108,25 +112,14 @@ class ModelRunner:
         self.kv_dtype = (KVDtype.for_compute(str(self.dtype).removeprefix("torch.")) if cfg.kv_dtype == "auto"
                          else KVDtype(cfg.kv_dtype))
         s = self.model.shard_spec  # this rank's heads (all of them without tensor parallelism)
-        num_pages = cfg.num_pages or default_num_pages(s, cfg, self.kv_dtype, self.dtype, device)
-        if group is not None:
-            num_pages = group.min_over_ranks(num_pages)  # every rank's pool has the same page ids
         # KIVI's recent-token window (INT pages by default): shadow pages for every running row's latest tokens
         self.kv_window = kv_window_for(self.kv_dtype, cfg.kv_window)
         # the KV dtype's rule says when a cascade group is worth it (INT4/INT2 or a window: never)
         self.cascade_rule: CascadeRule = RULE_NEVER if self.kv_window else rule_for(self.kv_dtype)
-        # what the user left to the engine (max_num_seqs, cascade: config.py), decided now the pool is sized; this
-        # config is what everything below, the EngineCore's scheduler and the warm-up read (`runner.config`)
+        # what the user left to the engine (max_num_seqs, cascade, the step budget: config.py), decided now the pool
+        # is sized; this config is what everything below, the EngineCore's scheduler and the warm-up read
         cascade_pays = triton and self.cascade_rule is not RULE_NEVER  # (the reference backend gains nothing)
-        decided = cfg.with_engine_defaults(num_pages * cfg.page_size, device.type, self.kv_window, cascade_pays)
-        if cfg.num_pages is None and (decided.scheduler.max_running > cfg.scheduler.max_running
-                                      or decided.scheduler.max_batch_tokens > cfg.scheduler.max_batch_tokens):
-            # more rows sample a step, or more tokens: size the pool again with their activations and logits
-            # reserved (a slightly smaller pool, on which the rules give at most as much, so the reserve covers it)
-            num_pages = default_num_pages(s, decided, self.kv_dtype, self.dtype, device)
-            if group is not None:
-                num_pages = group.min_over_ranks(num_pages)
-            decided = cfg.with_engine_defaults(num_pages * cfg.page_size, device.type, self.kv_window, cascade_pays)
+        num_pages, decided = self._size_pool(cfg, s, device, group, cascade_pays)
         self.config = cfg = decided
         self.num_pages = num_pages
         use_graphs = triton and device.type == "cuda" and not cfg.enforce_eager
@@ -157,6 +150,31 @@ class ModelRunner:
             self._token_hosts = [torch.zeros(rows, dtype=torch.int64, pin_memory=True) for _ in range(2)]
             self._token_events = [torch.cuda.Event(), torch.cuda.Event()]
             self._token_turn = 0
+
+    def _size_pool(self, cfg: EngineConfig, spec: Any, device: torch.device, group: TPGroup | None,
+                   cascade_pays: bool) -> tuple[int, EngineConfig]:
+        """The KV pool's pages (cfg.num_pages, or default_num_pages) and cfg with the engine's defaults decided
+        on that pool; with a recent-token window, the running set no larger than the rows whose shadow pages
+        the pool holds (plan.kv_pool_split). The same on every tensor-parallel rank (the smallest pool)."""
+        def size(c: EngineConfig) -> tuple[int, int]:
+            if c.num_pages is not None:
+                return c.num_pages, c.scheduler.max_running
+            pages, rows = default_num_pages(spec, c, self.kv_dtype, self.dtype, device)
+            return (pages, rows) if group is None else (group.min_over_ranks(pages), group.min_over_ranks(rows))
+
+        num_pages, rows = size(cfg)
+        decided = cfg.with_engine_defaults(num_pages * cfg.page_size, device.type, self.kv_window, cascade_pays)
+        if cfg.num_pages is None and (decided.scheduler.max_running > cfg.scheduler.max_running
+                                      or decided.scheduler.max_batch_tokens > cfg.scheduler.max_batch_tokens):
+            # more rows sample a step, or more tokens: size the pool again with their activations and logits
+            # reserved (a slightly smaller pool, on which the rules give at most as much, so the reserve covers it)
+            num_pages, rows = size(decided)
+            decided = cfg.with_engine_defaults(num_pages * cfg.page_size, device.type, self.kv_window, cascade_pays)
+        if rows < decided.scheduler.max_running:
+            log.info("max_num_seqs %d -> %d: the recent-token window's shadow pages fit that many rows beside "
+                     "their KV (plan.kv_pool_split)", decided.scheduler.max_running, rows)
+            decided = replace(decided, scheduler=replace(decided.scheduler, max_running=rows))
+        return num_pages, decided
 
     @classmethod
     def load(cls, model: Any, cfg: EngineConfig, attention_backend: Backend = Backend.AUTO,

@@ -139,8 +139,9 @@ def test_plan_lists_every_kv_dtype_with_int_rows() -> None:
     assert list(rows) == ["fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int4", "int2"]
     assert rows["int4"].bytes_per_token == 2 * 32 * 8 * 72 and rows["int2"].bytes_per_token == 2 * 32 * 8 * 48
     # int rows give the shadow pages of their default window and sink (16 tokens each: 4 + 1 pages a running
-    # request) first
-    window = 2 * 32 * (256 * 5 + 1) * 16 * 8 * 128 * 2
+    # request) first, for the rows the pool can hold at this context (194 of 8,192 tokens here, not 256)
+    assert rows["int4"].window_rows == rows["int4"].max_requests == 194 and rows["bf16"].window_rows == 0
+    window = 2 * 32 * (194 * 5 + 1) * 16 * 8 * 128 * 2
     assert rows["int4"].window_bytes == window and rows["bf16"].window_bytes == 0
     assert rows["int4"].pages == (p.kv_budget_bytes - window) // (16 * rows["int4"].bytes_per_token)
     assert rows["bf16"].pages == p.kv_budget_bytes // (16 * rows["bf16"].bytes_per_token)
