@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from .runner import ModelRunner
 
 LAYOUTS = ("page", "layer")
-_STAGING_BYTES = 256 << 20  # device staging per transfer piece (a transfer of more pages is cut)
+_STAGING_BYTES = 128 << 20  # device staging per transfer piece (a transfer of more pages is cut)
 _FLUSH_BYTES = 256 << 20  # copies asked for are queued on the device once this many are waiting (or at a fence)
 
 
@@ -229,18 +229,24 @@ class HostKV:
         work so far, which may still write these pages; CPU: run now)."""
         if not self._batches:
             return
-        batches, self._batches = self._batches, []
         if self._stream is None:
-            for b in batches:
-                self._transfer(*b.arrays(), to_host=b.to_host)
+            while self._batches:
+                self._transfer(*self._batches[0].arrays(), to_host=self._batches[0].to_host)
+                self._batches.pop(0)
             return
         compute = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self._stream):
             self._stream.wait_stream(compute)
-            for b in batches:
-                self._transfer(*b.arrays(), to_host=b.to_host)
-            self._event.record(self._stream)
-        self._unfenced = True
+            try:
+                while self._batches:
+                    # a batch leaves the list once queued: one that raises midway (no device memory for the
+                    # staging) stays, with those after it, and the next fence queues it again (a copy queued
+                    # twice copies the same bytes: nothing ran between), so no step runs on pages it missed
+                    self._transfer(*self._batches[0].arrays(), to_host=self._batches[0].to_host)
+                    self._batches.pop(0)
+            finally:
+                self._event.record(self._stream)
+                self._unfenced = True
 
     def _transfer(self, g: np.ndarray, h: np.ndarray, to_host: bool) -> None:
         """Copy pages g <-> host pages h (h sorted), in pieces of at most _STAGING_BYTES of staging."""

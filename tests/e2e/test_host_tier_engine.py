@@ -199,3 +199,43 @@ def test_int4_pages_and_scales_come_back_exactly_and_the_window_forgets_loaded_p
     window.check_invariants()
     assert llm.core.stats().host_hit_tokens > 0 and forgot  # loads landed on pages whose old shadows were dropped
     assert_no_leak(llm)
+
+
+def test_a_flush_that_raises_is_queued_again_at_the_next_fence(monkeypatch):
+    """HostKV on its own: a batch whose transfer raises stays queued (with those after it) and the next fence
+    copies it; both layouts move every byte of every layer tensor (FP8 pages and their scales here)."""
+    import numpy as np
+    import torch
+
+    from radixkv.engine.kv_store import KVStore
+
+    for layout in ("page", "layer"):
+        kv = KVStore(2, 6, 4, 2, 8, "fp8_e4m3", "cpu")
+        tensors = [*kv.k_cache, *kv.v_cache, *kv.k_scale, *kv.v_scale]
+        for t in tensors:
+            t.copy_(torch.randn(t.shape).to(t.dtype))
+        want = [t.clone() for t in tensors]
+        host = HostKV(kv, 5, layout)
+        g, h = np.array([4, 0, 2]), np.array([3, 1, 0])
+        host.demote(g, h)
+        transfer, calls = host._transfer, []
+
+        def flaky(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("no device memory for the staging")
+            return transfer(*args, **kwargs)
+
+        monkeypatch.setattr(host, "_transfer", flaky)
+        with pytest.raises(RuntimeError, match="staging"):
+            host.fence()
+        assert host.pending_gpu_pages == {0, 2, 4}
+        host.fence()
+        assert not host.pending_gpu_pages
+        for t in tensors:
+            t[torch.as_tensor(g)] = torch.zeros_like(t[torch.as_tensor(g)])
+        host.promote(h, g)
+        host.fence()
+        assert all(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+                   for a, b in zip(tensors, want))
+        assert host.bytes_d2h == host.bytes_h2d == 3 * host.page_bytes == 3 * kv.total_bytes // kv.num_pages
