@@ -1,12 +1,14 @@
-"""Where an offline workload's wall time goes, step by step: few-shot GSM8K (issue 31's 10x target) through
-`LLM.generate`, per engine config.
+"""Where an offline workload's wall time goes, step by step: few-shot GSM8K (issue 31's 10x target) or vLLM's
+ShareGPT recipe (its 20k target) through `LLM.generate`, per engine config.
 
     python benchmarks/engine/profile_offline.py --gsm8k .devshare/gsm8k                     # H200
     python benchmarks/engine/profile_offline.py --smoke                                     # CPU: checks the script
     ... --configs default max_num_batched_tokens=8192 --profile-steps 4
+    python benchmarks/engine/profile_offline.py --workload sharegpt --profile-steps 3       # H200, .devshare
 
 Llama-3-8B shape, random bf16 weights (`load_format="dummy"`), the few-shot prompts of bench_e2e_gpu.py
-(512 questions over 4 8-shot example sets, 64 new tokens, greedy, all sent at once). For each config (`default`
+(512 questions over 4 8-shot example sets, 64 new tokens, greedy, all sent at once), or sharegpt_offline.py's
+1,000 ShareGPT pairs (SmolLM2's 49k vocabulary, temperature 1, ignore_eos). For each config (`default`
 or comma-separated LLM keywords): the run's wall time and output tok/s, then its steps by kind (mixed or
 decode-only) with their count, seconds and mean ms; with --profile-steps N, torch.profiler's top kernels
 over N mixed steps from the middle of the prefill and N decode-only steps after it.
@@ -26,7 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "serve"))
 from gpu_engine_check import llama3_8b_config  # noqa: E402
-from sharegpt_offline import config_kwargs  # noqa: E402
+from bench_common import SMOLLM2_VOCAB, fold_ids, sharegpt_file, sharegpt_pairs, smollm2_tokenizer  # noqa: E402
+from sharegpt_offline import SMOKE_CAP, config_kwargs  # noqa: E402
 
 from radixkv import LLM, SamplingParams  # noqa: E402
 from radixkv.engine.bench import few_shot_prompts  # noqa: E402
@@ -96,6 +99,7 @@ class StepClock:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workload", choices=("few-shot", "sharegpt"), default="few-shot")
     ap.add_argument("--configs", nargs="+", default=["default"])
     ap.add_argument("--gsm8k", default=None)
     ap.add_argument("--profile-steps", type=int, default=0)
@@ -105,11 +109,18 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     folder = Path(tempfile.mkdtemp(prefix="rkv-profile-offline-"))
     cfg = llama3_8b_config(a.smoke)
+    if a.workload == "sharegpt":
+        cfg.vocab_size = min(cfg.vocab_size, SMOLLM2_VOCAB)
+        pairs = sharegpt_pairs(sharegpt_file(None), smollm2_tokenizer(), 32 if a.smoke else 1000)
+        cap_in, cap_out = SMOKE_CAP if a.smoke else (None, None)
+        prompts = [fold_ids(p[:cap_in], cfg.vocab_size) for p, _ in pairs]
+        params = [SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=min(n, cap_out or n))
+                  for _, n in pairs]
+    else:
+        prompts = few_shot_prompts(cfg.vocab_size, 2 if a.smoke else 8, 4 if a.smoke else 128,
+                                   8 if a.smoke else 64, a.gsm8k, templates=4)
+        params = SamplingParams(temperature=0.0, max_tokens=8 if a.smoke else 64, ignore_eos=True)
     (folder / "config.json").write_text(json.dumps(cfg.to_dict()))
-    prompts = few_shot_prompts(cfg.vocab_size, 2 if a.smoke else 8, 4 if a.smoke else 128, 8 if a.smoke else 64,
-                               a.gsm8k, templates=4)
-    new = 8 if a.smoke else 64
-    params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
     rows = []
     for config in a.configs:
         kw = config_kwargs(config) | ({} if cuda else {"device": "cpu", "dtype": "float32", "num_pages": 2048})
@@ -125,7 +136,7 @@ def main() -> None:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t
         n_out = sum(len(o.token_ids) for o in outs)
-        row = {"config": config, "requests": len(prompts), "wall_s": round(wall, 3),
+        row = {"workload": a.workload, "config": config, "requests": len(prompts), "wall_s": round(wall, 3),
                "output_tok_s": round(n_out / wall, 1), "steps": len(clock.log),
                "max_num_seqs": llm.config.scheduler.max_running,
                "max_batch_tokens": llm.config.scheduler.max_batch_tokens}
