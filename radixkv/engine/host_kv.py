@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from .runner import ModelRunner
 
 LAYOUTS = ("page", "layer")
-_STAGING_BYTES = 128 << 20  # device staging per transfer piece (a transfer of more pages is cut)
+_STAGING_BYTES = 256 << 20  # device staging per transfer piece (a transfer of more pages is cut)
 _FLUSH_BYTES = 256 << 20  # copies asked for are queued on the device once this many are waiting (or at a fence)
 
 
