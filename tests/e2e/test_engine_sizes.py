@@ -13,7 +13,7 @@ from .tiny_models import tiny_config
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(kv_dtype="int4", kv_window=10**9), "kv_window=1,000,000,000 is longer than the model's context"),
     (dict(kv_dtype="int4", kv_sink=10**6), "kv_sink=1,000,000 is longer than the model's context"),
-    (dict(kv_dtype="int2", kv_window=16, kv_sink=2**20), "kv_sink="),
+    (dict(kv_dtype="int4", kv_window=16, kv_sink=2**20), "kv_sink="),
     (dict(num_pages=2**40), "num_pages=1,099,511,627,776 is more than 2,147,483,647"),
     (dict(num_pages=2**31 - 1), "num_pages=2,147,483,647: "),
     (dict(page_size=10**6, max_num_batched_tokens=10**6), "page_size=1,000,000 is more than 65,536"),

@@ -4,7 +4,8 @@ with group scales, greedy generation runs, and stays close to fp32 KV.
 Agreement is teacher-forced as in test_fp8_kv.py: every prefix of the fp32-KV greedy continuation is a
 prompt, and the next token under each KV dtype is compared with fp32's. Measured on this model: int4
 0.875, int2 0.60 (fp8_e4m3 0.96), without the recent-token window. The real model (SmolLM2) is the accuracy benchmark's business
-(benchmarks/engine/kv_accuracy.py); at head_dim 16 here a row is one group.
+(benchmarks/engine/kv_accuracy.py); at head_dim 16 here a row is one group. INT2 is not offered to users
+(config.INT2_OPT_IN): these tests turn it on, and check it is refused without.
 """
 from __future__ import annotations
 
@@ -12,10 +13,24 @@ import pytest
 import torch
 
 from radixkv import LLM, SamplingParams
+from radixkv.config import INT2_OPT_IN
 
 from .tiny_models import tiny_config
 
 STEPS = 24
+
+
+@pytest.fixture(autouse=True)
+def int2_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(INT2_OPT_IN, "1")
+
+
+def test_int2_is_refused_by_name_without_the_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(INT2_OPT_IN)
+    for kw in ({"kv_dtype": "int2"}, {"kv_cache_dtype": "int2"}):
+        with pytest.raises(ValueError, match="kv_dtype int2 is not offered: its decode is slower than bf16"):
+            LLM(tiny_config("llama"), page_size=16, num_pages=8, **kw)
+    LLM(tiny_config("llama"), page_size=16, num_pages=8, kv_dtype="int4")  # the other INT pages are offered
 
 
 @pytest.fixture(scope="module")
