@@ -5,6 +5,8 @@ Generators return `TraceRequest` lists (write them with `traces.write_trace`):
 - few_shot.few_shot: k-shot prompts sharing their examples (GSM8K text, byte-level tokens)
 - shared_prefix.shared_prefix: N groups x M prompts behind a per-group system prompt
 
+json_schemas.SCHEMAS: 30 JSON schemas for structured outputs (tests/e2e and benchmarks/engine/structured_suite.py).
+
 Synthetic token ids are drawn uniformly from [0, SYNTHETIC_VOCAB) with a seeded generator.
 """
 from __future__ import annotations

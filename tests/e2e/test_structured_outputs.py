@@ -12,63 +12,12 @@ import torch
 
 from radixkv import LLM, SamplingParams
 from radixkv.engine.grammar import Grammars
+from radixkv.workloads.json_schemas import SCHEMAS, schema_prompt
 
 xgr = pytest.importorskip("xgrammar", reason="xgrammar not installed: pip install xgrammar")
 jsonschema = pytest.importorskip("jsonschema")
 
-S = {"type": "string", "maxLength": 10}
-I = {"type": "integer", "minimum": 0, "maximum": 99}
-SCHEMAS = [
-    {"type": "object", "properties": {"name": S}, "required": ["name"], "additionalProperties": False},
-    {"type": "object", "properties": {"age": I}, "required": ["age"], "additionalProperties": False},
-    {"type": "object", "properties": {"name": S, "age": I}, "required": ["name", "age"], "additionalProperties": False},
-    {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False},
-    {"type": "object", "properties": {"x": {"type": "number", "minimum": -5, "maximum": 5}}, "required": ["x"],
-     "additionalProperties": False},
-    {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"],
-     "additionalProperties": False},
-    {"type": "object", "properties": {"tags": {"type": "array", "items": S, "maxItems": 3}}, "required": ["tags"],
-     "additionalProperties": False},
-    {"type": "object", "properties": {"nums": {"type": "array", "items": I, "minItems": 1, "maxItems": 4}},
-     "required": ["nums"], "additionalProperties": False},
-    {"type": "object", "properties": {"p": {"type": "object", "properties": {"q": I}, "required": ["q"],
-                                            "additionalProperties": False}}, "required": ["p"], "additionalProperties": False},
-    {"type": "array", "items": I, "minItems": 2, "maxItems": 3},
-    {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 4},
-    {"type": "string", "enum": ["yes", "no"]},
-    {"type": "integer", "minimum": 10, "maximum": 20},
-    {"type": "boolean"},
-    {"type": "null"},
-    {"type": "object", "properties": {"id": I, "label": S, "done": {"type": "boolean"}},
-     "required": ["id", "label", "done"], "additionalProperties": False},
-    {"type": "object", "properties": {"a": {"type": ["integer", "null"], "maximum": 9}}, "required": ["a"],
-     "additionalProperties": False},
-    {"type": "object", "properties": {"city": S, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
-     "required": ["city", "zip"], "additionalProperties": False},
-    {"type": "object", "properties": {"level": {"const": "high"}}, "required": ["level"], "additionalProperties": False},
-    {"type": "object", "properties": {"pair": {"type": "array", "items": I, "minItems": 2, "maxItems": 2}},
-     "required": ["pair"], "additionalProperties": False},
-    {"type": "object", "properties": {"user": {"type": "object", "properties": {"name": S, "admin": {"type": "boolean"}},
-                                               "required": ["name", "admin"], "additionalProperties": False}},
-     "required": ["user"], "additionalProperties": False},
-    {"type": "object", "properties": {"score": {"type": "number", "minimum": 0, "maximum": 1}}, "required": ["score"],
-     "additionalProperties": False},
-    {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}, "legs": {"type": "integer", "minimum": 0,
-                                                                                "maximum": 4}},
-     "required": ["kind", "legs"], "additionalProperties": False},
-    {"type": "object", "properties": {"items": {"type": "array", "maxItems": 2, "items": {
-        "type": "object", "properties": {"n": I}, "required": ["n"], "additionalProperties": False}}},
-     "required": ["items"], "additionalProperties": False},
-    {"type": "string", "pattern": "^[a-z]{2,5}$"},
-    {"type": "object", "properties": {"answer": {"type": "string", "enum": ["A", "B", "C", "D"]}},
-     "required": ["answer"], "additionalProperties": False},
-    {"type": "object", "properties": {"t": {"type": "number", "minimum": 36, "maximum": 42}}, "required": ["t"],
-     "additionalProperties": False},
-    {"type": "object", "properties": {"first": S, "last": S}, "required": ["first", "last"], "additionalProperties": False},
-    {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3},
-    {"type": "object", "properties": {"v": {"type": "integer", "minimum": -3, "maximum": 3}, "w": {"type": "boolean"}},
-     "required": ["v", "w"], "additionalProperties": False},
-]
+
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +32,7 @@ def smol(tmp_path_factory: pytest.TempPathFactory):
 
 def test_thirty_json_schemas_all_parse_and_validate(smol: LLM) -> None:
     assert len(SCHEMAS) >= 30
-    prompts = [f"Reply with JSON matching this schema: {json.dumps(s)}\n" for s in SCHEMAS]
+    prompts = [schema_prompt(s) for s in SCHEMAS]
     params = [SamplingParams(temperature=0.0, max_tokens=48, structured_outputs={"json": s}) for s in SCHEMAS]
     outs = smol.generate(prompts, params)
     for schema, out in zip(SCHEMAS, outs):
@@ -135,7 +84,7 @@ def test_constraints_hold_across_n_seeds_and_preemption(smol: LLM) -> None:
 def test_async_scheduling_runs_constrained_rows_ahead_with_the_same_outputs(smol: LLM) -> None:
     """With async scheduling (CUDA's default) a constrained row's forward runs ahead and its mask is filled
     once the previous token is applied: outputs equal the synchronous loop's, the steps still run ahead."""
-    prompts = [f"Reply with JSON matching this schema: {json.dumps(s)}\n" for s in SCHEMAS[:6]] + ["Hello"]
+    prompts = [schema_prompt(s) for s in SCHEMAS[:6]] + ["Hello"]
     params = [SamplingParams(temperature=0.0, max_tokens=40, structured_outputs={"json": s}) for s in SCHEMAS[:6]]
     params += [SamplingParams(temperature=0.8, seed=1, max_tokens=12, ignore_eos=True)]  # unconstrained beside them
     want = [o.token_ids for o in smol.generate(prompts, params)]
