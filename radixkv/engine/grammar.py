@@ -26,6 +26,23 @@ INSTALL = "pip install xgrammar"
 CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped)
 
 
+# xgrammar (0.2.9) lets a string with maxLength / minLength take raw control characters (U+0000-U+001F), which
+# JSON forbids unescaped (mlc-ai/xgrammar#800): its length-bounded character rule lacks the \0-\x1f its plain
+# strings exclude. json_grammar adds them back to that rule's class in the schema's grammar text.
+_LOOSE_CHARACTER = '[^\\"\\\\\\r\\n]'
+_JSON_CHARACTER = '[^\\0-\\x1f\\"\\\\\\r\\n]'
+
+
+def json_grammar(schema: str) -> Any:
+    """xgrammar's compact-JSON grammar of `schema` (any_whitespace=False), its strings never taking a raw control
+    character (see _LOOSE_CHARACTER)."""
+    xgr = _xgrammar()
+    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False)
+    text = str(grammar)
+    return grammar if _LOOSE_CHARACTER not in text else xgr.Grammar.from_ebnf(
+        text.replace(_LOOSE_CHARACTER, _JSON_CHARACTER))
+
+
 def _xgrammar() -> Any:
     try:
         import xgrammar
@@ -68,8 +85,7 @@ class Grammars:
             kind, spec = key
             try:
                 if kind in ("json", "json_object"):  # compact JSON (module docstring)
-                    compiled = compiler.compile_json_schema(spec if kind == "json" else '{"type": "object"}',
-                                                            any_whitespace=False)
+                    compiled = compiler.compile_grammar(json_grammar(spec if kind == "json" else '{"type": "object"}'))
                 elif kind == "regex":
                     compiled = compiler.compile_regex(spec)
                 elif kind == "choice":
