@@ -376,7 +376,7 @@ class EngineConfig:
     def with_engine_defaults(self, pool_tokens: int, device_type: str, kv_window: int | None,
                              cascade_possible: bool) -> EngineConfig:
         """This config with the defaults the engine decides once its pool is sized: scheduler.max_batch_tokens
-        (engine_step_budget, within the pool) when auto_budget, scheduler.max_running (engine_max_running) when
+        (engine_step_budget, raised no further than the pool holds) when auto_budget, scheduler.max_running (engine_max_running) when
         auto_max_num_seqs, scheduler.cascade (engine_cascade) when auto_cascade; itself when none. Depends only
         on its arguments (every tensor-parallel rank decides the same)."""
         sched = self.scheduler

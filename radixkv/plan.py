@@ -230,7 +230,9 @@ def kv_pool_split(budget: int, per_page: int, window: int, page_size: int, max_r
         return pages_in_budget(budget, per_page), max_rows
     scratch = kv_window_bytes(window, page_size, 0, num_layers, num_kv_heads, head_dim, itemsize, sink)
     row = kv_window_bytes(window, page_size, 1, num_layers, num_kv_heads, head_dim, itemsize, sink) - scratch
-    rows = window_rows(budget, per_page, row, scratch, max_rows, tokens_per_row, page_size)
+    # at least one row when its window fits (a request longer than the pool is the prompt limits' business)
+    rows = window_rows(budget, per_page, row, scratch, max_rows, tokens_per_row, page_size) or int(
+        budget >= scratch + row + per_page)
     left = budget - kv_window_bytes(window, page_size, rows, num_layers, num_kv_heads, head_dim, itemsize, sink)
     return pages_in_budget(max(0, left), per_page), rows
 
@@ -446,9 +448,11 @@ def plan_memory(shape: ModelShape, gpu_memory: int, utilization: float = 0.9, pa
         # as the engine sizes its pool (kv_store.default_num_pages), at this plan's context a request
         pages, runnable = kv_pool_split(budget, per_page, w, page_size, max_running, context, *geometry, sink)
         window = kv_window_bytes(w, page_size, runnable, *geometry, sink)
-        most = min(pages // per_req, runnable)
-        rows.append(KVPlanRow(kd.value, per_token, per_page, pages, pages * page_size, most,
-                              batch * per_req * per_page, batch <= most, window, runnable if w else 0))
+        most = min(pages // per_req, runnable) if w else pages // per_req  # a window runs no more than its rows
+        load = batch * per_req * per_page
+        fits = batch <= most if w else load <= budget
+        rows.append(KVPlanRow(kd.value, per_token, per_page, pages, pages * page_size, most, load, fits, window,
+                              runnable if w else 0))
     return MemoryPlan(shape.name, dtype, weights, gpu_memory, utilization, reserve, budget, page_size, context,
                       batch, batch * context, rows)
 

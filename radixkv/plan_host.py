@@ -14,6 +14,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+# device memory one host-tier transfer stages its pages through (engine/host_kv.py); the engine reserves it
+# beside a step's memory when a host tier is configured (kv_store.default_num_pages)
+HOST_STAGING_BYTES = 256 << 20
+
 GIB = 1 << 30
 
 

@@ -213,8 +213,8 @@ class SamplingParams:
     def reads_output(self) -> bool:
         """Whether sampling this row's next token reads its latest tokens on the host: penalties,
         min_tokens, a bad word of several tokens, or structured outputs (the grammar's mask follows the
-        last token) (EngineCore schedules such rows only after their tokens are read; logit_bias,
-        allowed_token_ids and one-token bad words do not need to wait)."""
+        last token). EngineCore runs such rows ahead in two halves: the forward queued ahead, the sampler
+        once their tokens are applied; logit_bias, allowed_token_ids and one-token bad words need neither."""
         words = self.bad_words_token_ids
         multi = bool(self.bad_words) if words is None else any(len(w) > 1 for w in words)
         return self.has_penalties or self.min_tokens > 0 or multi or self.structured_outputs is not None

@@ -30,6 +30,7 @@ One caller at a time: a second thread, or a re-entrant call, is refused before i
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -49,6 +50,8 @@ from radixkv.scheduler import Scheduler
 from .grammar import Grammars
 from .host_kv import HostKV, build_host_kv
 from .runner import Forwarded, Launched, ModelRunner
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -238,14 +241,7 @@ class EngineCore:
                 launched = self.runner.launch(batch, grammar_mask=self._grammar_mask(batch))
             batch, stage = launched.batch, "run"
             if self.async_scheduling and self._may_run_ahead(launched):
-                nxt = self.scheduler.schedule_ahead(self.now())
-                if nxt is not None:
-                    self._fence()
-                    # rows that read their latest token (grammars, penalties): the forward now, the sampler
-                    # once this step's tokens are applied (_sample_ahead)
-                    reads = any(r.sampling.params.reads_output for r in nxt.requests)
-                    self._ahead = self.runner.forward(nxt, launched) if reads else self.runner.launch(nxt, launched)
-                    self.steps_ahead += 1
+                self._run_ahead(launched)
             tokens = self.runner.collect(launched)  # the step's one wait on the device
             stage = "update"
             before = [len(r.output) for r in batch.requests]
@@ -263,11 +259,31 @@ class EngineCore:
             raise
         self.num_steps += 1
         self.mixed_steps += not batch.is_decode_only
+        self._drop_finished_ahead()
         self._sample_ahead()
         deltas = self._deltas(launched, before)
         self._ran = {e.req.rid for e in self.scheduler.running}
         self._drop_finished_ahead()
         return deltas
+
+    def _run_ahead(self, launched: Launched) -> None:
+        """Schedule and queue the step after `launched` (async scheduling). Optional work: if planning or
+        queueing it fails, it is dropped and `launched` goes on (the next step schedules the same work afresh,
+        where a failure is reported with its suspects)."""
+        nxt = self.scheduler.schedule_ahead(self.now())
+        if nxt is None:
+            return
+        try:
+            self._fence()
+            # rows that read their latest token (grammars, penalties): the forward now, the sampler once this
+            # step's tokens are applied (_sample_ahead)
+            reads = any(r.sampling.params.reads_output for r in nxt.requests)
+            self._ahead = self.runner.forward(nxt, launched) if reads else self.runner.launch(nxt, launched)
+        except Exception:
+            log.debug("the step ahead could not be queued; dropped", exc_info=True)
+            self.scheduler.abandon(nxt)
+            return
+        self.steps_ahead += 1
 
     def _fence(self) -> None:
         """Before a step is launched: the host tier's copies queued while scheduling it (demotions of pages
@@ -346,9 +362,12 @@ class EngineCore:
             return
         try:
             self._ahead = self.runner.sample(fw, self._grammar_mask(fw.batch))
-        except Exception:
+        except BaseException as err:  # never leave a step ahead without its sampler
             self._ahead = None
             self.scheduler.abandon(fw.batch)
+            if not isinstance(err, Exception):
+                raise
+            log.debug("the sampler of the step ahead failed; the step is dropped", exc_info=True)
 
     def _may_run_ahead(self, launched: Launched) -> bool:
         """Whether the step after `launched` may be scheduled before its tokens are read: every row

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from radixkv.config import EngineConfig
-from radixkv.plan_host import check_pinnable, host_pages
+from radixkv.plan_host import HOST_STAGING_BYTES, check_pinnable, host_pages
 
 from .kv_store import KVStore
 from .kv_window import KVWindow
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from .runner import ModelRunner
 
 LAYOUTS = ("page", "layer")
-_STAGING_BYTES = 256 << 20  # device staging per transfer piece (a transfer of more pages is cut)
+_STAGING_BYTES = HOST_STAGING_BYTES  # device staging per transfer piece (a transfer of more pages is cut)
 _FLUSH_BYTES = 256 << 20  # copies asked for are queued on the device once this many are waiting (or at a fence)
 
 

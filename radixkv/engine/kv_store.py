@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from radixkv import plan
+from radixkv.plan_host import HOST_STAGING_BYTES
 from radixkv.config import ENGINE_POOL_TOKENS_PER_ROW, EngineConfig, KVDtype
 
 from .model_config import ModelSpec
@@ -171,9 +172,11 @@ def default_num_pages(spec: ModelSpec, cfg: EngineConfig, kv: KVDtype, dtype: to
     # (the reference backend captures no graphs: a small over-reserve there)
     reserve = plan.engine_reserve_bytes(spec.hidden_size, spec.intermediate_size, spec.vocab_size,
                                         sched.max_batch_tokens, sched.max_running, itemsize, not cfg.enforce_eager)
+    if cfg.host_kv_cache_bytes or cfg.hicache_ratio:
+        reserve += HOST_STAGING_BYTES  # the host tier's device staging buffer (engine/host_kv.py)
     window = plan.kv_window_for(kv, cfg.kv_window)
     budget = plan.kv_budget_bytes(free, cfg.gpu_memory_utilization, reserve)
-    row_tokens = cfg.max_model_len or ENGINE_POOL_TOKENS_PER_ROW
+    row_tokens = min(cfg.max_model_len, spec.max_position) if cfg.max_model_len else ENGINE_POOL_TOKENS_PER_ROW
     pages, rows = plan.kv_pool_split(budget, per_page, window, ps, sched.max_running, row_tokens, spec.num_layers,
                                      spec.num_kv_heads, spec.head_dim, itemsize,
                                      plan.kv_sink_for(kv, window, ps, cfg.kv_sink))

@@ -171,8 +171,10 @@ class ModelRunner:
             num_pages, rows = size(decided)
             decided = cfg.with_engine_defaults(num_pages * cfg.page_size, device.type, self.kv_window, cascade_pays)
         if rows < decided.scheduler.max_running:
-            log.info("max_num_seqs %d -> %d: the recent-token window's shadow pages fit that many rows beside "
-                     "their KV (plan.kv_pool_split)", decided.scheduler.max_running, rows)
+            say = log.info if cfg.auto_max_num_seqs else log.warning  # a value the user gave is cut: say it louder
+            say("max_num_seqs %d -> %d: the recent-token window's shadow pages fit that many rows beside their KV "
+                "at %s tokens a row (plan.kv_pool_split)", decided.scheduler.max_running, rows,
+                cfg.max_model_len or "512")
             decided = replace(decided, scheduler=replace(decided.scheduler, max_running=rows))
         return num_pages, decided
 

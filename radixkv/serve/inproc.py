@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from radixkv.config import ENGINE_STEP_BUDGET
 from radixkv.engine.core import EngineStats
 from radixkv.engine.llm import LLM
 
@@ -32,6 +33,11 @@ class InprocCore:
     """The core of `llm` driven by a background thread (see the module docstring)."""
 
     def __init__(self, llm: LLM) -> None:
+        cfg = llm.config
+        if cfg.auto_budget and cfg.usage == "offline" and cfg.scheduler.max_batch_tokens > ENGINE_STEP_BUDGET:
+            log.warning("serving an LLM built for offline throughput: %d tokens a step lets a long prompt stall "
+                        "every decode row; LLM(..., usage=\"serve\") takes the server's %d (config.engine_step_budget)",
+                        cfg.scheduler.max_batch_tokens, ENGINE_STEP_BUDGET)
         self.llm = llm
         self.inputs, self.outputs, self.tokenizer = llm.inputs, llm.outputs, llm.tokenizer
         self.error: str | None = None

@@ -192,3 +192,49 @@ def test_a_step_failing_midway_leaves_the_engine_able_to_go_on(monkeypatch, stag
         llm.step()
     assert [r.output for r in reqs] == want
     _whole(llm)
+
+
+def _fail_deferred_sample_once(llm: LLM, exc: BaseException) -> dict:
+    """Make the sampler of the next step ahead (the deferred half) raise `exc`, once."""
+    real, calls = llm.core.runner.sample, {"n": 0}
+
+    def sample(fw, mask=None):
+        if llm.core._ahead is fw and calls["n"] == 0:
+            calls["n"] += 1
+            raise exc
+        return real(fw, mask)
+
+    llm.core.runner.sample = sample
+    return calls
+
+
+PENALISED = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, presence_penalty=1.5)
+
+
+def test_a_failed_deferred_sampler_drops_the_step_ahead_and_the_work_is_recomputed() -> None:
+    prompts = _prompts(3, seed=10)
+    want = _outputs(_llm(False).generate(prompts, [PENALISED] * 3))
+    llm = _llm(True)
+    calls = _fail_deferred_sample_once(llm, RuntimeError("injected"))
+    assert _outputs(llm.generate(prompts, [PENALISED] * 3)) == want
+    assert calls["n"] == 1
+    _whole(llm)
+
+
+def test_an_interrupt_in_the_deferred_sampler_leaves_no_half_step_behind() -> None:
+    """A KeyboardInterrupt propagates, and the engine goes on afterwards with the same outputs."""
+    prompts = _prompts(3, seed=10)
+    want = _outputs(_llm(False).generate(prompts, [PENALISED] * 3))
+    llm = _llm(True)
+    reqs = llm.add_requests(prompts, PENALISED)
+    llm.step()
+    llm.step()
+    _fail_deferred_sample_once(llm, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(20):
+            llm.step()
+    assert llm.core._ahead is None and llm.core.scheduler.in_flight is None
+    while llm.core.has_work():
+        llm.step()
+    assert [[(list(r.output), r.finish_reason.value, None)] for r in reqs] == want
+    _whole(llm)
