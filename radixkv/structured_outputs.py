@@ -71,10 +71,12 @@ class StructuredOutputsParams:
 
     @property
     def key(self) -> tuple[str, str]:
-        """(kind, canonical text): the compile cache's key (a schema's key order does not matter)."""
+        """(kind, canonical text): the compile cache's key and what is compiled. A schema keeps its key order: the
+        grammar writes an object's properties in the schema's order (as vLLM's; a "reasoning" field before an
+        "answer" field is the point of many schemas)."""
         kind = self.kind
         if kind == "json":
-            spec = json.dumps(json.loads(self.json) if isinstance(self.json, str) else self.json, sort_keys=True)
+            spec = json.dumps(json.loads(self.json) if isinstance(self.json, str) else self.json)
         elif kind == "choice":
             spec = json.dumps(list(self.choice or ()))
         elif kind == "json_object":

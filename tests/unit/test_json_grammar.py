@@ -31,3 +31,16 @@ def test_every_schema_of_the_suite_compiles_and_keeps_its_language() -> None:
         text = json.dumps(schema)
         ours, theirs = json_grammar(text), xgr.Grammar.from_json_schema(text, any_whitespace=False)
         assert str(ours).replace("\\0-\\x1f", "") == str(theirs).replace("\\0-\\x1f", ""), schema
+
+
+def test_a_schema_keeps_its_property_order() -> None:
+    """The grammar writes properties in the schema's order (vLLM's behaviour): "reasoning" before "answer"."""
+    from radixkv.structured_outputs import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"reasoning": {"type": "string"}, "answer": {"type": "integer"}},
+              "required": ["reasoning", "answer"], "additionalProperties": False}
+    kind, spec = StructuredOutputsParams(json=schema).key
+    assert kind == "json" and list(json.loads(spec)["properties"]) == ["reasoning", "answer"]
+    g = json_grammar(spec)
+    assert accepts(g, '{"reasoning": "x", "answer": 4}') and not accepts(g, '{"answer": 4, "reasoning": "x"}')
+    assert StructuredOutputsParams(json=json.dumps(schema)).key == (kind, spec)  # text or dict: one cache entry
