@@ -20,7 +20,9 @@ words of several tokens) run ahead in two halves: the forward is queued ahead, t
 has applied the tokens (and advanced the grammars), so the forward still overlaps the host's update.
 
 Failure: a step is failure-atomic. If anything raises before its tokens are applied, the batch goes
-back to the scheduler as if it never ran and the next step recomputes the same work. An Exception
+back to the scheduler as if it never ran and the next step recomputes the same work. The step ahead is
+optional work: an Exception while queueing it or its deferred sampler drops it alone (the step in flight
+is applied; the next step schedules the same work afresh, where a failure is reported as below). An Exception
 comes out as StepFailed naming the stage and the suspect requests (those admitted in the failed
 step, else the head of the waiting queue when admission raised, else every running request); a
 KeyboardInterrupt or SystemExit propagates as it is.
