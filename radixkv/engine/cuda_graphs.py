@@ -84,7 +84,7 @@ class DecodeGraphs:
         self._q_start = torch.arange(R, dtype=torch.int32, device=kv.device)
         self._q_lens = torch.ones(R, dtype=torch.int32, device=kv.device)
         # every graph writes its logits into this one buffer, outside the graphs' pool: one output each would
-        # keep sum(buckets) x V floats alive (17 GiB at 1,024 rows and a 128k vocabulary; plan.graph_reserve_bytes)
+        # keep sum(buckets) x V floats alive (~16 GiB at 1,024 rows and a 128k vocabulary; plan.graph_reserve_bytes)
         self._logits = torch.empty(R, model.vocab_rows, dtype=torch.float32, device=kv.device)
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()

@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from radixkv import plan
-from radixkv.plan_host import HOST_STAGING_BYTES
 from radixkv.config import ENGINE_POOL_TOKENS_PER_ROW, EngineConfig, KVDtype
+from radixkv.plan_host import HOST_STAGING_BYTES
 
 from .model_config import ModelSpec
 
