@@ -228,8 +228,8 @@ ENGINE_POOL_TOKENS_PER_ROW = 512
 
 def engine_max_running(pool_tokens: int, max_batch_tokens: int, device_type: str, kv_window: int | None) -> int:
     """The engine's max_num_seqs when the user gives none: on CUDA
-    `max(256, min(ENGINE_MAX_RUNNING_CAP, max_batch_tokens, pool_tokens // 512))`; 256 on any other device (CPU tests keep their
-    old running set) and with a recent-token window (`kv_window` > 0: INT4/INT2 pages by default), whose shadow
+    `max(256, min(ENGINE_MAX_RUNNING_CAP, max_batch_tokens, pool_tokens // 512))`; 256 on any other device (CPU
+    tests keep their old running set) and with a recent-token window (`kv_window` > 0: INT4/INT2 pages by default), whose shadow
     pages are reserved for every row that could run (issue 34 item 4), so a bigger running set costs pool.
 
     Why (benchmarks/RESULTS.md, "Serving under load, cold start, mixed steps, defaults", H200, Llama-3-8B shape,
@@ -376,9 +376,9 @@ class EngineConfig:
     def with_engine_defaults(self, pool_tokens: int, device_type: str, kv_window: int | None,
                              cascade_possible: bool) -> EngineConfig:
         """This config with the defaults the engine decides once its pool is sized: scheduler.max_batch_tokens
-        (engine_step_budget, raised no further than the pool holds) when auto_budget, scheduler.max_running (engine_max_running) when
-        auto_max_num_seqs, scheduler.cascade (engine_cascade) when auto_cascade; itself when none. Depends only
-        on its arguments (every tensor-parallel rank decides the same)."""
+        (engine_step_budget, raised no further than the pool holds) when auto_budget, scheduler.max_running
+        (engine_max_running) when auto_max_num_seqs, scheduler.cascade (engine_cascade) when auto_cascade; itself
+        when none. Depends only on its arguments (every tensor-parallel rank decides the same)."""
         sched = self.scheduler
         if self.auto_budget:  # before the running set, which never exceeds the budget
             budget = min(engine_step_budget(device_type, self.usage), pool_tokens)  # no more than the pool holds
