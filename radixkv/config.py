@@ -229,8 +229,9 @@ ENGINE_POOL_TOKENS_PER_ROW = 512
 def engine_max_running(pool_tokens: int, max_batch_tokens: int, device_type: str, kv_window: int | None) -> int:
     """The engine's max_num_seqs when the user gives none: on CUDA
     `max(256, min(ENGINE_MAX_RUNNING_CAP, max_batch_tokens, pool_tokens // 512))`; 256 on any other device (CPU
-    tests keep their old running set) and with a recent-token window (`kv_window` > 0: INT4/INT2 pages by default), whose shadow
-    pages are reserved for every row that could run (issue 34 item 4), so a bigger running set costs pool.
+    tests keep their old running set) and with a recent-token window (`kv_window` > 0: INT4/INT2 pages by
+    default), whose shadow pages are reserved for the rows that can run (plan.kv_pool_split, issue 34 item 4),
+    so a bigger running set costs pool.
 
     Why (benchmarks/RESULTS.md, "Serving under load, cold start, mixed steps, defaults", H200, Llama-3-8B shape,
     bf16, vLLM's ShareGPT offline recipe: 1,000 requests, 85,661 prompt + 350,851 output tokens):
