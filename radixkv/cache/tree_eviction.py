@@ -118,36 +118,43 @@ class TreeEviction:
         if self._lru.push(node) and len(self._lru) > 4 * self._num_nodes + 1024:
             self._lru.rebuild(self._roots.values())
 
+    def _cut_leaf(self, node: Node, blocks: str, num_pages: int) -> tuple[np.ndarray, int]:
+        """Take the last `num_pages` blocks of leaf `node`'s page ids (`blocks`: "pages" on the GPU, "host" on
+        the host tier), or all of them and the node out of the tree (its parent then carries its latest use, see
+        _rematch). Returns (the page ids taken, the blocks the node keeps: 0 when it left the tree)."""
+        ids = getattr(node, blocks)
+        keep = len(ids) - num_pages
+        if keep > 0:
+            ps = self.page_size
+            setattr(node, blocks, ids[:keep])
+            node.depth -= len(node.key) - keep * ps
+            node.key = node.key[: keep * ps]
+            return ids[keep:], keep
+        parent = node.parent
+        detach_child(node)
+        self._num_nodes -= 1
+        parent.last_access = max(parent.last_access, node.last_access)
+        return ids, 0
+
     def _take_victims(self, num_pages: int) -> list[np.ndarray]:
         """Remove up to `num_pages` pages from the tree, least recently used leaf first and a
         leaf's tail blocks first. Returns the removed pages (the tree's references not yet dropped)."""
         dropped: list[np.ndarray] = []
         taken = 0
-        ps = self.page_size
         while taken < num_pages:
             node = self._lru.pop()
             if node is None:
                 break
-            keep = len(node.pages) - (num_pages - taken)
-            if keep > 0:
-                pages = node.pages[keep:]
-                node.pages = node.pages[:keep]
-                node.depth -= len(node.key) - keep * ps
-                node.key = node.key[: keep * ps]
+            parent = node.parent
+            pages, keep = self._cut_leaf(node, "pages", num_pages - taken)
+            if keep:
                 self._lru.requeue(node)
+            elif parent.parent is None:
+                self._drop_root_if_empty(parent)  # its namespace's last block went
             else:
-                pages = node.pages
-                parent = node.parent
-                detach_child(node)
-                self._num_nodes -= 1
-                # see _rematch: once a leaf, the parent carries its subtree's latest use
-                parent.last_access = max(parent.last_access, node.last_access)
-                if parent.parent is None:
-                    self._drop_root_if_empty(parent)  # its namespace's last block went
-                else:
-                    self._push_if_evictable(parent)
+                self._push_if_evictable(parent)
             if self._chains is not None:
-                self._chains.removed(node, max(keep, 0))
+                self._chains.removed(node, keep)
             dropped.append(pages)
             taken += len(pages)
         self.num_cached_pages -= taken

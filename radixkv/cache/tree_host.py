@@ -192,21 +192,12 @@ class TreeHost(TreeEviction):
         node = self._host_lru.pop()
         if node is None:
             return 0
-        ps = self.page_size
-        keep = len(node.host) - num_pages
-        if keep > 0:
-            pages = node.host[keep:]
-            node.host = node.host[:keep]
-            node.depth -= len(node.key) - keep * ps
-            node.key = node.key[: keep * ps]
+        parent = node.parent
+        pages, keep = self._cut_leaf(node, "host", num_pages)
+        if keep:
             self._host_lru.push(node)
         else:
-            pages = node.host
-            parent = node.parent
-            detach_child(node)
-            self._num_nodes -= 1
             node.heap_seq = None
-            parent.last_access = max(parent.last_access, node.last_access)
             if parent.parent is None:
                 self._drop_root_if_empty(parent)
             elif parent.host is not None:
@@ -214,7 +205,7 @@ class TreeHost(TreeEviction):
             else:
                 self._push_if_evictable(parent)
         if self._chains is not None:
-            self._chains.removed(node, max(keep, 0), MEDIUM_CPU)
+            self._chains.removed(node, keep, MEDIUM_CPU)
         self.num_host_pages -= len(pages)
         return self.host_pool.decref_distinct(pages)
 
