@@ -610,10 +610,12 @@ class TieredTreeMachine(RuleBasedStateMachine):
         k = min(k, avail, self.pool.num_free)
         if k == 0:
             return
+        pages = self.pool.alloc_array(k)
         try:
-            new = self.cache.promote(m, self.pool.alloc_array(k), donate=True)
-        except ValueError as e:  # the host path changed under the held match
+            new = self.cache.promote(m, pages, donate=True)
+        except ValueError as e:  # the host path changed under the held match: the pages are still ours
             assert "stale" in str(e)
+            self.pool.decref_distinct(pages)
             return
         self.locked[i] = new
         event("promote_held")
