@@ -67,6 +67,14 @@ def check_tree(cache: TreeView) -> None:
                 assert child.namespace == ns, f"{child}: in namespace {ns!r} but says {child.namespace!r}"
                 k = len(child.key)
                 assert k > 0 and k % ps == 0, f"{child}: key of {k} tokens is not a positive whole number of blocks"
+                assert child.depth == node.depth + k, \
+                    f"{child}: depth {child.depth} is not its parent's {node.depth} + its {k} tokens"
+                first = child.key[:ps]
+                assert child.hkey == cache.hash(first), f"{child}: stored hash is not its first block's"
+                fb = first.tobytes()
+                assert child.first == fb, f"{child}: stored first block is not its key's"
+                assert fb not in firsts, f"{child}: shares its first block with a sibling"
+                firsts.add(fb)
                 if child.host is not None:  # the host tier (tree_host.py)
                     assert hp is not None, f"{child}: on host pages in a tree without a host tier"
                     assert len(child.pages) == 0, f"{child}: on host but still lists GPU pages"
@@ -85,27 +93,11 @@ def check_tree(cache: TreeView) -> None:
                             f"{child}: host leaf has no host-LRU entry at its last access time"
                     hosted += len(hpages)
                     nodes += 1
-                    assert child.depth == node.depth + k, \
-                        f"{child}: depth {child.depth} is not its parent's {node.depth} + its {k} tokens"
-                    first = child.key[:ps]
-                    assert child.hkey == cache.hash(first), f"{child}: stored hash is not its first block's"
-                    fb = first.tobytes()
-                    assert child.first == fb, f"{child}: stored first block is not its key's"
-                    assert fb not in firsts, f"{child}: shares its first block with a sibling"
-                    firsts.add(fb)
                     stack.append(child)
                     continue
                 assert len(child.pages) == k // ps, f"{child}: {len(child.pages)} pages for {k // ps} blocks"
-                first = child.key[:ps]
-                assert child.hkey == cache.hash(first), f"{child}: stored hash is not its first block's"
-                fb = first.tobytes()
-                assert child.first == fb, f"{child}: stored first block is not its key's"
-                assert fb not in firsts, f"{child}: shares its first block with a sibling"
-                firsts.add(fb)
                 assert child.lock_count >= 0, f"{child}: negative lock count"
                 child_locks += child.lock_count
-                assert child.depth == node.depth + k, \
-                    f"{child}: depth {child.depth} is not its parent's {node.depth} + its {k} tokens"
                 pages = child.pages
                 np.add.at(uses, pages, 1)
                 twice = pages[uses[pages] > 1]
