@@ -6,8 +6,9 @@ Before the model runs, every slot in `slots` belongs to a page in that row's pag
 and the pages listed for a row cover all `seq_lens[b]` tokens.
 `page_tables[b]` may be the scheduler's own page list of that request (no copy per step): it is
 valid until `Scheduler.update`, and the model must not modify it.
-A batch scheduled ahead (`follows` set) reads its input tokens from the previous batch's sampled
-tokens on the device; its rows whose request has finished meanwhile are dropped by `update`.
+A batch scheduled ahead (`follows` set) is planned while the previous batch still runs: its leading
+decode rows read their input tokens from that batch's sampled tokens on the device; its rows whose request
+has finished meanwhile are dropped by `update`.
 `cascade`: the step's cascade levels (CascadeLevels below; scheduler/cascade_groups.py finds them).
 """
 from __future__ import annotations
@@ -91,8 +92,9 @@ class Batch:
     # decode rows sharing cached pages, for the cascade kernels (scheduler/cascade_groups.py); None: plain
     # decode (the scheduler builds it only with SchedulerConfig(cascade=True), when a group is worth it)
     cascade: CascadeLevels | None = None
-    # [B] a step scheduled ahead (Scheduler.schedule_ahead) while the previous batch still runs: row b's input
-    # token is the one row follows[b] of that batch samples, not known on the host yet (input_ids hold 0)
+    # a step scheduled ahead (Scheduler.schedule_ahead) while the previous batch still runs; None: a plain step.
+    # [K] its first K rows (decode rows, leading the batch) take as input the token the previous batch's
+    # follows[b]-th sampling row draws (Launched.drawn[follows[b]]), not known on the host yet (input_ids hold 0)
     follows: list[int] | None = None
 
     @property
@@ -137,6 +139,23 @@ class BatchBuilder:
         self.page_tables: list[list[int]] = []
         self.slots: list[int] = []
         self.sample: list[bool] = []
+        self.follows: list[int] = []
+
+    def follow(self, req: Request, position: int, drawn: int) -> None:
+        """Decode row at `position` whose input is the previous batch's drawn[drawn] (a step scheduled ahead:
+        that token is not on the host yet). Every such row comes before any other row."""
+        if len(self.requests) != len(self.follows):
+            raise ValueError("BatchBuilder.follow: rows following the previous batch lead the batch")
+        self.follows.append(drawn)
+        self.requests.append(req)
+        self.q_start.append(len(self.input_ids))
+        self.q_lens.append(1)
+        self.seq_lens.append(position + 1)
+        self.page_tables.append(req.pages)
+        self.sample.append(True)
+        self.input_ids.append(0)
+        self.positions.append(position)
+        self.slots.append(req.pages[position // self.page_size] * self.page_size + position % self.page_size)
 
     def add(self, req: Request, start: int, q_len: int) -> None:
         """Row computing tokens [start, start + q_len) of req's prompt + output."""
@@ -151,9 +170,11 @@ class BatchBuilder:
         self.positions.extend(range(start, end))
         self.slots.extend(_slots(req.pages, start, end, self.page_size))
 
-    def build(self) -> Batch:
+    def build(self, ahead: bool = False) -> Batch:
+        """The Batch; ahead: a step scheduled ahead (`follows` set, possibly empty)."""
         return Batch(self.requests, self.input_ids, self.positions, self.q_start, self.q_lens,
-                     self.seq_lens, self.page_tables, self.slots, self.sample, self.page_size)
+                     self.seq_lens, self.page_tables, self.slots, self.sample, self.page_size,
+                     follows=self.follows if ahead else None)
 
 
 def _token_slice(req: Request, start: int, end: int) -> list[int]:

@@ -9,12 +9,13 @@ One step: the scheduler picks work (prefix matches give cached pages, so only un
 computed) -> the runner queues the forward pass and the sampler -> `scheduler.update` appends the
 tokens; finished requests are inserted into the radix tree (prompt + output) and release their pages.
 
-Async scheduling (on by default on CUDA): before reading a step's tokens, the next decode step of the
-same rows is scheduled ahead and queued behind it, its input ids taken from those tokens on the device.
-So the host's work between steps (reading tokens, update, the front end's output processing,
-scheduling and planning the step after) runs while the GPU computes, and step() returns with the next
-step in flight. Rows that finished meanwhile are dropped from the step ahead; a step that cannot be
-planned ahead (admissions, prefill chunks, logprobs, pages short) runs after the update, as without async
+Async scheduling (on by default on CUDA): before reading a step's tokens, the next step is scheduled
+ahead and queued behind it, the inputs of its rows that continue that step's rows taken from those tokens
+on the device. The step ahead is the whole next step: decode rows, prompt chunks and admissions
+(Scheduler.schedule_ahead). So the host's work between steps (reading tokens, update, the front end's
+output processing, scheduling and planning the step after) runs while the GPU computes, and step() returns
+with the next step in flight. Rows that finished meanwhile are dropped from the step ahead; a step that
+cannot be planned ahead (logprobs, a preemption needed) runs after the update, as without async
 scheduling. Rows whose sampler reads their latest token on the host (grammars, penalties, min_tokens, bad
 words of several tokens) run ahead in two halves: the forward is queued ahead, the sampler once the update
 has applied the tokens (and advanced the grammars), so the forward still overlaps the host's update.
@@ -272,7 +273,11 @@ class EngineCore:
         """Schedule and queue the step after `launched` (async scheduling). Optional work: if planning or
         queueing it fails, it is dropped and `launched` goes on (the next step schedules the same work afresh,
         where a failure is reported with its suspects)."""
-        nxt = self.scheduler.schedule_ahead(self.now())
+        try:
+            nxt = self.scheduler.schedule_ahead(self.now())
+        except Exception:  # (an admission undoes itself; pages taken for rows stay theirs)
+            log.debug("the step ahead could not be scheduled; the next step schedules afresh", exc_info=True)
+            return
         if nxt is None:
             return
         try:
@@ -372,15 +377,11 @@ class EngineCore:
             log.debug("the sampler of the step ahead failed; the step is dropped", exc_info=True)
 
     def _may_run_ahead(self, launched: Launched) -> bool:
-        """Whether the step after `launched` may be scheduled before its tokens are read: every row
-        samples and none asks for logprobs (read when the step is launched). Rows whose sampler reads
-        their latest token on the host (SamplingParams.reads_output: grammars, penalties, min_tokens, bad
-        words of several tokens) run ahead too: their forward is queued ahead, their sampler after the
-        update (_sample_ahead)."""
-        batch = launched.batch
-        if not all(batch.sample):
-            return False
-        for r in batch.requests:
+        """Whether the step after `launched` may be scheduled before its tokens are read: no row asks for
+        logprobs (read when the step is launched). Rows whose sampler reads their latest token on the host
+        (SamplingParams.reads_output: grammars, penalties, min_tokens, bad words of several tokens) run ahead
+        too: their forward is queued ahead, their sampler after the update (_sample_ahead)."""
+        for r in launched.batch.requests:
             p = r.sampling.params if r.sampling is not None else None
             if p is None or p.logprobs is not None:
                 return False

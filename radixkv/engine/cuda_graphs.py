@@ -114,7 +114,7 @@ class DecodeGraphs:
 
     def run(self, batch: Batch, input_ids: Tensor | None = None) -> Tensor:
         """The step's logits [B, V] float32 (a view into the graph's output: use before the next step).
-        input_ids: int64 [B] on the device, in place of batch.input_ids (a step scheduled ahead)."""
+        input_ids: int64 [K] on the device, in place of batch.input_ids[:K] (a step scheduled ahead)."""
         B = len(batch.requests)
         self.attention.prepare_window(batch)
         cascade = batch.cascade is not None  # power-of-two buckets only: fewer cascade keys (cascade_inputs.py)
@@ -128,7 +128,7 @@ class DecodeGraphs:
             self._cascade.upload(self._turn, bucket)
         self._upload(bucket)
         if input_ids is not None:
-            self._dev[:B].copy_(input_ids)
+            self._dev[:input_ids.shape[0]].copy_(input_ids)
         graph, logits = self._graph(key)
         graph.replay()
         self.replays += 1

@@ -124,8 +124,8 @@ class MixedGraphs:
         return not batch.is_decode_only and batch.num_tokens <= self.largest
 
     def run(self, batch: Batch, input_ids: Tensor | None = None) -> Tensor:
-        """Logits [S, V] float32 of the step's sampling rows (stores the step's K/V). input_ids: int64 [T] on
-        the device in place of batch.input_ids."""
+        """Logits [S, V] float32 of the step's sampling rows (stores the step's K/V). input_ids: int64 [K] on
+        the device in place of batch.input_ids[:K] (a step scheduled ahead: its rows that follow the last)."""
         h = self.hidden(batch, input_ids)
         return self.model.logits(h[self._sample[:sum(batch.sample)]])
 
@@ -141,7 +141,7 @@ class MixedGraphs:
                     self.scratch_slot, last)
         self._upload()
         if input_ids is not None:
-            self._ids[:T].copy_(input_ids)
+            self._ids[:input_ids.shape[0]].copy_(input_ids)
         pieces = self._pieces_of(bucket)
         q, o = self._q[:T], self._o[:T]
         pieces[0]()

@@ -215,8 +215,9 @@ class ModelRunner:
     def forward_logits(self, batch: Batch, use_graphs: bool = True, input_ids: Tensor | None = None) -> Tensor:
         """Logits [S, V] float32 of the batch's sampling rows: from a CUDA graph when the step fits
         one (and use_graphs), else eagerly. Stores the step's K/V either way (on every rank). input_ids:
-        int64 [T] on the device in place of batch.input_ids (a step scheduled ahead; not with tensor
-        parallelism, whose workers read the batch's host ids: async scheduling is off there)."""
+        int64 [K] on the device in place of batch.input_ids[:K] (a step scheduled ahead: its rows that follow
+        the previous step; not with tensor parallelism, whose workers read the batch's host ids: async
+        scheduling is off there)."""
         if self.tp is not None:  # tensor parallel: the workers run the same forward over their shards
             if input_ids is not None:
                 raise RuntimeError("a step scheduled ahead cannot run tensor parallel (its ids are on rank 0's device)")
@@ -232,10 +233,17 @@ class ModelRunner:
         dev = self.device
         self.attention.plan(batch)
         last = [batch.q_start[b] + batch.q_lens[b] - 1 for b, s in enumerate(batch.sample) if s]
-        if input_ids is None:
-            input_ids = host_to_device(batch.input_ids, torch.int64, dev)
-        return self.model.forward(input_ids, host_to_device(batch.positions, torch.int64, dev), self.attention,
-                                  host_to_device(last, torch.int64, dev))
+        return self.model.forward(self._input_ids(batch, input_ids), host_to_device(batch.positions, torch.int64, dev),
+                                  self.attention, host_to_device(last, torch.int64, dev))
+
+    def _input_ids(self, batch: Batch, head: Tensor | None) -> Tensor:
+        """int64 [T] on the device: batch.input_ids with its first K replaced by head [K] (forward_logits)."""
+        if head is not None and head.shape[0] == batch.num_tokens:
+            return head
+        ids = host_to_device(batch.input_ids, torch.int64, self.device)
+        if head is not None:
+            ids[:head.shape[0]] = head
+        return ids
 
     # ------------------------------------------------------------------ sampling
 
@@ -252,16 +260,15 @@ class ModelRunner:
         the host knows what the sampler reads (a step scheduled ahead of rows that read their latest tokens:
         EngineCore). prev as for launch."""
         ids = None
-        if batch.follows is not None:
-            # every row of prev samples (EngineCore runs ahead only then), so follows indexes prev.drawn
-            ids = (prev.drawn if batch.follows == prev.rows
+        if batch.follows:  # the leading rows' inputs: prev's tokens, on the device
+            ids = (prev.drawn if batch.follows == list(range(prev.drawn.shape[0]))
                    else prev.drawn.index_select(0, host_to_device(batch.follows, torch.int64, self.device)))
         scoring = PromptScoring.of(batch)
         prompt_lps: dict[int, tuple[int, LogprobsBlock]] = {}
         if scoring is None:
             logits = self.forward_logits(batch, input_ids=ids)
         else:
-            logits = self._forward_scoring(batch, scoring, prompt_lps)
+            logits = self._forward_scoring(batch, scoring, prompt_lps, ids)
         return Forwarded(batch, logits, prompt_lps)
 
     def sample(self, fw: Forwarded, grammar_mask: tuple[Tensor, list[int]] | None = None) -> Launched:
@@ -307,15 +314,15 @@ class ModelRunner:
             ready.record()
         return Launched(batch, rows, drawn, host, ready, logprobs, prompt_lps)
 
-    def _forward_scoring(self, batch: Batch, scoring: PromptScoring,
-                         out: dict[int, tuple[int, LogprobsBlock]]) -> Tensor:
-        """forward_logits (eager) that also scores the step's prompt positions into `out` (by row).
-        Not under tensor parallelism (InputProcessor refuses prompt_logprobs there)."""
+    def _forward_scoring(self, batch: Batch, scoring: PromptScoring, out: dict[int, tuple[int, LogprobsBlock]],
+                         input_ids: Tensor | None = None) -> Tensor:
+        """forward_logits (eager) that also scores the step's prompt positions into `out` (by row); input_ids as
+        forward_logits'. Not under tensor parallelism (InputProcessor refuses prompt_logprobs there)."""
         if self.tp is not None or self.model.tp is not None:
             raise RuntimeError("prompt logprobs cannot be computed under tensor parallelism")
         dev = self.device
         self.attention.plan(batch)
-        h = self.model.hidden(host_to_device(batch.input_ids, torch.int64, dev),
+        h = self.model.hidden(self._input_ids(batch, input_ids),
                               host_to_device(batch.positions, torch.int64, dev), self.attention)  # [T, H]
         last = [batch.q_start[b] + batch.q_lens[b] - 1 for b, s in enumerate(batch.sample) if s]
         logits = self.model.logits(h[host_to_device(last, torch.int64, dev)])  # [S, V]

@@ -7,7 +7,7 @@ frames, raw little-endian arrays each starting on 8 bytes:
     input_ids    int64 [T]      positions  int64 [T]      slots     int64 [T]
     q_start      int32 [B]      q_lens     int32 [B]      seq_lens  int32 [B]      sample  bool [B]
     page_lens    int32 [B]      pages      int32 [sum page_lens]: the page tables, row after row
-    follows      int64 [B or 0]
+    follows      int64 [K <= B, or 0]
     cascade      int64 [...]    CascadeLevels, flattened (_cascade_words); absent when the batch has none
 
 `decode_step` rebuilds the Batch over the receive buffer without copying the big arrays: input_ids,
@@ -132,10 +132,13 @@ def encode_step(number: int, use_graphs: bool, batch: Batch, tables: PageTables 
     """The step as one buffer (module docstring). ValueError when the batch's lengths disagree."""
     B, T = len(batch.seq_lens), len(batch.input_ids)
     for name, n in (("positions", T), ("slots", T), ("q_start", B), ("q_lens", B), ("page_tables", B),
-                    ("sample", B), ("follows", B if batch.follows is not None else 0)):
-        if len(getattr(batch, name) or ()) != n:
+                    ("sample", B)):
+        if len(getattr(batch, name)) != n:
             raise ValueError(f"tensor parallel: a step whose {name} has {len(getattr(batch, name))} entries, "
                              f"not {n}")
+    if len(batch.follows or ()) > B:
+        raise ValueError(f"tensor parallel: a step whose follows has {len(batch.follows)} entries, more than its "
+                         f"{B} rows")
     rows = (tables or PageTables()).arrays(batch.page_tables)
     lens = [len(r) for r in rows]
     follows = batch.follows if batch.follows is not None else ()

@@ -177,6 +177,11 @@ class Admission(PageHolding):
     def _add_row(self, rows: BatchBuilder, e: Entry, start: int, q_len: int,
                  shared: set[ShareKey]) -> None:
         rows.add(e.req, start, q_len)
+        self._share(e, start, q_len, shared)
+
+    def _share(self, e: Entry, start: int, q_len: int, shared: set[ShareKey]) -> None:
+        """In-batch sharing: when e's tokens [start, start + q_len) complete the first block past its cached
+        path, that block's key joins `shared` (a waiting request whose next block it is waits a step)."""
         if not (self.config.in_batch_sharing and self._reads_cache(e)) or q_len == 1:
             return
         ps, base = self.page_size, e.locked.num_tokens

@@ -12,15 +12,18 @@ Each step (`schedule`) shares a token budget (`max_batch_tokens`) between
 `update` applies the step's sampled tokens, caches completed prefill chunks in the radix tree
 and finishes requests.
 
-Overlap (the engine's async scheduling): while a batch whose rows all sample runs on the device,
-`schedule_ahead` emits the next decode step of the same rows before their tokens are known
-(`Batch.follows`: each row's input is the previous batch's token of that row, read on the device),
-so the host prepares step N+1 while the GPU runs step N. It admits nobody, preempts nobody and
-leaves out rows that reach max_tokens at step N; it declines (None) when a request waits for a
-place, a row still prefills, or pages run short, and the next step is scheduled after `update` as
-usual. A row of a batch scheduled ahead whose request finished meanwhile (a stop token at step N,
-a stop string, an abort) is dropped by that batch's `update`: the K/V it stored lies at the
-position after the request's last token, in a page no tree block holds.
+Overlap (the engine's async scheduling): while a batch runs on the device, `schedule_ahead` plans the
+step after it before its tokens are known, as `schedule` would once that batch is updated: the rows that
+sample in it continue as decode rows whose input is its token of that row, read on the device
+(`Batch.follows`; they lead the batch), its other rows with their next prompt chunk, then running requests
+it left out, then admission, on the same budget. So the host prepares step N+1 (admissions, chunks and all)
+while the GPU runs step N. Differences from `schedule`: it preempts nobody (when a row would need it, it
+declines: None, and the next step is scheduled after `update` as usual); rows that reach max_tokens at step N
+are left out; blocks step N computes are not cached until its update, so a waiting request whose next block
+step N computes waits a step (in-batch sharing's rule), and pages step N's finishing requests free are not
+free yet. A row of a batch scheduled ahead whose request finished meanwhile (a stop token at step N, a stop
+string, an abort) is dropped by that batch's `update`: the K/V it stored lies past the request's computed
+tokens, in a page no tree block holds.
 
 Page lifetime (the contract with RadixCache and PagePool):
 - A running request holds one pool reference on every page in `req.pages` (one page per block
@@ -220,39 +223,80 @@ class Scheduler(Admission):
         return batch
 
     def schedule_ahead(self, now: float) -> Batch | None:
-        """While the batch in flight runs: the next decode step of its rows, their input tokens still on
-        the device (Batch.follows), or None when it cannot be planned now (see the module docstring).
+        """While the batch in flight runs: the next step, planned as `schedule` would plan it once that batch's
+        update has run, or None when it cannot be planned now (see the module docstring). The in-flight batch's
+        sampling rows continue as decode rows whose input is still on the device (Batch.follows; they lead the
+        batch), its other rows with their next prompt chunk, then running requests it left out, then admission.
         Call it at most once per batch in flight; the batch it returns is updated after that one."""
         cur = self._inflight
         if cur is None or self._ahead is not None:
             raise RuntimeError("schedule_ahead() needs one batch in flight and none scheduled ahead of it")
         cfg, ps = self.config, self.page_size
-        # rows of cur whose request still runs (a step ahead keeps rows that finished before it is updated)
-        live = [b for b, r in enumerate(cur.requests) if r.status is Status.RUNNING]
-        # (the batch's rows: decode rows first, so not always in running order)
-        if (not all(cur.sample) or len(live) != len(self.running)
-                or {id(e.req) for e in self.running} != {id(cur.requests[b]) for b in live}
-                or (self.waiting and len(self.running) < cfg.max_running)):
+        row_of = {id(r): b for b, r in enumerate(cur.requests)}
+        drawn_of = list(itertools.accumulate(cur.sample, initial=0))  # row -> its index in cur's drawn tokens
+        follow: list[tuple[Entry, int]] = []  # (entry, position): decode rows, input from cur's tokens
+        decode: list[Entry] = []  # decode rows cur left out: input on the host
+        chunks: list[tuple[Entry, int]] = []  # (entry, first position): prompt chunks
+        for e in self.running:
+            b = row_of.get(id(e.req))
+            if b is None:
+                (decode.append(e) if e.req.num_tokens - e.req.num_computed == 1
+                 else chunks.append((e, e.req.num_computed)))
+            elif not cur.sample[b]:
+                chunks.append((e, cur.seq_lens[b]))
+            elif len(e.req.output) + 1 < e.req.max_tokens:  # else its last token is drawn in cur
+                follow.append((e, cur.seq_lens[b]))
+        budget = cfg.max_batch_tokens - len(follow) - len(decode)
+        if budget < 0 or not (follow or decode or chunks or self.waiting):
             return None
-        rows = [b for b in live if len(cur.requests[b].output) + 1 < cur.requests[b].max_tokens]
-        if not rows or len(rows) > cfg.max_batch_tokens:
-            return None
-        reqs = [cur.requests[b] for b in rows]
-        positions = [cur.seq_lens[b] for b in rows]  # of the token step N samples
-        short = [r for r, p in zip(reqs, positions) if p >= len(r.pages) * ps]
+        short = [e.req for e, p in follow if p >= len(e.req.pages) * ps]
+        short += [e.req for e in decode if e.req.num_computed >= len(e.req.pages) * ps]
         if short and self._room(len(short)) < len(short):
-            return None
+            return None  # a plain step preempts to make room
         self.pool.alloc_each([r.pages for r in short])  # a page each, theirs in the same step
-        n = len(rows)
-        batch = Batch(reqs, [0] * n, positions, list(range(n)), [1] * n, [p + 1 for p in positions],
-                      [r.pages for r in reqs], [r.pages[p // ps] * ps + p % ps for r, p in zip(reqs, positions)],
-                      [True] * n, ps, follows=rows)
-        if cfg.cascade and n > 1:
+        rows = BatchBuilder(ps)
+        shared: set[ShareKey] = set()
+        for e, p in follow:
+            rows.follow(e.req, p, drawn_of[row_of[id(e.req)]])
+        for e in decode:
+            self._add_row(rows, e, e.req.num_computed, 1, shared)
+        # blocks cur computes are cached only by its update: a waiting request that would hit them waits a step
+        for b, r in enumerate(cur.requests):
+            e = self._entries.get(r.rid)
+            if cur.q_lens[b] > 1 and e is not None and e.req is r and r.status is Status.RUNNING:
+                self._share(e, cur.seq_lens[b] - cur.q_lens[b], cur.q_lens[b], shared)
+        for e, start in chunks:
+            if budget <= 0:
+                break
+            q_len = self._grow_from(e, start, min(e.req.num_tokens - start, budget))
+            if q_len == 0:
+                return None  # (the pages taken stay the rows' own: the next plain step uses them)
+            self._add_row(rows, e, start, q_len, shared)
+            budget -= q_len
+        if budget > 0 and self.waiting and len(self.running) < cfg.max_running:
+            self._admit(rows, budget, shared, now)  # never preempts: each admission is the newest row
+        if not rows.requests:
+            return None
+        batch = rows.build(ahead=True)
+        if cfg.cascade and len(batch.requests) > 1:
             batch.cascade = find_cascade_groups(batch.page_tables, batch.seq_lens, ps, rule=self.cascade_rule,
                                                 q_lens=batch.q_lens)
         self._step += 1
         self._ahead = batch
         return batch
+
+    def _grow_from(self, e: Entry, start: int, want: int) -> int:
+        """Pages for up to `want` tokens of e from position `start` (past what cur computes), evicting cache but
+        preempting nobody; returns how many tokens fit (a chunk shrinks to the pages there are)."""
+        ps, pages = self.page_size, e.req.pages
+        have = len(pages) * ps - start
+        if want <= have:
+            return want
+        free = self._room(-(-(want - have) // ps))
+        q_len = min(want, have + free * ps)
+        if q_len > 0:
+            self.pool.alloc_into(pages, -(-(q_len - have) // ps))
+        return max(q_len, 0)
 
     def abandon(self, batch: Batch) -> None:
         """The step of `batch` failed before `update`: it never happened. Its rows keep their

@@ -50,6 +50,41 @@ def test_async_equals_sync_for_every_kind_of_request() -> None:
     _whole(llm)
 
 
+def test_prompt_chunks_and_admissions_run_ahead_with_the_same_outputs() -> None:
+    """A small step budget and few rows: prompts arrive in chunks and requests are admitted while others
+    decode; those mixed steps are scheduled ahead too (Scheduler.schedule_ahead), with penalties (their
+    sampler deferred) and prompt logprobs (scored on the step ahead's ids), and outputs equal the sync loop's."""
+    prompts = [p * 3 for p in _prompts(7, seed=11)]  # 15-78 tokens: several chunks of 16
+    params = [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
+              SamplingParams(temperature=0.8, seed=4, max_tokens=12, ignore_eos=True, n=2),
+              SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True, repetition_penalty=1.3),
+              SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, prompt_logprobs=2),
+              SamplingParams(temperature=0.0, max_tokens=11, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, presence_penalty=0.5),
+              SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)]
+
+    def run(overlap: bool):
+        llm = _llm(overlap, max_num_batched_tokens=16, max_num_seqs=3)
+        mixed = []
+        real = llm.core.scheduler.schedule_ahead
+
+        def ahead(now):
+            batch = real(now)
+            mixed.append(batch is not None and not batch.is_decode_only)
+            return batch
+        llm.core.scheduler.schedule_ahead = ahead
+        outs = llm.generate(prompts, params)
+        scores = [[sorted((t, round(lp.logprob, 4)) for t, lp in d.items()) for d in o.prompt_logprobs[1:]]
+                  if o.prompt_logprobs else None for o in outs]
+        got = (_outputs(outs), scores)
+        _whole(llm)
+        return got, sum(mixed)
+
+    want, _ = run(False)
+    got, mixed_ahead = run(True)
+    assert got == want and mixed_ahead >= 5, mixed_ahead
+
+
 def test_logits_controls_that_read_no_output_keep_the_overlap() -> None:
     """logit_bias, allowed_token_ids and one-token bad words do not wait for the host's tokens (issue 32,
     item 3); a bad word of several tokens, penalties and min_tokens do (their rows read the output)."""

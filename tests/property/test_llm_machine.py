@@ -173,7 +173,7 @@ def fault_at(llm: LLM, stage: str, exc: BaseException, after: int) -> Iterator[l
 
         def patched_ahead(*args: Any, **kwargs: Any) -> Any:
             if fires():
-                raise exc
+                _raise(exc, calls)
             return real_ahead(*args, **kwargs)
 
         llm.core.scheduler.schedule_ahead = patched_ahead

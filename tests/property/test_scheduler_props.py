@@ -117,12 +117,18 @@ def test_random_arrivals_into_a_tiny_pool(work):
 
 def _live_rows(batch):
     """The rows of a batch scheduled ahead whose request still runs, with the input tokens the device
-    would have read (the previous step's), as a plain Batch for KVShadow."""
+    would have read (the previous step's for the rows that follow it), as a plain Batch for KVShadow."""
     keep = [b for b, r in enumerate(batch.requests) if r.status is Status.RUNNING]
-    reqs = [batch.requests[b] for b in keep]
-    return Batch(reqs, [r.output[-1] for r in reqs], [batch.positions[b] for b in keep], list(range(len(keep))),
-                 [1] * len(keep), [batch.seq_lens[b] for b in keep], [batch.page_tables[b] for b in keep],
-                 [batch.slots[b] for b in keep], [True] * len(keep), batch.page_size)
+    ids, positions, slots, q_start = [], [], [], []
+    for b in keep:
+        lo, hi = batch.q_start[b], batch.q_start[b] + batch.q_lens[b]
+        q_start.append(len(ids))
+        ids += [batch.requests[b].output[-1]] if b < len(batch.follows) else batch.input_ids[lo:hi]
+        positions += batch.positions[lo:hi]
+        slots += batch.slots[lo:hi]
+    return Batch([batch.requests[b] for b in keep], ids, positions, q_start, [batch.q_lens[b] for b in keep],
+                 [batch.seq_lens[b] for b in keep], [batch.page_tables[b] for b in keep], slots,
+                 [batch.sample[b] for b in keep], batch.page_size)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

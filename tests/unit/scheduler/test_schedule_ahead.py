@@ -75,17 +75,83 @@ def test_rows_that_reach_max_tokens_now_are_left_out() -> None:
     assert [r.rid for r in ahead.requests] == [1] and ahead.follows == [1]
 
 
-def test_declines_while_a_request_waits_for_room_or_a_row_prefills() -> None:
-    s = _sched(max_batch_tokens=8, max_running=4)
-    cur = _decoding(s, _req(0))
-    s.add(_req(1), 0.0)  # waiting, and there is room: the next step admits it
-    assert s.schedule_ahead(0.0) is None
+def _drain(s: Scheduler, cur, ahead) -> None:
+    """Update cur then ahead (the engine's order), then run plain steps until no work is left."""
     s.update(cur, _tokens(cur), 0.0)
-    s.abort(1)
-    s.add(_req(2, n=20), 0.0)
-    prefill = s.schedule(0.0)  # 2's first chunk does not sample
-    assert not all(prefill.sample) and s.schedule_ahead(0.0) is None
-    s.update(prefill, _tokens(prefill), 0.0)
+    if ahead is not None:
+        s.update(ahead, [fake_token(r.rid, len(r.output)) if smp else None
+                         for r, smp in zip(ahead.requests, ahead.sample)], 0.0)
+    while s.has_work():
+        bt = s.schedule(0.0)
+        s.update(bt, _tokens(bt), 0.0)
+
+
+def test_a_step_ahead_admits_waiting_requests_behind_the_rows_that_follow() -> None:
+    s = _sched(max_batch_tokens=8, max_running=4)
+    a, b = _req(0), _req(1)
+    cur = _decoding(s, a)
+    s.add(b, 0.0)
+    ahead = s.schedule_ahead(0.0)
+    assert [r.rid for r in ahead.requests] == [0, 1] and ahead.follows == [0]
+    assert ahead.input_ids == [0, *b.prompt] and ahead.q_lens == [1, 6] and ahead.sample == [True, True]
+    assert b.status is Status.RUNNING and s.num_waiting == 0
+    ahead.check()
+    _drain(s, cur, ahead)
+    for r in (a, b):
+        assert r.output == [fake_token(r.rid, i) for i in range(6)]
+    _whole(s)
+
+
+def test_a_step_ahead_continues_prompt_chunks_from_where_the_step_in_flight_ends() -> None:
+    s = _sched(max_batch_tokens=8, max_running=4)
+    a, b = _req(0), _req(1, n=20)
+    cur = _decoding(s, a)
+    s.update(cur, _tokens(cur), 0.0)
+    s.add(b, 0.0)
+    mixed = s.schedule(0.0)  # a decodes, b's first chunk of 7 does not sample
+    assert mixed.q_lens == [1, 7] and mixed.sample == [True, False]
+    ahead = s.schedule_ahead(0.0)
+    assert ahead.follows == [0] and ahead.positions[1:] == list(range(7, 14))
+    assert ahead.input_ids[1:] == b.prompt[7:14] and ahead.sample == [True, False]
+    ahead.check()
+    _drain(s, mixed, ahead)
+    assert b.output == [fake_token(1, i) for i in range(6)]
+    _whole(s)
+
+
+def test_a_waiting_request_whose_next_block_the_step_in_flight_computes_waits_a_step() -> None:
+    s = _sched(max_batch_tokens=64, max_running=4)
+    shared = list(range(100, 112))  # three blocks of 4
+    a = Request(rid=0, prompt=shared + [1, 2], max_tokens=4)
+    b = Request(rid=1, prompt=shared + [3], max_tokens=4)
+    s.add(a, 0.0)
+    cur = s.schedule(0.0)  # a's whole prompt: its blocks are cached by cur's update
+    s.add(b, 0.0)
+    ahead = s.schedule_ahead(0.0)
+    assert [r.rid for r in ahead.requests] == [0] and b.status is Status.WAITING
+    s.update(cur, _tokens(cur), 0.0)
+    nxt = s.schedule_ahead(0.0)  # now the tree holds a's blocks: b starts from them
+    assert [r.rid for r in nxt.requests] == [0, 1] and b.cached_tokens == 12
+    s.update(ahead, _tokens(ahead), 0.0)
+    _drain(s, nxt, None)
+    assert b.output == [fake_token(1, i) for i in range(4)]
+    _whole(s)
+
+
+def test_declines_when_a_chunk_would_need_a_preemption() -> None:
+    s = _sched(num_pages=8, max_batch_tokens=5, max_running=4)
+    a, b = _req(0, n=3, max_tokens=3), _req(1, n=12, max_tokens=2)
+    cur = _decoding(s, a)
+    s.update(cur, _tokens(cur), 0.0)
+    s.add(b, 0.0)
+    mixed = s.schedule(0.0)  # a's position 4 and b's first chunk of 4 take a page each
+    assert mixed.q_lens == [1, 4]
+    held = s.pool.alloc(s.pool.num_free)  # someone else holds the rest of the pool
+    assert s.schedule_ahead(0.0) is None  # b's next chunk needs a page: a plain step preempts for it
+    s.pool.decref(held)
+    _drain(s, mixed, None)
+    assert a.output == [fake_token(0, i) for i in range(3)] and b.output == [fake_token(1, i) for i in range(2)]
+    _whole(s)
 
 
 def test_declines_when_pages_run_short_and_allocates_nothing() -> None:
