@@ -26,6 +26,8 @@ class TreeView(NamedTuple):
     host_pool: PagePool | None = None  # the host tier (tree_host.py), if any
     host_lru: LruLeaves | None = None
     num_host_pages: int = 0
+    copies: Mapping[Node, None] = {}  # the nodes on both tiers
+    num_host_copies: int = 0
 
 
 def check_tree(cache: TreeView) -> None:
@@ -40,7 +42,10 @@ def check_tree(cache: TreeView) -> None:
     order eviction, and the state machine checks that order against a naive LRU); depths
     (tokens from the root) add up; each node in its namespace's subtree and no
     page in two places (5); counters equal to what the tree holds (6 follows: a cleared tree
-    with no other holders leaves every page free).
+    with no other holders leaves every page free). With a host tier: both pools, each block's
+    host copy one host page held by the tree alone, host-only nodes unlocked with host-only
+    descendants (GPU residency prefix-closed), every host-only leaf in the host LRU heap, the
+    nodes on both tiers exactly those listed as host copies.
     """
     ps = cache.page_size
     cache.pool.check_invariants()  # invariant 1
@@ -51,7 +56,7 @@ def check_tree(cache: TreeView) -> None:
         hp.check_invariants()
         host_live = cache.host_lru.live_times()
         host_uses = np.zeros(hp.num_pages, dtype=np.int64)
-    cached = locked = nodes = hosted = 0
+    cached = locked = nodes = hosted = copies = both = 0
     for ns, root in cache.roots.items():
         assert root.parent is None and len(root.key) == 0 and root.depth == 0, f"namespace {ns!r}: malformed root"
         assert root.namespace == ns, f"namespace {ns!r}: root says {root.namespace!r}"
@@ -75,23 +80,27 @@ def check_tree(cache: TreeView) -> None:
                 assert child.first == fb, f"{child}: stored first block is not its key's"
                 assert fb not in firsts, f"{child}: shares its first block with a sibling"
                 firsts.add(fb)
-                if child.host is not None:  # the host tier (tree_host.py)
+                if child.host is not None:  # a host copy (tree_host.py)
                     assert hp is not None, f"{child}: on host pages in a tree without a host tier"
-                    assert len(child.pages) == 0, f"{child}: on host but still lists GPU pages"
                     assert len(child.host) == k // ps, f"{child}: {len(child.host)} host pages for {k // ps} blocks"
-                    assert child.lock_count == 0 and child.end_locks == 0, f"{child}: a host node is locked"
                     hpages = child.host
                     np.add.at(host_uses, hpages, 1)
                     twice = hpages[host_uses[hpages] > 1]
                     assert twice.size == 0, f"{child}: host page {int(twice[0]) if twice.size else 0} appears twice"
                     refs = hp.refcounts(hpages)
                     assert (refs == 1).all(), f"{child}: a host page's refcount is not 1 (the tree's alone)"
+                    hosted += len(hpages)
+                    if len(child.pages):  # on both tiers: checked as a GPU node below
+                        assert child in cache.copies, f"{child}: on both tiers but not listed among the host copies"
+                        copies += len(hpages)
+                        both += 1
+                if child.host_only:
+                    assert child.lock_count == 0 and child.end_locks == 0, f"{child}: a host-only node is locked"
                     for c in child.iter_children():
-                        assert c.host is not None, f"{c}: a GPU node below the host node {child}"
+                        assert c.host_only, f"{c}: a node on GPU pages below the host-only node {child}"
                     if not child.children:
                         assert host_live.get(id(child)) == child.last_access, \
                             f"{child}: host leaf has no host-LRU entry at its last access time"
-                    hosted += len(hpages)
                     nodes += 1
                     stack.append(child)
                     continue
@@ -117,8 +126,8 @@ def check_tree(cache: TreeView) -> None:
             else:
                 assert node.lock_count == node.end_locks + child_locks, \
                     f"{node}: lock_count is not its locks ending here plus its children's locks"
-                gpu_leaf = not node.lock_count and node.host is None and (
-                    not node.children if hp is None else all(c.host is not None for c in node.iter_children()))
+                gpu_leaf = not node.lock_count and not node.host_only and (
+                    not node.children if hp is None else all(c.host_only for c in node.iter_children()))
                 if gpu_leaf:
                     assert live.get(id(node)) == node.last_access, \
                         f"{node}: evictable leaf has no LRU-heap entry at its last access time"
@@ -126,6 +135,8 @@ def check_tree(cache: TreeView) -> None:
     assert locked == cache.num_locked_pages, f"num_locked_pages {cache.num_locked_pages} != {locked} in tree"
     assert nodes == cache.num_nodes, f"node count {cache.num_nodes} != {nodes} in tree"
     assert hosted == cache.num_host_pages, f"num_host_pages {cache.num_host_pages} != {hosted} in tree"
+    assert copies == cache.num_host_copies, f"num_host_copies {cache.num_host_copies} != {copies} in tree"
+    assert both == len(cache.copies), f"{len(cache.copies)} nodes listed on both tiers, {both} in tree"
     if hp is not None:
         assert hp.num_used == hosted, f"host pool has {hp.num_used} pages in use, the tree holds {hosted}"
     assert cache.pool.num_free + cached <= cache.pool.num_pages, "free + cached pages exceed the pool"

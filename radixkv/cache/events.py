@@ -2,7 +2,9 @@
 
     BlockStored(block_hashes, parent_block_hash, token_ids, block_size, ...)   blocks entered the tree
     BlockRemoved(block_hashes, ...)                                              blocks left it
-    (`medium`: "GPU", or "CPU" for the host tier: a demotion is BlockRemoved GPU + BlockStored CPU)
+    (`medium`: "GPU", or "CPU" for the host tier: a demotion is BlockRemoved GPU + BlockStored CPU;
+    a load back is BlockStored GPU (the CPU copy stays stored) and a later GPU eviction of it
+    BlockRemoved GPU only; giving up that CPU copy is BlockRemoved CPU)
     AllBlocksCleared()                                                           the whole tree emptied
 
 Names and fields follow vLLM's `vllm/distributed/kv_events.py` (plus `namespace`, radixkv's
@@ -180,17 +182,26 @@ class BlockChains:
         self._publish(BlockRemoved(hashes[keep:], medium))
 
     def moved(self, node: Node, src: str, dst: str) -> None:
-        """All of `node`'s blocks moved from tier `src` to tier `dst` (a demotion to host or a
-        promotion back): BlockRemoved on src, then BlockStored on dst. A consumer that keys blocks by
-        (hash, medium) and applies every event in order holds exactly each tier's blocks; one that
-        ignores `medium` sees the block leave and come back (still cached)."""
+        """All of `node`'s blocks moved from tier `src` to tier `dst` (a demotion to host): BlockRemoved on
+        src, then BlockStored on dst. A consumer that keys blocks by (hash, medium) and applies every event
+        in order holds exactly each tier's blocks; one that ignores `medium` sees the block leave and come
+        back (still cached)."""
+        self.dropped_from(node, src)
+        self.stored_on(node, dst)
+
+    def stored_on(self, node: Node, medium: str) -> None:
+        """All of `node`'s blocks (in the tree) are now held on `medium` too (a load back to the GPU that
+        keeps the host copy): BlockStored on medium."""
         parent = node.parent
         assert parent is not None
-        hashes = self.hashes[node]
         prev = self._tail(parent)
-        self._publish(BlockRemoved(list(hashes), src))
-        self._publish(BlockStored(list(hashes), None if parent.parent is None else prev, node.key.tolist(),
-                                  self.block_size, medium=dst, namespace=node.namespace))
+        self._publish(BlockStored(list(self.hashes[node]), None if parent.parent is None else prev,
+                                  node.key.tolist(), self.block_size, medium=medium, namespace=node.namespace))
+
+    def dropped_from(self, node: Node, medium: str) -> None:
+        """All of `node`'s blocks left `medium` but stay in the tree on the other tier (a GPU eviction
+        of a block with a host copy, or a host copy given up): BlockRemoved on medium."""
+        self._publish(BlockRemoved(list(self.hashes[node]), medium))
 
     def cleared(self) -> None:
         """Every node left the tree."""

@@ -20,15 +20,16 @@ def _evictable(node: Node) -> bool:
 
 
 def gpu_leaf(node: Node) -> bool:
-    """With a host tier: an unlocked GPU node in the tree whose children (if any) are all on host."""
-    if node.host is not None or node.lock_count or node.parent is None:
+    """With a host tier: an unlocked node on GPU pages (its host copy, if any, aside) in the tree whose
+    children (if any) are all host-only."""
+    if node.host_only or node.lock_count or node.parent is None:
         return False
-    return all(c.host is not None for c in node.iter_children())
+    return all(c.host_only for c in node.iter_children())
 
 
 def host_leaf(node: Node) -> bool:
-    """A host node in the tree without children (host nodes are never locked)."""
-    return node.host is not None and not node.children and node.parent is not None
+    """A host-only node in the tree without children (host-only nodes are never locked)."""
+    return node.host_only and not node.children and node.parent is not None
 
 
 class LruLeaves:

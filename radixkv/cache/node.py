@@ -82,9 +82,10 @@ class Node:
         # evicted (a split leaves the lower part ending where it did), so an earlier match ending
         # here with `depth` tokens still spells the same path while the node is in the tree.
         self.depth = (parent.depth if parent is not None else 0) + len(key)
-        # Host tier (RadixCache(..., host_pool=...)): None while the blocks' KV is on GPU pages
-        # (`pages`); once demoted, host page ids, one per block, and `pages` is empty. A GPU node's
-        # ancestors are GPU nodes; a host node's descendants are host nodes; a host node is never locked.
+        # Host tier (RadixCache(..., host_pool=...)): host page ids holding a copy of the blocks' KV,
+        # one per block, or None. A block lives on GPU pages (`pages`; host None), on host pages only
+        # (`pages` empty: `host_only`), or on both (a block loaded back keeps its host copy). GPU residency
+        # is prefix-closed: a host-only node's descendants are host-only; a host-only node is never locked.
         self.host: np.ndarray | None = None
 
     def iter_children(self) -> Iterator[Node]:
@@ -93,6 +94,11 @@ class Node:
             while node is not None:
                 yield node
                 node = node.next_sibling
+
+    @property
+    def host_only(self) -> bool:
+        """On host pages and not on GPU pages (a demoted block: what a match reports as its host part)."""
+        return self.host is not None and not len(self.pages)
 
     @property
     def is_leaf(self) -> bool:
@@ -104,7 +110,8 @@ class Node:
 
     def __repr__(self) -> str:
         head = self.key[:4].tolist()
-        where = f"pages={len(self.pages)}" if self.host is None else f"host_pages={len(self.host)}"
+        where = f"pages={len(self.pages)}" if self.host is None else (
+            f"host_pages={len(self.host)}" if self.host_only else f"pages={len(self.pages)}+host")
         return (f"Node(ns={self.namespace!r}, tokens={len(self.key)}, first={head}, "
                 f"{where}, locks={self.lock_count} ({self.end_locks} ending here))")
 

@@ -92,8 +92,11 @@ class RadixCache(TreeInsertion):
         self._bare_roots: weakref.WeakValueDictionary[Namespace, Node] = weakref.WeakValueDictionary()
         self._clock = 0
         self.host_pool = host_pool
-        self.num_host_pages = 0  # host pages the tree holds (one per host-resident block)
-        self.demoted_pages = self.promoted_pages = 0  # blocks moved GPU -> host / host -> GPU
+        self.num_host_pages = 0  # host pages the tree holds (one per block with a host copy)
+        self.num_host_copies = 0  # of those, the pages of blocks on GPU too (loaded back: both tiers)
+        self._copies: dict[Node, None] = {}  # the nodes on both tiers, oldest copy first (tree_host.py)
+        self.demoted_pages = self.promoted_pages = 0  # blocks copied GPU -> host / host -> GPU
+        self.demotes_saved = 0  # blocks whose GPU eviction kept their host copy: demoted with no copy
         self._demote = True  # clear() turns it off: eviction then drops
         self.mover = mover
         self.failed_demotes = self.failed_promotes = 0  # copies the mover failed (blocks dropped / recomputed)
@@ -210,7 +213,7 @@ class RadixCache(TreeInsertion):
         d = self._descend(tokens, root)
         end = self._touch(d, root)
         path = d.path
-        if self.host_pool is not None and path and path[-1].host is not None:
+        if self.host_pool is not None and path and path[-1].host_only:
             return self._match_tiers(path, d.matched, root)
         if len(path) == 1:
             pages = path[0].pages.tolist()
@@ -225,7 +228,7 @@ class RadixCache(TreeInsertion):
 
     def _match_tiers(self, path: list[Node], matched: int, root: Node) -> MatchResult:
         """match's result for a path that reaches host nodes: the GPU prefix, then the host part."""
-        i = next(k for k, node in enumerate(path) if node.host is not None)
+        i = next(k for k, node in enumerate(path) if node.host_only)
         end = path[i - 1] if i else root
         gpu = end.depth if i else 0
         pages = np.concatenate([node.pages for node in path[:i]]).tolist() if i else []
@@ -246,7 +249,7 @@ class RadixCache(TreeInsertion):
                 root = roots.get(namespace)
                 # _rematch's tests, in its order (see there)
                 if (root is not None and not since.pages_from and n <= len(tokens) and end.depth == n
-                        and end.host is None and not since.host_tokens
+                        and not end.host_only and not since.host_tokens
                         and (end.parent is not None or end is root) and end.namespace == namespace
                         and tokens.ndim == 1 and tokens.flags.c_contiguous
                         and not (end.children and n + ps <= len(tokens)
@@ -270,7 +273,7 @@ class RadixCache(TreeInsertion):
         root = self._roots.get(namespace)
         if prev.pages_from or n > len(tokens) or root is None or end.namespace != namespace:
             return None
-        if self.host_pool is not None and (end.host is not None or prev.host_tokens or end.children):
+        if self.host_pool is not None and (end.host_only or prev.host_tokens or end.children):
             return None  # a walk from the root splits GPU and host parts
         # End still in the tree (an evicted node's parent is None, and only a leaf leaves) at the
         # same depth (a node's depth drops only when its own tail is evicted; a split keeps the
@@ -327,4 +330,4 @@ class RadixCache(TreeInsertion):
 
         check_tree(TreeView(self.page_size, self.pool, self._roots, self._lru, self._hash, self.num_cached_pages,
                             self.num_locked_pages, self._num_nodes, self.host_pool, self._host_lru,
-                            self.num_host_pages))
+                            self.num_host_pages, self._copies, self.num_host_copies))

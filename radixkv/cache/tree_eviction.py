@@ -27,6 +27,8 @@ class TreeEviction:
     num_cached_pages: int
     num_locked_pages: int
     num_host_pages: int
+    num_host_copies: int
+    _copies: dict[Node, None]
     host_pool: PagePool | None
     _host_lru: LruLeaves | None
     _demote: bool
@@ -53,7 +55,7 @@ class TreeEviction:
         """Nodes from m.node up to (excluding) its root; raises if m is stale or was made by
         another cache (its path does not end at one of this cache's roots)."""
         node = m.node
-        if node.host is not None:
+        if node.host_only:
             raise ValueError(f"{verb} of a stale match: {node} was demoted to the host tier")
         if node.parent is None:
             ns = node.namespace
@@ -205,9 +207,9 @@ class TreeEviction:
             while stack:
                 node = stack.pop()
                 stack.extend(node.iter_children())
-                if node.host is None:
+                if len(node.pages):
                     dropped.append(node.pages)
-                else:
+                if node.host is not None:
                     host.append(node.host)
                 node.children = {}
                 node.parent = node.next_sibling = None  # a stale match through it is refused
@@ -217,7 +219,8 @@ class TreeEviction:
             self._host_lru = LruLeaves(self._host_lru.evictable, self._lru._seq)
         if host:
             self.host_pool.decref_distinct(np.concatenate(host))
-        self.num_host_pages = 0
+        self.num_host_pages = self.num_host_copies = 0
+        self._copies.clear()
         self._num_nodes = 0
         self.num_cached_pages = 0
         self._last_match = None

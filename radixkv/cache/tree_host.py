@@ -102,20 +102,19 @@ class TreeHost(TreeEviction):
                 self._split(node, len(node.pages) - want)  # the upper part: not a GPU leaf now
             pages = node.pages
             blocks = len(pages)
-            host = (self._copy_down(pages) if self._demote and self._host_room(blocks, node.last_access)
-                    else None)
-            if host is not None:
-                node.pages = _EMPTY
+            if self._demote and node.host is not None:  # it kept its host copy: nothing to copy
+                self._forget_copy(node)
+                self.demotes_saved += blocks
+                if self._chains is not None:
+                    self._chains.dropped_from(node, MEDIUM_GPU)
+                self._to_host_only(node)
+            elif self._demote and (host := self._copy_down(pages, node.last_access)) is not None:
                 node.host = host
                 self.num_host_pages += blocks
                 self.demoted_pages += blocks
                 if self._chains is not None:
                     self._chains.moved(node, MEDIUM_GPU, MEDIUM_CPU)
-                parent = node.parent
-                parent.last_access = max(parent.last_access, node.last_access)
-                self._host_lru.push(node)
-                if parent.parent is not None:
-                    self._push_if_evictable(parent)
+                self._to_host_only(node)
             else:
                 self._drop_gpu_node(node)
             dropped.append(pages)
@@ -123,9 +122,22 @@ class TreeHost(TreeEviction):
         self.num_cached_pages -= taken
         return dropped
 
-    def _copy_down(self, pages: np.ndarray) -> np.ndarray | None:
-        """Host pages for the GPU pages `pages` of a block being demoted, their bytes queued to be
-        copied there by the mover; None (nothing held) when the mover failed."""
+    def _to_host_only(self, node: Node) -> None:
+        """The GPU leaf `node`, whose blocks now have host pages, gives up its GPU pages (the caller's to
+        decref): a host-only leaf, its time handed to its parent."""
+        node.pages = _EMPTY
+        parent = node.parent
+        parent.last_access = max(parent.last_access, node.last_access)
+        self._host_lru.push(node)
+        if parent.parent is not None:
+            self._push_if_evictable(parent)
+
+    def _copy_down(self, pages: np.ndarray, used: int) -> np.ndarray | None:
+        """Host pages for the GPU pages `pages` of a block last used at time `used` being demoted, their
+        bytes queued to be copied there by the mover; None (nothing held) when the host tier has no room
+        for it (_host_room) or the mover failed."""
+        if not self._host_room(len(pages), used):
+            return None
         host = self.host_pool.alloc_array(len(pages))
         if self.mover is None:
             return host
@@ -138,10 +150,12 @@ class TreeHost(TreeEviction):
         return host
 
     def _drop_gpu_node(self, node: Node) -> None:
-        """Take the GPU leaf `node` (and its host subtree) out of the tree; its GPU pages are the
-        caller's to decref."""
+        """Take the GPU leaf `node` (its host copy, if any, and its host subtree) out of the tree; its GPU
+        pages are the caller's to decref."""
         for child in list(node.iter_children()):
             self._drop_host_subtree(child)
+        if node.host is not None:
+            self._drop_copy(node)
         parent = node.parent
         detach_child(node)
         self._num_nodes -= 1
@@ -174,12 +188,16 @@ class TreeHost(TreeEviction):
         self.host_pool.decref_distinct(np.concatenate(freed))
 
     def _host_room(self, blocks: int, used: int) -> bool:
-        """Make `blocks` host pages free by dropping host leaves used before time `used`, least
-        recently used first; whether it succeeded (it may have dropped some either way)."""
+        """Make `blocks` host pages free: by giving up host copies of blocks also on GPU (that forgets
+        nothing), then by dropping host leaves used before time `used`, least recently used first;
+        whether it succeeded (it may have dropped some either way)."""
         hp = self.host_pool
         if blocks > hp.num_pages:
             return False
         while hp.num_free < blocks:
+            if self._copies:
+                self._drop_copies(blocks - hp.num_free)
+                continue
             victim = self._host_lru.peek()
             if victim is None or victim.last_access > used:
                 return False
@@ -187,6 +205,30 @@ class TreeHost(TreeEviction):
         return True
 
     # ---- host eviction ---------------------------------------------------------------------------
+    def _forget_copy(self, node: Node) -> None:
+        """`node` leaves the both-tiers state (its host pages stay with it, or the caller frees them)."""
+        del self._copies[node]
+        self.num_host_copies -= len(node.host)
+
+    def _drop_copy(self, node: Node) -> int:
+        """Free the host copy of `node`, a block on both tiers (it stays on GPU); returns pages freed."""
+        self._forget_copy(node)
+        host, node.host = node.host, None
+        self.num_host_pages -= len(host)
+        if self._chains is not None:
+            self._chains.dropped_from(node, MEDIUM_CPU)
+        return self.host_pool.decref_distinct(host)
+
+    def _drop_copies(self, num_pages: int) -> int:
+        """Free up to `num_pages` host pages of blocks also on GPU, the newest copy first (the blocks the
+        GPU keeps longest; a node's tail blocks first); returns pages freed (0: there is no copy)."""
+        if not self._copies:
+            return 0
+        node = next(reversed(self._copies))
+        if len(node.host) > num_pages:  # the head keeps its copy: cut the tail blocks off into their own node
+            self._split(node, len(node.host) - num_pages)
+        return self._drop_copy(node)
+
     def _evict_host_leaf(self, num_pages: int) -> int:
         """Drop up to `num_pages` tail blocks of the least recently used host leaf; returns pages freed."""
         node = self._host_lru.pop()
@@ -200,7 +242,7 @@ class TreeHost(TreeEviction):
             node.heap_seq = None
             if parent.parent is None:
                 self._drop_root_if_empty(parent)
-            elif parent.host is not None:
+            elif parent.host_only:
                 self._host_lru.push(parent)
             else:
                 self._push_if_evictable(parent)
@@ -210,15 +252,16 @@ class TreeHost(TreeEviction):
         return self.host_pool.decref_distinct(pages)
 
     def evict_host(self, num_pages: int) -> int:
-        """Free at least `num_pages` host pages (if possible), least recently used host leaves first,
-        tail blocks first. Returns host pages freed (0 without a host tier)."""
+        """Free at least `num_pages` host pages (if possible): host copies of blocks also on GPU first
+        (_drop_copies), then least recently used host leaves, tail blocks first. Returns host pages
+        freed (0 without a host tier)."""
         if num_pages < 0:
             raise ValueError(f"cannot evict {num_pages} host pages")
         if self.host_pool is None:
             return 0
         freed = 0
         while freed < num_pages:
-            n = self._evict_host_leaf(num_pages - freed)
+            n = self._drop_copies(num_pages - freed) or self._evict_host_leaf(num_pages - freed)
             if n == 0:
                 break
             freed += n
@@ -243,7 +286,7 @@ class TreeHost(TreeEviction):
         ps = self.page_size
         parent, avail = top, 0
         for node in m.host_path:
-            if node.parent is not parent or node.host is None:
+            if node.parent is not parent or not node.host_only:
                 raise ValueError(f"promote of a stale match: host node {node} left the tree or the host tier")
             avail += len(node.host)
             parent = node
@@ -263,16 +306,9 @@ class TreeHost(TreeEviction):
                 node = self._split(lower, n - done)
                 rest.insert(0, lower)
                 b = n - done
-            self.host_pool.decref_distinct(node.host)
-            node.host = None
-            node.pages = arr[done: done + b]
-            node.heap_seq = None
+            self._keep_copy(node, arr[done: done + b])
             node.last_access = clock
-            self.num_host_pages -= b
-            self.num_cached_pages += b
             self.promoted_pages += b
-            if self._chains is not None:
-                self._chains.moved(node, MEDIUM_CPU, MEDIUM_GPU)
             moved.append(node)
             done += b
         end = moved[-1]
@@ -324,20 +360,23 @@ class TreeHost(TreeEviction):
         return self.match(tokens, namespace)
 
     def _promote_adopted(self, nodes: list[Node], pages: np.ndarray) -> None:
-        """Host nodes whose blocks a caller computed again: they take `pages` (validated, already
-        referenced for the tree) in path order, and their host pages are freed."""
+        """Host-only nodes whose blocks a caller computed again: they take `pages` (validated, already
+        referenced for the tree) in path order, and keep their host copies."""
         done = 0
         for node in nodes:
             b = len(node.host)
-            self.host_pool.decref_distinct(node.host)
-            node.host = None
-            node.pages = pages[done: done + b]
-            node.heap_seq = None
-            self.num_host_pages -= b
-            self.num_cached_pages += b
-            if self._chains is not None:
-                self._chains.moved(node, MEDIUM_CPU, MEDIUM_GPU)
+            self._keep_copy(node, pages[done: done + b])
             done += b
+
+    def _keep_copy(self, node: Node, pages: np.ndarray) -> None:
+        """The host-only node `node` is on the GPU pages `pages` too (one per block): both tiers."""
+        node.pages = pages
+        node.heap_seq = None
+        self._copies[node] = None
+        self.num_host_copies += len(pages)
+        self.num_cached_pages += len(pages)
+        if self._chains is not None:
+            self._chains.stored_on(node, MEDIUM_GPU)
 
 
 __all__ = ["HostMover", "HostPool", "OutOfPages", "TreeHost"]

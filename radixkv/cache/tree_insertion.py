@@ -210,10 +210,10 @@ class TreeInsertion(TreeHost):
         matched = d.matched
         adopt = None
         lo = matched // ps  # first block whose page is adopted
-        if self.host_pool is not None:  # host blocks on the way take the caller's pages
+        if self.host_pool is not None:  # host-only blocks on the way take the caller's pages
             base = top.depth if top.parent is not None else 0
             for n in (*d.path, d.split_node):
-                if n is not None and n.host is not None:
+                if n is not None and n.host_only:
                     lo = (n.depth - len(n.key) - base) // ps
                     break
         if lo < nblocks:
@@ -222,7 +222,7 @@ class TreeInsertion(TreeHost):
                 self.pool.incref_distinct(adopt.pages, adopt.refcounts)
         node = self._touch(d, top)
         if lo < matched // ps:
-            hosted = [n for n in d.path if n.host is not None]
+            hosted = [n for n in d.path if n.host_only]
             self._promote_adopted(hosted, adopt.pages[: matched // ps - lo])  # (not a host hit)
         if matched < nblocks * ps:
             new_pages = adopt.pages[matched // ps - lo:]
@@ -254,9 +254,11 @@ class TreeInsertion(TreeHost):
         assert parent is not None and 0 < blocks < len(node.key) // ps
         upper = Node(node.key[: blocks * ps], node.first, node.pages[:blocks], None, node.hkey,
                      node.namespace)
-        if node.host is not None:  # a host node: both parts stay on host
+        if node.host is not None:  # a host copy: both parts keep theirs
             upper.host = node.host[:blocks]
             node.host = node.host[blocks:]
+            if len(upper.pages):  # on both tiers, as node
+                self._copies[upper] = None
         upper.lock_count = node.lock_count  # every lock on node's path also covers its prefix
         # upper.end_locks stays 0: a match that ended at node still ends at node
         upper.last_access = node.last_access

@@ -2,9 +2,10 @@
 copies a model of the pages' contents (each page holds the identity of the block written into it), driven
 like the engine drives it: requests load host blocks through `RadixCache.load` (make room, copy up, promote)
 and compute the rest into pages of their own; eviction demotes through the mover; the mover fails now and
-then. After every step every cached block's page (GPU or host) holds that block's bytes: no demoted page is
-reused before its bytes were copied out, no loaded block is read from a page its bytes never reached, and a
-failed copy leaves no block behind on the pages it did not reach."""
+then. After every step every cached block's pages (GPU, host, or both for a block loaded back, which keeps its
+host copy) hold that block's bytes: no demoted page is reused before its bytes were copied out, no loaded block
+is read from a page its bytes never reached, a failed copy leaves no block behind on the pages it did not
+reach, and no block is copied device-to-host while a host page the tree holds already has its bytes."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,16 +21,21 @@ Block = tuple  # (namespace, block ids from the root): what a page holds
 
 class BytesMover:
     """Copies page contents between the two dicts at once (the engine's fence then orders them); fails on
-    request. A GPU page must still be held when its demotion is asked for."""
+    request. A GPU page must still be held when its demotion is asked for, and its block must not be on a
+    held host page already (a block loaded back demotes onto its kept copy)."""
 
-    def __init__(self, pool: PagePool) -> None:
-        self.pool = pool
+    def __init__(self, pool: PagePool, host_pool: PagePool) -> None:
+        self.pool, self.host_pool = pool, host_pool
         self.gpu: dict[int, Block] = {}
         self.host: dict[int, Block] = {}
         self.fail = False
 
     def demote(self, gpu_pages: np.ndarray, host_pages: np.ndarray) -> None:
         assert all(self.pool.refcount(int(p)) > 0 for p in gpu_pages), "demotion asked for after a free"
+        dst = set(host_pages.tolist())  # (just taken for this copy: any bytes there are stale)
+        held = {block for h, block in self.host.items() if h not in dst and self.host_pool.refcount(h) > 0}
+        again = [self.gpu[g] for g in gpu_pages.tolist() if self.gpu[g] in held]
+        assert not again, f"blocks {again} copied device-to-host while a held host page has their bytes"
         if self.fail:
             raise RuntimeError("injected")
         for g, h in zip(gpu_pages.tolist(), host_pages.tolist()):
@@ -52,7 +58,7 @@ class HostBytesMachine(RuleBasedStateMachine):
         super().__init__()
         self.pool = PagePool(self.NUM_PAGES)
         self.host_pool = HostPool(self.HOST_PAGES)
-        self.mover = BytesMover(self.pool)
+        self.mover = BytesMover(self.pool, self.host_pool)
         self.cache = RadixCache(self.pool, page_size=self.PAGE_SIZE, host_pool=self.host_pool, mover=self.mover)
 
     def tokens(self, bids: list[int]) -> np.ndarray:
@@ -114,9 +120,12 @@ class HostBytesMachine(RuleBasedStateMachine):
                     p = prefix
                     for i in range(len(child.key) // ps):
                         p = p + (int(child.key[(i + 1) * ps - 1]),)
-                        where = self.mover.gpu.get(int(child.pages[i])) if child.host is None else \
-                            self.mover.host.get(int(child.host[i]))
-                        assert where == (ns, p), f"{child}: block {i} is on a page holding {where}"
+                        if len(child.pages):
+                            where = self.mover.gpu.get(int(child.pages[i]))
+                            assert where == (ns, p), f"{child}: block {i} is on a GPU page holding {where}"
+                        if child.host is not None:
+                            where = self.mover.host.get(int(child.host[i]))
+                            assert where == (ns, p), f"{child}: block {i} is on a host page holding {where}"
                     stack.append((child, p))
 
     def teardown(self) -> None:

@@ -467,12 +467,38 @@ TestTreeCollisions = TreeMachineCollisions.TestCase
 
 
 # ---- the host tier (issue 37): demote / promote / host-evict ----------------------------------------
+class CountingMover:
+    """The tree's HostMover for TieredTreeMachine: counts the device-to-host copies asked for, and checks
+    that none is of a block that still has its host copy."""
+
+    def __init__(self) -> None:
+        self.copied_down = 0
+        self.cache: RadixCache | None = None
+
+    def demote(self, gpu_pages: np.ndarray, host_pages: np.ndarray) -> None:
+        self.copied_down += len(gpu_pages)
+        asked = set(gpu_pages.tolist())
+        stack = [self.cache.root(ns) for ns in self.cache.namespaces]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.iter_children())
+            if asked & set(node.pages.tolist()):
+                assert node.host is None, f"{node}: a device-to-host copy of a block with a host copy"
+
+    def promote(self, host_pages: np.ndarray, gpu_pages: np.ndarray) -> None:
+        pass
+
+
 class TieredTreeMachine(RuleBasedStateMachine):
     """RadixCache with a host pool: requests (match -> lock -> promote the host part or not -> make room
-    -> extend -> release), demotion (evict), host eviction, promotion of a held match, clear. After
-    every step: check_invariants() (both pools, prefix-closed tiers, both LRU heaps), a match equal to
-    the tree's own contents (GPU prefix, then host part), and conservation: a demotion with host room
-    loses no block, a host eviction touches no GPU block, a promotion moves blocks without losing any."""
+    -> extend -> release), demotion (evict), host eviction, promotion of a held match, the evict -> load ->
+    evict again cycle of one prefix, clear. A block is on "gpu", "host" or "both" tiers (loaded back, it
+    keeps its host copy). After every step: check_invariants() (both pools, prefix-closed GPU residency,
+    both LRU heaps, the both-tier list), a match equal to the tree's own contents (GPU or both-tier
+    prefix, then the host-only part), the KV events per tier, and conservation: a demotion with host room
+    (free pages plus copies) loses no block and copies only blocks without a host copy, a host eviction
+    gives up copies before it forgets a block and takes no block off the GPU, a promotion moves blocks
+    without losing any."""
 
     PAGE_SIZE = 2
     NUM_PAGES = 8
@@ -486,7 +512,9 @@ class TieredTreeMachine(RuleBasedStateMachine):
         self.pool = PagePool(self.NUM_PAGES)
         self.host_pool = HostPool(self.HOST_PAGES)
         self.events = QueuePublisher()
-        self.cache = RadixCache(self.pool, page_size=self.PAGE_SIZE, host_pool=self.host_pool, events=self.events)
+        self.cache = RadixCache(self.pool, page_size=self.PAGE_SIZE, host_pool=self.host_pool, events=self.events,
+                                mover=CountingMover())
+        self.cache.mover.cache = self.cache
         ps = self.PAGE_SIZE
         self.patterns = [([b % 2] * (ps - 1) + [b]) if ps > 1 else [b] for b in range(NUM_BLOCK_IDS)]
         self.block_of = {tuple(p): b for b, p in enumerate(self.patterns)}
@@ -497,7 +525,7 @@ class TieredTreeMachine(RuleBasedStateMachine):
         return np.array([t for b in bids for t in self.patterns[b]], dtype=np.int32)
 
     def contents(self) -> dict[tuple[Namespace, Prefix], str]:
-        """(namespace, block prefix) -> "gpu" / "host", from a walk of the tree."""
+        """(namespace, block prefix) -> "gpu" / "host" / "both", from a walk of the tree."""
         ps, out = self.PAGE_SIZE, {}
         for ns in self.cache.namespaces:
             stack: list = [(self.cache.root(ns), ())]
@@ -507,7 +535,7 @@ class TieredTreeMachine(RuleBasedStateMachine):
                     p = prefix
                     for i in range(len(child.key) // ps):
                         p = p + (self.block_of[tuple(child.key[i * ps:(i + 1) * ps].tolist())],)
-                        out[(ns, p)] = "gpu" if child.host is None else "host"
+                        out[(ns, p)] = "gpu" if child.host is None else "host" if child.host_only else "both"
                     stack.append((child, p))
         return out
 
@@ -518,8 +546,8 @@ class TieredTreeMachine(RuleBasedStateMachine):
             tier = c.get((ns, tuple(bids[:k])))
             if tier is None:
                 break
-            if tier == "gpu":
-                assert host == 0, "a GPU block below a host block"
+            if tier != "host":
+                assert host == 0, "a GPU block below a host-only block"
                 gpu += 1
             else:
                 host += 1
@@ -573,11 +601,19 @@ class TieredTreeMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(0, 10))
     def demote(self, n: int) -> None:
+        self.evict_checked(n)
+
+    def evict_checked(self, n: int) -> int:
+        """evict(n), checked: with room on host (free pages plus copies it may give up) no block is lost;
+        with free host pages for every GPU-only block, a block that kept its host copy moves without a
+        copy and every other one costs one (CountingMover checks no copy is of a block with a copy)."""
         cache = self.cache
         before = self.contents()
-        host_room = self.host_pool.num_free
+        host_room = self.host_pool.num_free + cache.num_host_copies
         gpu_before = cache.num_cached_pages
         evictable = cache.num_evictable_pages
+        copied, saved, demoted = cache.mover.copied_down, cache.demotes_saved, cache.demoted_pages
+        spare = self.host_pool.num_free >= sum(t == "gpu" for t in before.values())  # no copy need go
         freed = cache.evict(n)
         assert freed == min(n, evictable)
         assert cache.num_cached_pages == gpu_before - freed
@@ -586,16 +622,51 @@ class TieredTreeMachine(RuleBasedStateMachine):
             assert set(after) == set(before), "a demotion with host room dropped a block"
             event("demote: all kept on host" if freed else "demote: nothing")
         assert set(after) <= set(before)
+        assert cache.mover.copied_down - copied == cache.demoted_pages - demoted
+        went = [k for k, t in after.items() if t == "host" and before[k] != "host"]
+        kept = sum(before[k] == "both" for k in went)
+        if spare:
+            assert cache.demotes_saved - saved == kept, "a block with a host copy was not demoted onto it"
+            assert cache.demoted_pages - demoted == len(went) - kept
+        if kept:
+            event("demote: onto kept host copies")
+        return freed
 
     @rule(n=st.integers(0, 8))
     def host_evict(self, n: int) -> None:
+        """Copies go first (nothing forgotten), then host-only blocks; no block leaves the GPU."""
         before = self.contents()
-        had = self.cache.num_host_pages
+        had, copies = self.cache.num_host_pages, self.cache.num_host_copies
         assert self.cache.evict_host(n) == min(n, had)
         after = self.contents()
-        assert {k for k, t in after.items() if t == "gpu"} == {k for k, t in before.items() if t == "gpu"}
-        assert len(before) - len(after) == min(n, had)
+        on_gpu = {k for k, t in before.items() if t != "host"}
+        assert {k for k, t in after.items() if t != "host"} == on_gpu
+        assert len(before) - len(after) == max(0, min(n, had) - copies)
+        assert sum(t == "both" for t in after.values()) == max(0, copies - n)
+        if copies and n:
+            event("host_evict: gave up host copies")
 
+    @rule(ns=st.sampled_from([None, "a"]), bids=st.sampled_from([[0, 1, 2], [0, 1, 3], [2, 3], [1]]))
+    def evict_load_evict(self, ns: Namespace, bids: list[int]) -> None:
+        """The multi-turn cycle: a prefix demoted, loaded back (both tiers), and demoted again with no
+        second device-to-host copy while its host copy lasts."""
+        cache, pool, ps = self.cache, self.pool, self.PAGE_SIZE
+        tokens = self.tokens(bids)
+        m = cache.match(tokens, ns)
+        if m.host_tokens == 0:
+            return
+        loaded = cache.load(tokens, ns, m, m.host_tokens // ps)
+        if loaded.num_tokens == m.num_tokens:
+            return
+        tiers = self.contents()
+        back = [tuple(bids[:k]) for k in range(m.num_tokens // ps + 1, loaded.num_tokens // ps + 1)]
+        assert all(tiers[(ns, p)] == "both" for p in back), "a loaded block gave up its host copy"
+        spare = self.host_pool.num_free >= sum(t == "gpu" for t in tiers.values())  # no copy need go
+        self.evict_checked(pool.num_pages)
+        if spare and not self.locked:
+            after = self.contents()
+            assert all(after[(ns, p)] == "host" for p in back), "a loaded block was not demoted onto its copy"
+            event("evict_load_evict: demoted again onto the copy")
     @precondition(lambda self: self.locked)
     @rule(data=st.data())
     def promote_held(self, data: st.DataObject) -> None:
@@ -634,9 +705,10 @@ class TieredTreeMachine(RuleBasedStateMachine):
     @invariant()
     def invariants(self) -> None:
         self.cache.check_invariants()
-        c = self.contents()
-        assert sum(t == "gpu" for t in c.values()) == self.cache.num_cached_pages
-        assert sum(t == "host" for t in c.values()) == self.cache.num_host_pages == self.host_pool.num_used
+        c, cache = self.contents(), self.cache
+        assert sum(t != "host" for t in c.values()) == cache.num_cached_pages
+        assert sum(t != "gpu" for t in c.values()) == cache.num_host_pages == self.host_pool.num_used
+        assert sum(t == "both" for t in c.values()) == cache.num_host_copies
 
     @invariant()
     def events_follow_tiers(self) -> None:
@@ -655,6 +727,9 @@ class TieredTreeMachine(RuleBasedStateMachine):
                 self.blocks.clear()
         gpu = sum(m == "GPU" for m in self.blocks.values())
         assert gpu == self.cache.num_cached_pages and len(self.blocks) - gpu == self.cache.num_host_pages
+        c = self.contents()  # a block on both tiers is stored on both media
+        both = {(ns, p) for (ns, p), t in c.items() if t == "both"}
+        assert sum(1 for (m1, h) in self.blocks if m1 == "CPU" and ("GPU", h) in self.blocks) == len(both)
 
     def teardown(self) -> None:
         for m in self.locked:

@@ -46,7 +46,8 @@ def test_demote_then_match_reports_host_part_and_promote_moves_it_back():
     longer = cache.promote(m, pool.alloc_array(2), donate=True)  # two of the three come back
     cache.check_invariants()
     assert (longer.num_tokens, longer.host_tokens, len(longer.pages)) == (6, 2, 2)
-    assert (cache.num_cached_pages, cache.num_locked_pages, cache.num_host_pages) == (3, 3, 1)
+    # the two loaded blocks keep their host copies: on both tiers
+    assert (cache.num_cached_pages, cache.num_locked_pages, cache.num_host_pages, cache.num_host_copies) == (3, 3, 3, 2)
     with pytest.raises(ValueError, match="holds 1"):
         cache.promote(longer, [0, 1])
     cache.unlock(longer)
@@ -80,10 +81,12 @@ def test_evict_host_and_insert_through_host_blocks():
     cached(cache, t)
     cache.evict(2)
     assert cache.num_host_pages == 2
-    cached(cache, t)  # the caller computed them again: its pages are adopted, the host copy freed
+    cached(cache, t)  # the caller computed them again: its pages are adopted, the host copy kept
     cache.check_invariants()
-    assert (cache.num_cached_pages, cache.num_host_pages, cache.match(t).num_tokens) == (2, 0, 4)
+    assert (cache.num_cached_pages, cache.num_host_pages, cache.num_host_copies, cache.match(t).num_tokens) == (
+        2, 2, 2, 4)
     cache.evict(2)
+    assert (cache.demoted_pages, cache.demotes_saved) == (2, 2)
     assert cache.evict_host(1) == 1  # tail first
     cache.check_invariants()
     assert cache.match(t).host_tokens == 2
