@@ -76,7 +76,8 @@ class RadixCache(TreeInsertion):
         """events: a publisher of KV events (cache/events.py) told of every block that enters or
         leaves the tree, with chain hashes; None publishes nothing and costs nothing.
         host_pool: the host tier's pages (tree_host.py: GPU eviction demotes blocks there, a match
-        reports the host part, `promote` brings it back); None (the default): one tier.
+        reports the host part, `promote` brings it back and the block keeps its host copy: both tiers);
+        None (the default): one tier.
         mover: copies the host tier's bytes as blocks are demoted and loaded (tree_host.HostMover); None:
         bookkeeping only (the simulator)."""
         if page_size < 1:

@@ -2,36 +2,41 @@
 pages instead of dropping them, host eviction, and promotion back onto GPU pages. No torch.
 
 With `RadixCache(pool, page_size, host_pool=HostPool(n))` every cached block lives on GPU pages
-(`node.pages`) or on host pages (`node.host`, `node.pages` empty). The tree moves bookkeeping only; an
-engine copies the bytes (device-to-host before a demoted page is reused, host-to-device before a
+(`node.pages`), on host pages only (`node.host`, `node.pages` empty: `node.host_only`), or on both: a block
+loaded back keeps its host copy (the KV of a full block never changes). The tree moves bookkeeping only;
+an engine copies the bytes (device-to-host before a demoted page is reused, host-to-device before a
 promoted block is read). Rules on top of radix_tree.py's:
 
-- Tiers are prefix-closed: a GPU node's ancestors are GPU nodes, a host node's descendants host nodes.
-  So a match is a GPU prefix (what a caller locks and reads) followed by a host part
-  (`MatchResult.host_tokens`, `host_path`). Host nodes are never locked.
-- `evict(n)` takes the least recently used *GPU leaf* (an unlocked GPU node whose children, if any,
-  are all on host; tail blocks first, by splitting the node) and demotes it: its blocks get host pages
-  and its GPU pages are freed. When the host pool is short, host leaves least recently used first are
-  dropped to make room, but only those used before the block being demoted; when that is not enough
-  the block is dropped instead (with its host subtree). So the whole cache (GPU + host) forgets in
-  exact LRU order and the GPU holds the most recently used blocks.
-- `evict_host(n)` drops the least recently used host leaves (tail blocks first).
+- GPU residency is prefix-closed: a node on GPU pages (GPU or both) has ancestors on GPU pages, a host-only
+  node host-only descendants. So a match is a GPU prefix (what a caller locks and reads) followed by a
+  host-only part (`MatchResult.host_tokens`, `host_path`). Host-only nodes are never locked.
+- `evict(n)` takes the least recently used *GPU leaf* (an unlocked node on GPU pages whose children, if
+  any, are all host-only; tail blocks first, by splitting the node) and demotes it: a block with a host
+  copy just gives up its GPU pages (no copy); any other gets host pages (copied there) and its GPU pages
+  are freed. When the host pool is short, host copies of blocks also on GPU are given up first (that
+  forgets nothing), then host-only leaves least recently used first are dropped, but only those used
+  before the block being demoted; when that is not enough the block is dropped instead (with its host
+  subtree). So the whole cache (GPU + host) forgets in exact LRU order, the GPU holds the most recently
+  used blocks, and host copies never cost a cached block (they are the first host pages given up).
+- `evict_host(n)` gives up host copies of blocks also on GPU (the newest copy first: the GPU keeps those
+  blocks longest; tail blocks first), then drops the least recently used host-only leaves (tail first).
 - `promote(m, pages)`: the host blocks following the locked match `m` (its `host_path`), as many as
-  `pages` (GPU pages the caller allocated and fills), move back to GPU; the lock moves to the longer
-  match, as `extend` moves it. insert / extend through host blocks adopt the caller's pages for them
-  (the caller holds their KV on GPU: it just computed them).
+  `pages` (GPU pages the caller allocated and fills), come back to GPU and keep their host pages; the
+  lock moves to the longer match, as `extend` moves it. insert / extend through host-only blocks adopt
+  the caller's pages for them (the caller holds their KV on GPU: it just computed them), copies kept too.
 - `clear()` drops both tiers; `num_cached_pages` / `num_locked_pages` / `num_evictable_pages` count
-  GPU pages only, `num_host_pages` the host ones; `demoted_pages` / `promoted_pages` count the
-  blocks moved each way (bytes moved = pages x bytes per page).
+  GPU pages only, `num_host_pages` the host ones (`num_host_copies` of them the copies of blocks also on
+  GPU); `demoted_pages` / `promoted_pages` count the blocks copied each way (bytes moved = pages x bytes
+  per page), `demotes_saved` the blocks demoted onto a kept copy.
 - Without a host pool none of this runs and the tree is exactly the one-tier tree.
 
 Bytes (`RadixCache(..., host_pool=..., mover=...)`, an engine's HostMover): the tree calls
-`mover.demote(gpu_pages, host_pages)` for each block it demotes, before those GPU pages go back to the
-pool, and `mover.promote(host_pages, gpu_pages)` in `load` before the promoted blocks enter the GPU
-tier; the mover queues the copies and orders every later reader and writer of those pages behind them
-(engine/host_kv.py). A mover that raises is a failed copy: a demotion drops the block instead (as a
-full host tier does), a load frees the pages it took and leaves the blocks on host, so the request
-recomputes them. Either way no page leaks and the tiers stay consistent (`failed_demotes`,
+`mover.demote(gpu_pages, host_pages)` for each block it copies down, before those GPU pages go back to the
+pool (never for a block with a host copy), and `mover.promote(host_pages, gpu_pages)` in `load` before the
+promoted blocks enter the GPU tier; the mover queues the copies and orders every later reader and writer of
+those pages behind them (engine/host_kv.py). A mover that raises is a failed copy: a demotion drops the
+block instead (as a full host tier does), a load frees the pages it took and leaves the blocks on host, so
+the request recomputes them. Either way no page leaks and the tiers stay consistent (`failed_demotes`,
 `failed_promotes` count them).
 """
 from __future__ import annotations
@@ -269,11 +274,11 @@ class TreeHost(TreeEviction):
 
     # ---- promotion -------------------------------------------------------------------------------
     def promote(self, m: MatchResult, pages: Sequence[int] | np.ndarray, *, donate: bool = False) -> MatchResult:
-        """Move the first len(pages) host blocks after the locked match `m` (along `m.host_path`) onto
+        """Bring the first len(pages) host blocks after the locked match `m` (along `m.host_path`) onto
         the GPU pages `pages` (held by the caller; the tree takes its own reference on each, or the
-        caller's with donate=True, as extend). Returns the longer match, locked in m's place (unlock
-        it, not m), its `pages` those of the promoted blocks from block `pages_from`, its `host_tokens`
-        / `host_path` what is left on host. Raises, changing nothing, when m is not locked, its host
+        caller's with donate=True, as extend); they keep their host pages (both tiers). Returns the
+        longer match, locked in m's place (unlock it, not m), its `pages` those of the promoted blocks
+        from block `pages_from`, its `host_tokens` / `host_path` what is left on host only. Raises, changing nothing, when m is not locked, its host
         path is no longer in the tree below it, or `pages` asks for more blocks than the path holds."""
         if self.host_pool is None:
             raise ValueError("promote needs a host tier (RadixCache(..., host_pool=...))")

@@ -3,7 +3,8 @@ that demote GPU pages to them (device-to-host) and promote them back (host-to-de
 
 The radix tree moves bookkeeping only (cache/tree_host.py); it calls this object (its HostMover) with page
 id pairs: `demote(gpu_pages, host_pages)` before the GPU pages go back to the pool, `promote(host_pages,
-gpu_pages)` before the promoted blocks enter the GPU tier. A call validates its ids and adds them to a
+gpu_pages)` before the promoted blocks enter the GPU tier (a promoted block keeps its host page, so its next
+demotion asks for no copy). A call validates its ids and adds them to a
 batch; batches are queued on the device when 256 MiB of copies wait, and at `fence()`. The engine calls
 `fence()` before every step it launches (EngineCore), so an admission's demotions and loads (one tree call
 per node) move as a few large transfers, and no step runs before the copies it depends on are queued.
@@ -14,10 +15,10 @@ direction changes).
   stream's work queued so far (steps in flight may still write the source pages, or a page just freed),
   then gathers / scatters the pages through a device staging buffer and moves it over the link in
   page-sized or larger pieces; an event is recorded behind it. `fence()` makes the compute stream wait
-  on that event (no host sync): no step reads a promoted page before its bytes landed and no step
-  writes a demoted page before its bytes left. One copy stream keeps the copies in order (a GPU page
-  demoted then reused by a promotion in the same admission; a host page freed by one copy and reused
-  by the next).
+  on that event (no host sync; no wait when nothing was flushed since the last fence): no step reads a
+  promoted page before its bytes landed and no step writes a demoted page before its bytes left. One
+  copy stream keeps the copies in order (a GPU page demoted then reused by a promotion in the same
+  admission; a host page freed by one copy and reused by the next).
 - On CPU (tests) the "device" pages are CPU tensors and a flush copies them at once; with
   `delay_copies=True` nothing is flushed before `fence()` (a test seam: `pending_gpu_pages` names the
   pages whose copies are not queued yet, and a step that read one would see the wrong bytes).

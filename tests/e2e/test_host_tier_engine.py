@@ -1,7 +1,8 @@
 """The engine's host KV tier (issue 37, engine/host_kv.py): a multi-turn workload whose history overflows a
 small GPU pool gives the same greedy tokens with the tier as without it, with hits counted by tier; copies held
-back on purpose are never read before they land; a failed copy falls back to recompute with no leak (CPU, tiny
-random model, the tree's invariants checked after every step)."""
+back on purpose are never read before they land; a failed copy falls back to recompute with no leak; a prefix
+evicted, loaded back and evicted again is copied device-to-host once (CPU, tiny random model, the tree's
+invariants checked after every step)."""
 from __future__ import annotations
 
 import random
@@ -9,7 +10,7 @@ import random
 import pytest
 
 from radixkv import LLM, SamplingParams
-from radixkv.cache.events import MEDIUM_CPU, BlockStored, QueuePublisher
+from radixkv.cache.events import MEDIUM_CPU, MEDIUM_GPU, BlockRemoved, BlockStored, QueuePublisher
 from radixkv.engine.core import EngineStats
 from radixkv.engine.host_kv import HostKV
 
@@ -239,3 +240,74 @@ def test_a_flush_that_raises_is_queued_again_at_the_next_fence(monkeypatch):
         assert all(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
                    for a, b in zip(tensors, want))
         assert host.bytes_d2h == host.bytes_h2d == 3 * host.page_bytes == 3 * kv.total_bytes // kv.num_pages
+
+
+def test_a_prefix_evicted_reloaded_and_evicted_again_is_copied_device_to_host_once():
+    """Two chats that do not fit the GPU pool together, turn by turn: each turn evicts the other chat's
+    history to host, loads its own back and evicts it again. A block loaded back keeps its host copy, so its
+    second GPU eviction copies nothing: every block is copied device-to-host once (one BlockStored CPU per
+    block hash, bytes_d2h = those blocks' bytes) however often it leaves the GPU, with the GPU-only engine's
+    tokens."""
+    def chats(llm: LLM) -> list[list[int]]:
+        rng = random.Random(1)
+        hist = [[rng.randrange(5, 150) for _ in range(48)] for _ in range(2)]
+        outs = []
+        for _ in range(3):
+            for c in range(2):
+                o = llm.generate([hist[c]], GREEDY)[0]
+                outs.append(o.token_ids)
+                hist[c] = hist[c] + o.token_ids + [rng.randrange(5, 150) for _ in range(4)]
+        return outs
+
+    pub = QueuePublisher()
+    llm = engine(host_kv_cache_bytes=HOST_BYTES, kv_events=pub)
+    assert chats(llm) == chats(engine())
+    times: dict[tuple[str, str | None, int], int] = {}
+    for e in pub.drain().events:
+        if isinstance(e, (BlockStored, BlockRemoved)):
+            for h in e.block_hashes:
+                key = (type(e).__name__, e.medium, h)
+                times[key] = times.get(key, 0) + 1
+    copied = [h for kind, medium, h in times if (kind, medium) == ("BlockStored", MEDIUM_CPU)]
+    assert copied and all(times[("BlockStored", MEDIUM_CPU, h)] == 1 for h in copied)
+    assert any(times.get(("BlockRemoved", MEDIUM_GPU, h), 0) >= 2 for h in copied)  # evicted, loaded, evicted
+    cache, s = llm.core.cache, llm.core.stats()
+    assert cache.demotes_saved > 0 and cache.promoted_pages > 0 and s.host_hit_tokens > 0
+    assert s.bytes_d2h == len(copied) * llm.core.host_kv.page_bytes == cache.demoted_pages * llm.core.host_kv.page_bytes
+    assert_no_leak(llm)
+
+
+def test_a_fence_waits_only_for_copies_queued_since_the_last_one(monkeypatch):
+    """HostKV.fence makes the compute stream wait on the copy stream's event only when a flush queued copies
+    since the last fence (a CUDA copy stream faked on CPU: the waits are counted)."""
+    import contextlib
+
+    import numpy as np
+    import torch
+
+    from radixkv.engine.kv_store import KVStore
+
+    class Stream:
+        def __init__(self) -> None:
+            self.waits = 0
+
+        def wait_stream(self, other) -> None:
+            pass
+
+        def wait_event(self, event) -> None:
+            self.waits += 1
+
+    compute = Stream()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: compute)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    host = HostKV(KVStore(2, 6, 4, 2, 8, "fp16", "cpu"), 4)
+    host._stream, host._event = Stream(), type("Event", (), {"record": lambda self, s: None})()
+    host.fence()
+    assert compute.waits == 0  # nothing queued yet
+    host.demote(np.array([1, 2]), np.array([0, 1]))
+    host.fence()
+    host.fence()
+    assert compute.waits == 1  # the second fence found nothing new
+    host.promote(np.array([0]), np.array([3]))
+    host.fence()
+    assert compute.waits == 2 and not host.pending_gpu_pages

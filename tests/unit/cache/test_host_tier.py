@@ -123,3 +123,70 @@ def test_stale_match_after_demotion_is_refused():
 def test_host_pool_size_refused(bad):
     with pytest.raises((ValueError, TypeError), match=str(bad) if not isinstance(bad, str) else "'8'"):
         HostPool(bad)
+
+
+class Mover:
+    """Records the copies the tree asks for."""
+
+    def __init__(self) -> None:
+        self.d2h: list[list[int]] = []
+        self.h2d: list[list[int]] = []
+
+    def demote(self, gpu_pages: np.ndarray, host_pages: np.ndarray) -> None:
+        self.d2h.append(gpu_pages.tolist())
+
+    def promote(self, host_pages: np.ndarray, gpu_pages: np.ndarray) -> None:
+        self.h2d.append(host_pages.tolist())
+
+
+def test_a_loaded_block_keeps_its_host_copy_and_demotes_onto_it_without_a_copy():
+    pub, mover = QueuePublisher(), Mover()
+    pool, host = PagePool(4), HostPool(4)
+    cache = RadixCache(pool, page_size=2, host_pool=host, mover=mover, events=pub)
+    t = arr(0, 1, 2, 3)
+    cached(cache, t)
+    cache.evict(2)
+    assert len(mover.d2h) == 1 and cache.demoted_pages == 2
+    pub.drain()
+    m = cache.load(t, None, cache.match(t), 2)  # back on GPU, and still on host: both tiers
+    cache.check_invariants()
+    assert (m.num_tokens, m.host_tokens) == (4, 0)
+    assert (cache.num_cached_pages, cache.num_host_pages, cache.num_host_copies, host.num_used) == (2, 2, 2, 2)
+    assert [(type(e), e.medium) for e in pub.drain().events] == [(BlockStored, "GPU")]  # the CPU copy stays stored
+    assert cache.evict(2) == 2  # GPU eviction: the GPU pages go, no device-to-host copy
+    cache.check_invariants()
+    assert len(mover.d2h) == 1 and cache.demoted_pages == 2 and cache.demotes_saved == 2
+    assert [(type(e), e.medium) for e in pub.drain().events] == [(BlockRemoved, "GPU")]
+    assert (cache.num_cached_pages, cache.num_host_pages, cache.num_host_copies) == (0, 2, 0)
+    assert cache.match(t).host_tokens == 4
+
+
+def test_host_room_gives_up_copies_before_it_forgets_a_block():
+    """A demotion short of host pages takes them from host copies of blocks also on GPU (nothing is
+    forgotten) before it drops a host-only block; evict_host does the same, tail blocks first."""
+    pub = QueuePublisher()
+    pool, host = PagePool(4), HostPool(4)
+    cache = RadixCache(pool, page_size=1, host_pool=host, events=pub)
+    a, b = arr(1, 2), arr(3, 4)
+    cached(cache, a)
+    cache.evict(2)
+    cache.load(a, None, cache.match(a), 2)  # a: both tiers (2 host pages held as copies)
+    cached(cache, b)
+    cache.evict_host(0)
+    cache.check_invariants()
+    cache.match(a)  # a is the most recently used: b is the GPU's next victim
+    pub.drain()
+    host_free = host.num_free
+    assert cache.evict(2) == 2  # b demotes: its 2 host pages are the free ones, no copy goes
+    assert cache.num_host_copies == 2 and host_free == 2
+    assert cache.evict_host(1) == 1  # a's tail block gives up its copy first; b (host-only) stays
+    cache.check_invariants()
+    assert (cache.num_host_copies, cache.num_host_pages) == (1, 3)
+    assert cache.match(b).host_tokens == 2 and cache.match(a).num_tokens == 2
+    removed = [e for e in pub.drain().events if isinstance(e, BlockRemoved)]
+    assert [e.medium for e in removed] == ["GPU", "CPU"] and len(removed[-1].block_hashes) == 1
+    cached(cache, arr(5, 6))
+    assert cache.evict(2) == 2  # a goes: its tail block is copied, its head demotes onto the copy it kept
+    cache.check_invariants()
+    assert (cache.demoted_pages, cache.demotes_saved) == (2 + 2 + 1, 1)
+    assert (cache.num_host_pages, cache.match(a).host_tokens, cache.match(b).host_tokens) == (4, 2, 2)
