@@ -250,7 +250,7 @@ class RadixCache(TreeInsertion):
                 root = roots.get(namespace)
                 # _rematch's tests, in its order (see there)
                 if (root is not None and not since.pages_from and n <= len(tokens) and end.depth == n
-                        and not end.host_only and not since.host_tokens
+                        and (end.host is None or len(end.pages)) and not since.host_tokens
                         and (end.parent is not None or end is root) and end.namespace == namespace
                         and tokens.ndim == 1 and tokens.flags.c_contiguous
                         and not (end.children and n + ps <= len(tokens)
