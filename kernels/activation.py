@@ -30,7 +30,7 @@ FP_FUSION = True
 
 
 @triton.jit
-def _kernel(gu_ptr, out_ptr, stride_gt, stride_ot,
+def _silu_mul_kernel(gu_ptr, out_ptr, stride_gt, stride_ot,
             I: tl.constexpr, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -83,7 +83,7 @@ def silu_and_mul(gate_up: Tensor, *, out: Tensor | None = None) -> Tensor:
     if T == 0 or i == 0:
         return out
     cfg = _config(i)
-    kernel = for_device(_kernel, gate_up.device)
+    kernel = for_device(_silu_mul_kernel, gate_up.device)
     kernel[(T, triton.cdiv(i, cfg.block_n))](
         gate_up, out, gate_up.stride(0), out.stride(0),
         I=i, BLOCK=cfg.block_n, LIBDEVICE=gate_up.device.type == "cuda", **_options(cfg, gate_up.device))

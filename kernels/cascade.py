@@ -51,7 +51,7 @@ from torch import Tensor
 from .cascade_checks import as_states, check_attention_args, check_groups, check_out_states
 from .cascade_plan import CascadePlan, default_prefix_config, default_prefix_splits, suffix_num_splits
 from .checks import IndexValueError, check_paged_args, host_float, host_int
-from .decode import _kernel as _decode_kernel
+from .decode import _decode_kernel
 from .decode_int import launch_int as launch_int_decode
 from .dispatch import fp8_decode_gluon, int4_decode_gluon
 from .launch import LOG2E, KernelConfig, KernelKind, default_config, for_device, launch_options

@@ -32,7 +32,7 @@ from .launch import LOG2E, KernelConfig, KernelKind, default_config, for_device,
 
 
 @triton.jit
-def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
+def _decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
             qk_scale,
             stride_qb, stride_qh, stride_qd,
             stride_cp, stride_cs, stride_ch, stride_cd,
@@ -200,6 +200,6 @@ def _launch_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor 
             *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(), num_splits)
     common = dict(GROUP=group, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1], BLOCK_D=block_d, BLOCK_N=config.block_n,
                   SPLIT=num_splits > 1, IS_FP8=fp8, **launch_options(config, q.device))
-    for_device(_kernel, q.device)[(hkv, B, num_splits)](
+    for_device(_decode_kernel, q.device)[(hkv, B, num_splits)](
         *args, BLOCK_H=max(16, triton.next_power_of_2(group)), K_FIRST=config.k_first,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **common)

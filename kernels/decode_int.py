@@ -72,7 +72,7 @@ def _plane_values(acc, p, alpha, vb, vs_ptr, xrow, n_mask, kv_mask, offs_j, plan
 @triton.jit
 def _plane_out(acc, l_safe, out_ptr, mid_o_ptr, b, heads, hj_mask, offs_j, plane, base, stride_ob, stride_oh,
                stride_od, PACKED: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr):
-    """Write one bit-plane's columns of the output (or of mid_o, as _kernel's layout)."""
+    """Write one bit-plane's columns of the output (or of mid_o, as _decode_kernel's layout)."""
     o = acc / l_safe[:, None]
     cols = plane * PACKED + offs_j[None, :]
     if not SPLIT:

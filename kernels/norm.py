@@ -30,7 +30,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_rows, eps,
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_rows, eps,
             stride_xt, stride_xn, stride_rt, stride_rn, stride_ot, stride_on, stride_wn,
             N: tl.constexpr, H: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
             HAS_RESIDUAL: tl.constexpr, WEIGHT_PER_HEAD: tl.constexpr, LIBDEVICE: tl.constexpr):
@@ -129,7 +129,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = No
         return out, residual
     cfg = _config(triton.next_power_of_2(h))
     res = residual if residual is not None else x  # placeholder: never read without a residual
-    kernel = for_device(_kernel, x.device)
+    kernel = for_device(_rms_norm_kernel, x.device)
     kernel[(triton.cdiv(T * n, cfg.block_m),)](
         x, res, weight, out, T * n, float(eps),
         *_row_strides(x), *_row_strides(res), *_row_strides(out), weight.stride(0) if heads_ok else 0,

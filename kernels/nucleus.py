@@ -50,7 +50,7 @@ def _scaled(x_ptr, cols, mask, inv_t, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _kernel(x_ptr, inv_t_ptr, top_p_ptr, min_p_ptr, seed_ptr, counter_ptr, out_ptr, rounds_ptr, V, stride_x,
+def _nucleus_kernel(x_ptr, inv_t_ptr, top_p_ptr, min_p_ptr, seed_ptr, counter_ptr, out_ptr, rounds_ptr, V, stride_x,
             BLOCK_V: tl.constexpr, MAX_ROUNDS: tl.constexpr, ROUND_MIX: tl.constexpr, LIBDEVICE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
@@ -133,7 +133,7 @@ def nucleus_draw(x: Tensor, inv_temperature: Tensor, top_p: Tensor, min_p: Tenso
         return out
     cfg = CPU_CONFIG if x.device.type == "cpu" else GPU_CONFIG
     vecs = [t.contiguous() for t in (inv_temperature, top_p, min_p, seed, counter)]
-    for_device(_kernel, x.device)[(S,)](
+    for_device(_nucleus_kernel, x.device)[(S,)](
         x, *vecs, out, rounds, V, x.stride(0), BLOCK_V=cfg.block_n, MAX_ROUNDS=MAX_ROUNDS, ROUND_MIX=ROUND_MIX,
         LIBDEVICE=x.device.type == "cuda", **launch_options(cfg, x.device))
     return out

@@ -63,7 +63,7 @@ def _tile(q, acc, m_i, l_i, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_row, k_lo, q_pos,
 
 
 @triton.jit
-def _kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr, lse_ptr,
+def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr, lse_ptr,
             qk_scale,
             stride_qt, stride_qh, stride_qd,
             stride_cp, stride_cs, stride_ch, stride_cd,
@@ -173,7 +173,7 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
     config = config or default_config(KernelKind.PREFILL, q, k_cache, max_q_len)
     xs = k_scale.stride() if fp8 else (0, 0, 0)
     grid = (hq, B, triton.cdiv(max(1, max_q_len), config.block_m))
-    for_device(_kernel, q.device)[grid](
+    for_device(_prefill_kernel, q.device)[grid](
         q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table, seq_lens,
         q_start, q_lens, out, lse if lse is not None else out, sm_scale * LOG2E,
         *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(), *lse_strides(lse),

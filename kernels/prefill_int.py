@@ -128,7 +128,7 @@ def _int_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_
                 WRITE_LSE: tl.constexpr, BITS: tl.constexpr, PLANES: tl.constexpr, PACKED: tl.constexpr, BLOCK_W: tl.constexpr,
                 PLANES_PER_GROUP: tl.constexpr, GROUPS_PER_PLANE: tl.constexpr, GROUP_SIZE: tl.constexpr,
                 F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """paged_prefill over INT4 (PLANES 2) / INT2 (PLANES 4) pages: _kernel's loops, per bit-plane."""
+    """paged_prefill over INT4 (PLANES 2) / INT2 (PLANES 4) pages: _prefill_kernel's loops, per bit-plane."""
     h = tl.program_id(0)
     b = tl.program_id(1)
     mblk = tl.num_programs(2) - 1 - tl.program_id(2)

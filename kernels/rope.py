@@ -29,7 +29,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _kernel(qk_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_ct, stride_st,
+def _rope_kernel(qk_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_ct, stride_st,
             NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -101,7 +101,7 @@ def apply_rope_(qk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     if T == 0 or nh == 0:
         return qk
     cfg = _config(nh, d // 2)
-    kernel = for_device(_kernel, qk.device)
+    kernel = for_device(_rope_kernel, qk.device)
     kernel[(T, triton.cdiv(nh, cfg.block_m))](
         qk, cos, sin, qk.stride(0), qk.stride(1), stride_ct, stride_st,
         NUM_HEADS=nh, HALF=d // 2, BLOCK_H=cfg.block_m, BLOCK_HALF=cfg.block_n, **_options(cfg, qk.device))

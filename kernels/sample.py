@@ -98,7 +98,7 @@ def _first_argmax(v, i, BIG: tl.constexpr):
 
 
 @triton.jit
-def _kernel(x_ptr, inv_t_ptr, seed_ptr, counter_ptr, out_ptr, part_v_ptr, part_i_ptr, bits_ptr, noise_ptr,
+def _sample_kernel(x_ptr, inv_t_ptr, seed_ptr, counter_ptr, out_ptr, part_v_ptr, part_i_ptr, bits_ptr, noise_ptr,
             V, chunk, stride_x, stride_t, stride_s, stride_c,
             BLOCK_V: tl.constexpr, PARTIAL: tl.constexpr, DEBUG: tl.constexpr, LIBDEVICE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -201,7 +201,7 @@ def _launch(x: Tensor, inv_temperature: Tensor, seed: Tensor, counter: Tensor, b
         part_v, part_i = x, out  # placeholders: never touched
     debug = bits is not None
     cfg = KernelConfig(block_m=1, block_n=block_v, num_warps=_config(x.device).num_warps, num_stages=1)
-    kernel = for_device(_kernel, x.device)
+    kernel = for_device(_sample_kernel, x.device)
     kernel[(S, splits)](
         x, inv_temperature, seed, counter, out, part_v, part_i, bits if debug else out, noise if debug else x,
         V, chunk, x.stride(0), inv_temperature.stride(0), seed.stride(0), counter.stride(0),

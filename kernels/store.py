@@ -172,7 +172,7 @@ def _int_kernel(k_ptr, v_ptr, slots_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
 
 
 @triton.jit
-def _kernel(k_ptr, v_ptr, slots_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
+def _store_kernel(k_ptr, v_ptr, slots_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
             stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
             stride_cp, stride_cs, stride_ch, stride_cd,
             stride_xp, stride_xs, stride_xh,
@@ -238,7 +238,7 @@ def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tens
     vs = v_scale if fp8 else v_cache
     xstride = k_scale.stride() if fp8 else (0, 0, 0)
     scale_lo, scale_hi = scale_range(k_scale.dtype) if fp8 else (1.0, 1.0)
-    kernel = for_device(_kernel, k.device)
+    kernel = for_device(_store_kernel, k.device)
     kernel[(T,)](
         k, v, slots, k_cache, v_cache, ks, vs,
         *k.stride(), *v.stride(), *k_cache.stride(), *xstride,

@@ -28,6 +28,7 @@ goes). Prints a table last; rows to --json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -124,9 +125,10 @@ class Engine:
         assert len(done) == 1, f"the {chunk}-token request did not finish in its step"
         return dt * 1e3
 
-    def steady(self, chunk: int, steps: int) -> float:
+    def steady(self, chunk: int, steps: int, around: Callable[[], Any] = contextlib.nullcontext) -> float:
         """Async scheduling on: ms per step over `steps` steps, each adding one fresh `chunk`-token request
-        (max_tokens 1) before its step() call (chunk 0: decode-only); back to sync and the same rows after."""
+        (max_tokens 1) before its step() call (chunk 0: decode-only); back to sync and the same rows after.
+        around: a context manager factory entered around the timed steps (a profiler)."""
         llm, core = self.llm, self.llm.core
         core.async_scheduling = True
         params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
@@ -138,10 +140,11 @@ class Engine:
                 llm.step()
         run(4)  # warm-up: the overlap starts
         sync(self.device)
-        t = time.perf_counter()
-        run(steps)
-        sync(self.device)
-        dt = (time.perf_counter() - t) / steps * 1e3
+        with around():
+            t = time.perf_counter()
+            run(steps)
+            sync(self.device)
+            dt = (time.perf_counter() - t) / steps * 1e3
         core.async_scheduling = False
         while core.scheduler.num_waiting or len(core.scheduler.running) > self.rows or core._ahead is not None:
             llm.step()
@@ -210,6 +213,59 @@ def profile_step(eng: Engine, chunk: int, device: str, label: str) -> dict:
         "attend|_piece|replay|plan|paged_prefill|paged_decode|store_kv|hidden|forward|launch|schedule|collect|run")
     out["host_cum"] = [ln for ln in s2.getvalue().splitlines() if ln.strip() and ln.strip()[0].isdigit()][:24]
     log(f"--- profile {label}, chunk {chunk}: {json.dumps({k: v for k, v in out.items() if 'top' not in k and 'cum' not in k})}")
+    for row in out.get("top_kernels", []):
+        log(f"    gpu {row[1]:8.3f} ms/step  x{row[2]:6.1f}  {row[0]}")
+    for ln in out["host_top"]:
+        log("    host " + ln)
+    for ln in out["host_cum"]:
+        log("    cum  " + ln)
+    return out
+
+
+def profile_ahead(eng: Engine, chunk: int, device: str, steps: int = 20) -> dict:
+    """Where an async steady-state step of `chunk` tokens (0: decode-only) goes: device kernel time a step
+    (torch.profiler, device activity only) against the wall time a step, and the host's busy time a step
+    (cProfile: all but the wait for the step's tokens) by function."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out: dict[str, Any] = {"chunk": chunk}
+    if device == "cuda":
+        holder: list = []
+
+        @contextlib.contextmanager
+        def kernels() -> Any:
+            with profile(activities=[ProfilerActivity.CUDA]) as p:
+                yield
+            holder.append(p)
+        out["wall_ms"] = eng.steady(chunk, steps, kernels)
+        evs = [e for e in holder[0].key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+        out["gpu_ms"] = sum(e.self_device_time_total for e in evs) / 1e3 / steps
+        out["kernels"] = sum(e.count for e in evs) / steps
+        out["top_kernels"] = [(e.key[:70], round(e.self_device_time_total / 1e3 / steps, 3), e.count / steps)
+                              for e in sorted(evs, key=lambda e: -e.self_device_time_total)[:8]]
+    pr = cProfile.Profile()
+
+    @contextlib.contextmanager
+    def host() -> Any:
+        pr.enable()
+        yield
+        pr.disable()
+    out["wall_ms_cprofile"] = eng.steady(chunk, steps, host)
+    st = pstats.Stats(pr)
+    waits = sum(v[3] for k, v in st.stats.items() if k[2] in ("synchronize", "<method 'synchronize' of 'torch._C._CudaEventBase' objects>")
+                or "synchronize" in k[2])
+    out["host_ms"] = (st.total_tt - waits) * 1e3 / steps
+    out["wait_ms"] = waits * 1e3 / steps
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(16)
+    out["host_top"] = [ln for ln in s.getvalue().splitlines() if ln.strip() and ln.strip()[0].isdigit()][:16]
+    s2 = io.StringIO()
+    pstats.Stats(pr, stream=s2).sort_stats("cumulative").print_stats(
+        "schedule_ahead|_admit|launch|forward|sample|collect|update|_deltas|add_requests|hidden|attend|plan|replay|"
+        "process|_step|step")
+    out["host_cum"] = [ln for ln in s2.getvalue().splitlines() if ln.strip() and ln.strip()[0].isdigit()][:30]
+    log(f"--- async steady state, chunk {chunk}: " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                                                            for k, v in out.items() if k not in ("host_top", "host_cum", "top_kernels")}))
     for row in out.get("top_kernels", []):
         log(f"    gpu {row[1]:8.3f} ms/step  x{row[2]:6.1f}  {row[0]}")
     for ln in out["host_top"]:
@@ -301,6 +357,7 @@ def main() -> None:
     ap.add_argument("--profile-modes", default="before,graphs")
     ap.add_argument("--no-greedy", action="store_true")
     ap.add_argument("--steady", type=int, default=40, help="steps of each async steady-state measurement")
+    ap.add_argument("--profile-ahead", default="", help="chunk sizes whose async steady state is profiled (0: decode)")
     ap.add_argument("--json")
     a = ap.parse_args()
     device = "cpu" if a.smoke else "cuda"
@@ -346,6 +403,8 @@ def main() -> None:
             set_mode(llm, mode, saved)
             prof[f"{mode}_{c}"] = section(f"profile {mode} {c}", lambda c=c, mode=mode: profile_step(eng, c, device, mode))
     set_mode(llm, "graphs", saved)
+    for c in [int(x) for x in a.profile_ahead.split(",") if x]:
+        prof[f"ahead_{c}"] = section(f"profile ahead {c}", lambda c=c: profile_ahead(eng, c, device))
     results["profile"] = prof
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1, default=str))

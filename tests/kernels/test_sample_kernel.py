@@ -239,7 +239,7 @@ if cfg["kernel"] == "merge":
     types = dict(part_v_ptr="*fp32", part_i_ptr="*i32", out_ptr="*i64", n_split="i32")
     opts = sample.launch_options(sample.KernelConfig(1, 1, 1, 1), cuda)
 else:
-    fn = sample._kernel
+    fn = sample._sample_kernel
     c = sample.GPU_CONFIG
     consts = dict(BLOCK_V=c.block_n, PARTIAL=cfg["partial"], DEBUG=False, LIBDEVICE=True)
     types = {a: "i32" for a in fn.arg_names}
