@@ -90,7 +90,7 @@ def silu_without_fma(gu: torch.Tensor) -> torch.Tensor:
     T, i = gu.shape[0], gu.shape[1] // 2
     out = torch.empty(T, i, dtype=gu.dtype, device=gu.device)
     cfg = act._config(i)
-    act._kernel[(T, triton.cdiv(i, cfg.block_n))](gu, out, gu.stride(0), out.stride(0), I=i, BLOCK=cfg.block_n,
+    act._silu_mul_kernel[(T, triton.cdiv(i, cfg.block_n))](gu, out, gu.stride(0), out.stride(0), I=i, BLOCK=cfg.block_n,
                                                    LIBDEVICE=True, **{**act._options(cfg, gu.device),
                                                                       "enable_fp_fusion": False})
     return out

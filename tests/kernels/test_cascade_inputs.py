@@ -112,7 +112,7 @@ def test_startup_warm_keys_cover_every_step_and_compile_every_specialisation(mon
         assert torch.isfinite(out).all()
     warmed = set(rec.seen)
     per_kernel = {name: sum(s[0] == name for s in warmed) for name, _, _ in warmed}
-    assert per_kernel == {"_prefix_kernel": 1, "_merge_kernel": 1, "_kernel": 2}  # suffix splits 1 and 2
+    assert per_kernel == {"_prefix_kernel": 1, "_merge_kernel": 1, "_decode_kernel": 2}  # suffix splits 1 and 2
 
     keys = {k for _, k in warm}
     for groups, lone, bucket in (([(2, 2)], 0, 2), ([(3, 17), (2, 5)], 1, 8), ([(2, 9), (2, 3), (2, 2)], 0, 8)):

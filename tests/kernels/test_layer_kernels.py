@@ -268,8 +268,11 @@ from radixkv.kernels import activation, norm, rope
 cuda = torch.device("cuda")  # options only: nothing runs
 
 
+KERNELS = {"norm": "_rms_norm_kernel", "activation": "_silu_mul_kernel", "rope": "_rope_kernel"}
+
+
 def build(module, cfg, ptrs, consts, scalars=None):
-    fn = module._kernel
+    fn = getattr(module, KERNELS[module.__name__.rsplit(".", 1)[1]])
     types = {a: "i32" for a in fn.arg_names}
     types.update(ptrs, **(scalars or {}), **{c: "constexpr" for c in consts})
     k = triton.compile(ASTSource(fn, types, consts, {}), target=GPUTarget("cuda", 90, 32),
