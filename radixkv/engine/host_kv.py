@@ -11,14 +11,20 @@ per node) move as a few large transfers, and no step runs before the copies it d
 Copies of the same page keep the order they were asked in (a new batch starts where a page repeats or the
 direction changes).
 
-- On CUDA the batches run on one copy stream of their own. Each flush first waits for the compute
-  stream's work queued so far (steps in flight may still write the source pages, or a page just freed),
-  then gathers / scatters the pages through a device staging buffer and moves it over the link in
-  page-sized or larger pieces; an event is recorded behind it. `fence()` makes the compute stream wait
-  on that event (no host sync; no wait when nothing was flushed since the last fence): no step reads a
-  promoted page before its bytes landed and no step writes a demoted page before its bytes left. One
-  copy stream keeps the copies in order (a GPU page demoted then reused by a promotion in the same
-  admission; a host page freed by one copy and reused by the next).
+- On CUDA the batches run on two streams of their own: the copy stream gathers / scatters GPU pages
+  (device memory) and the link stream moves staging buffers over the link. Each flush first makes the
+  copy stream wait for the compute stream's work queued so far (steps in flight may still write the
+  source pages, or a page just freed); then, piece by piece (page-sized or larger), a demotion is
+  gathered into one of two staging buffers on the copy stream and copied to host on the link stream,
+  a load copied in on the link stream and scattered on the copy stream. The two buffers alternate, so
+  the gather of one piece overlaps the link copy of the one before (each buffer's reuse waits for its
+  last user). An event is recorded on the copy stream behind its last gather / scatter; `fence()` makes
+  the compute stream wait on it (no host sync; no wait when nothing was flushed since the last fence):
+  no step reads a promoted page before its bytes landed and no step writes a demoted page before it was
+  gathered (a demotion's link copy reads the staging buffer, so steps need not wait for it). Order per
+  page holds: every GPU-page access is on the copy stream, every host-page access on the link stream,
+  each in the order asked (a GPU page demoted then reused by a promotion in the same admission; a host
+  page freed by one copy and reused by the next).
 - On CPU (tests) the "device" pages are CPU tensors and a flush copies them at once; with
   `delay_copies=True` nothing is flushed before `fence()` (a test seam: `pending_gpu_pages` names the
   pages whose copies are not queued yet, and a step that read one would see the wrong bytes).
@@ -157,6 +163,12 @@ class HostKV:
         self._batches: list[_Batch] = []  # copies asked for and not queued on the device yet, in order
         self._stream = torch.cuda.Stream(self.device) if cuda else None
         self._event = torch.cuda.Event() if cuda else None
+        # page layout on CUDA: the link stream and two staging buffers (allocated at the first flush) with the
+        # event each buffer's last user recorded; layer layout: per-piece staging on the copy stream alone
+        self._link = torch.cuda.Stream(self.device) if cuda and layout == "page" else None
+        self._staging: list[Tensor] = []
+        self._free = [torch.cuda.Event(), torch.cuda.Event()] if self._link is not None else []
+        self._turn = 0
         self._unfenced = False  # copies queued since the compute stream last waited for them
         self.bytes_d2h = self.bytes_h2d = 0
         self.pages_d2h = self.pages_h2d = 0
@@ -199,8 +211,9 @@ class HostKV:
     def synchronize(self) -> None:
         """Wait on the host until every copy asked for finished (benchmarks, tests)."""
         self.fence()
-        if self._stream is not None:
-            self._stream.synchronize()
+        for stream in (self._stream, self._link):
+            if stream is not None:
+                stream.synchronize()
 
     # ---- batching ------------------------------------------------------------------------------
     def _add(self, to_host: bool, gpu_pages: np.ndarray, host_pages: np.ndarray) -> None:
@@ -250,10 +263,48 @@ class HostKV:
                 self._unfenced = True
 
     def _transfer(self, g: np.ndarray, h: np.ndarray, to_host: bool) -> None:
-        """Copy pages g <-> host pages h (h sorted), in pieces of at most _STAGING_BYTES of staging."""
-        step = max(1, _STAGING_BYTES // self.page_bytes)
+        """Copy pages g <-> host pages h (h sorted), in pieces of at most _STAGING_BYTES of staging (two
+        buffers of half that each, pipelined, with the link stream)."""
+        pipelined = self._link is not None
+        step = max(1, (_STAGING_BYTES // 2 if pipelined else _STAGING_BYTES) // self.page_bytes)
         for i in range(0, len(g), step):
-            self._piece(g[i: i + step], h[i: i + step], to_host)
+            (self._piece_pipelined if pipelined else self._piece)(g[i: i + step], h[i: i + step], to_host)
+
+    def _piece_pipelined(self, g: np.ndarray, h: np.ndarray, to_host: bool) -> None:
+        """One piece through staging buffer `_turn` (page layout, CUDA; called on the copy stream): gather then
+        link copy (demotion), or link copy then scatter (load). The buffer's previous user finished first."""
+        dev, n, link, copy = self.device, len(g), self._link, self._stream
+        if not self._staging:
+            rows = max(1, _STAGING_BYTES // 2 // self.page_bytes)
+            self._staging = [torch.empty(rows, self.page_bytes, dtype=torch.uint8, device=dev) for _ in range(2)]
+            for buf in self._staging:
+                buf.record_stream(link)  # freed (with this object) only after the link's copies out of it
+        staging, free = self._staging[self._turn][:n], self._free[self._turn]  # [n, page_bytes]
+        self._turn ^= 1
+        gi = torch.from_numpy(g).to(dev, non_blocking=True)  # [n] int64
+        runs = _runs(h)
+        if to_host:
+            copy.wait_event(free)
+            off = 0
+            for v, c in zip(self._views, self._chunks):
+                staging[:, off: off + c] = v.index_select(0, gi)
+                off += c
+            link.wait_stream(copy)
+            with torch.cuda.stream(link):
+                for r, first, length in runs:
+                    self._pages[first: first + length].copy_(staging[r: r + length], non_blocking=True)
+                free.record(link)
+            return
+        link.wait_event(free)
+        with torch.cuda.stream(link):
+            for r, first, length in runs:
+                staging[r: r + length].copy_(self._pages[first: first + length], non_blocking=True)
+        copy.wait_stream(link)
+        off = 0
+        for v, c in zip(self._views, self._chunks):
+            v.index_copy_(0, gi, staging[:, off: off + c])
+            off += c
+        free.record(copy)
 
     def _piece(self, g: np.ndarray, h: np.ndarray, to_host: bool) -> None:
         dev, n = self.device, len(g)
