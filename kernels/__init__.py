@@ -3,6 +3,8 @@
     store_kv(k, v, k_cache, v_cache, slots, k_scale=None, v_scale=None)
     paged_decode(q, k_cache, v_cache, page_table, seq_lens, sm_scale=None, k_scale=None, v_scale=None)
     paged_prefill(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale=None, ...)
+    decode_launcher(...), prefill_launcher(...)  # their checks made once: launch(q, k_cache, v_cache, k_scale,
+                                                 # v_scale) -> out, for each layer of a step
     rms_norm(x, weight, eps, residual=None, *, out=None) -> (out, new_residual)   # residual updated in place
     silu_and_mul(gate_up, *, out=None) -> out                                    # [T, 2 I] -> [T, I]
     apply_rope_(qk, cos, sin) -> qk                                              # in place
@@ -40,6 +42,7 @@ import importlib
 from typing import Any
 
 _LAUNCHERS = {"store_kv": ".store", "paged_decode": ".decode", "paged_prefill": ".prefill",
+              "decode_launcher": ".decode", "prefill_launcher": ".prefill",
               "rms_norm": ".norm", "silu_and_mul": ".activation", "apply_rope_": ".rope",
               "gumbel_argmax": ".sample", "nucleus_draw": ".nucleus", "IndexValueError": ".checks"}
 

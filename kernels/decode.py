@@ -28,7 +28,8 @@ from torch import Tensor
 from .checks import check_paged_args, host_float, host_int
 from .decode_int import launch_int
 from .dispatch import fp8_decode_gluon, int4_decode_gluon
-from .launch import LOG2E, KernelConfig, KernelKind, default_config, for_device, launch_options, merge_warps
+from .launch import (LOG2E, KernelConfig, KernelKind, LayerLaunch, default_config, for_device, launch_options,
+                     merge_warps)
 
 
 @triton.jit
@@ -141,6 +142,19 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
     the launch (IndexValueError). On CUDA they are the caller's duty (no host sync here): out of
     range, the kernel reads outside the caches; seq_lens 0 gives zeros, or NaN when split.
     """
+    return decode_launcher(q, k_cache, v_cache, page_table, seq_lens, sm_scale, k_scale, v_scale, num_splits,
+                           config, out)(q, k_cache, v_cache, k_scale, v_scale)
+
+
+
+def decode_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor,
+                    sm_scale: float | None = None, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+                    num_splits: int = 1, config: KernelConfig | None = None,
+                    out: Tensor | None = None) -> LayerLaunch:
+    """paged_decode with its checks and choices made once: returns launch(q, k_cache, v_cache, k_scale, v_scale)
+    -> out, to call with tensors like the ones checked here (the same shapes, dtypes, strides and device: each
+    layer's caches of one KVStore, a step's q buffer), e.g. once a layer for a step (PagedAttention). The
+    split buffers are allocated once and reused, in stream order; without `out`, each call allocates one."""
     page_table, seq_lens, fp8, bits = check_paged_args("paged_decode", q, k_cache, v_cache, page_table, seq_lens,
                                                         k_scale, v_scale, min_seq_len=1)
     B, hq, d = q.shape
@@ -148,43 +162,53 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor
         raise ValueError(f"paged_decode: q has {B} rows, page_table {page_table.shape[0]}")
     num_splits = host_int("paged_decode", "num_splits", num_splits, lo=1)
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else host_float("paged_decode", "sm_scale", sm_scale)
-    if out is None:
-        out = torch.empty_like(q)
-    elif not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype
+                            or out.device != q.device):
         raise ValueError(f"paged_decode: out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
+    given = out
     if B == 0:
-        return out
-    gluon_fp8 = fp8 and config is None and fp8_decode_gluon(q, k_cache, v_cache, out)
-    gluon_int4 = bits == 4 and config is None and int4_decode_gluon(q, k_cache, v_cache, k_scale, v_scale, out)
+        return lambda q, *caches: torch.empty_like(q) if given is None else given
+    gluon_fp8 = fp8 and config is None and fp8_decode_gluon(q, k_cache, v_cache, out if out is not None else q)
+    gluon_int4 = bits == 4 and config is None and int4_decode_gluon(q, k_cache, v_cache, k_scale, v_scale,
+                                                                   out if out is not None else q)
     config = config or default_config(KernelKind.DECODE, q, k_cache)
     block_d = max(16, triton.next_power_of_2(d))
+    mid_o = mid_lse = None
     if num_splits > 1:
         mid_o = torch.empty(B, hq, num_splits, block_d, dtype=torch.float32, device=q.device)
         mid_lse = torch.empty(B, hq, num_splits, dtype=torch.float32, device=q.device)
-    else:
-        mid_o = mid_lse = out  # placeholders, never touched with one split
-    if gluon_int4:
-        from .decode_int4_gluon import launch as launch_int4
-
-        launch_int4(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale * LOG2E, num_splits, out,
-                    mid_o, mid_lse)
-    elif bits:
-        launch_int(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale, num_splits, out,
-                    mid_o, mid_lse, config, bits)
-    elif gluon_fp8:
-        from .decode_fp8_gluon import launch
-
-        launch(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale * LOG2E, num_splits, out,
-               mid_o, mid_lse)
-    else:
-        _launch_triton(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale, num_splits, out,
-                       mid_o, mid_lse, config, fp8)
+    merge = None
     if num_splits > 1:
         block_s = max(2, triton.next_power_of_2(num_splits))
-        for_device(_merge_kernel, q.device)[(B, hq)](
-            mid_o, mid_lse, out, *out.stride(), num_splits, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=block_s,
-            **({"num_warps": merge_warps(block_s, block_d)} if q.device.type == "cuda" else {}))
-    return out
+        merge = (for_device(_merge_kernel, q.device)[(B, hq)],
+                 dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=block_s,
+                      **({"num_warps": merge_warps(block_s, block_d)} if q.device.type == "cuda" else {})))
+    qk_scale = sm_scale * LOG2E
+
+    def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
+               v_scale: Tensor | None) -> Tensor:
+        out = torch.empty_like(q) if given is None else given
+        mo, ml = (mid_o, mid_lse) if mid_o is not None else (out, out)  # placeholders, never touched with one split
+        if gluon_int4:
+            from .decode_int4_gluon import launch as launch_int4
+
+            launch_int4(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, qk_scale, num_splits, out,
+                        mo, ml)
+        elif bits:
+            launch_int(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale, num_splits, out,
+                       mo, ml, config, bits)
+        elif gluon_fp8:
+            from .decode_fp8_gluon import launch as launch_fp8
+
+            launch_fp8(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, qk_scale, num_splits, out,
+                       mo, ml)
+        else:
+            _launch_triton(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale, num_splits, out,
+                           mo, ml, config, fp8)
+        if merge is not None:
+            merge[0](mo, ml, out, *out.stride(), num_splits, **merge[1])
+        return out
+    return launch
 
 
 def _launch_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None,

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .checks import check_paged_args, check_ragged_rows, host_float
 from .dispatch import hopper_prefill_supported
-from .launch import LOG2E, KernelConfig, KernelKind, default_config, for_device, launch_options
+from .launch import LOG2E, KernelConfig, KernelKind, LayerLaunch, default_config, for_device, launch_options
 from .prefill_int import launch_int
 from .prefill_lse import check_lse, lse_strides, store_lse
 
@@ -140,6 +140,20 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
     are the caller's duty (no host sync here): out of range, the kernel reads or writes outside its
     tensors; a max_q_len below max(q_lens) leaves rows unwritten.
     """
+    return prefill_launcher(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale, k_scale, v_scale,
+                            max_q_len, config, out, lse)(q, k_cache, v_cache, k_scale, v_scale)
+
+
+
+def prefill_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_lens: Tensor,
+                     q_start: Tensor, q_lens: Tensor, sm_scale: float | None = None,
+                     k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+                     max_q_len: int | None = None, config: KernelConfig | None = None,
+                     out: Tensor | None = None, lse: Tensor | None = None) -> LayerLaunch:
+    """paged_prefill with its checks and choices made once: returns launch(q, k_cache, v_cache, k_scale, v_scale)
+    -> out, to call with tensors like the ones checked here (the same shapes, dtypes, strides and device: each
+    layer's caches of one KVStore, a step's q buffer), e.g. once a layer for a step (PagedAttention). Without
+    `out`, each call allocates one."""
     page_table, seq_lens, fp8, bits = check_paged_args("paged_prefill", q, k_cache, v_cache, page_table, seq_lens,
                                                         k_scale, v_scale)
     T, hq, d = q.shape
@@ -148,37 +162,55 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
     hkv = k_cache.shape[2]
     # positive: the kernels fold it into exp2 after the row max
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else host_float("paged_prefill", "sm_scale", sm_scale, True)
-    if out is None:
-        out = torch.empty_like(q)
-    elif not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype
+                            or out.device != q.device):
         raise ValueError(f"paged_prefill: out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
     if lse is not None:
         check_lse(lse, q)
+    given = out
+
+    def result(q: Tensor) -> Tensor:
+        return torch.empty_like(q) if given is None else given
     if B == 0 or T == 0:
-        return out
+        return lambda q, *caches: result(q)
     if max_q_len is None:
         max_q_len = int(q_lens.max().item())
-    hopper = config is None and hopper_prefill_supported(q, k_cache, v_cache, out, max_q_len, k_scale)
+    hopper = config is None and hopper_prefill_supported(q, k_cache, v_cache, out if out is not None else q,
+                                                         max_q_len, k_scale)
     if bits and not (bits == 4 and hopper):  # INT2, and INT4 off the Hopper kernel: the Triton INT kernel
         config = config or default_config(KernelKind.PREFILL, q, k_cache, max_q_len)
-        launch_int(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, q_start, q_lens, sm_scale,
-                    max_q_len, out, lse, config, bits)
-        return out
-    if hopper:
-        from .prefill_hopper_gluon import launch
 
-        launch(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale * LOG2E, max_q_len, out,
-               k_scale if fp8 or bits else None, v_scale if fp8 or bits else None, lse=lse)
-        return out
+        def launch_bits(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
+                        v_scale: Tensor | None) -> Tensor:
+            out = result(q)
+            launch_int(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, q_start, q_lens, sm_scale,
+                       max_q_len, out, lse, config, bits)
+            return out
+        return launch_bits
+    if hopper:
+        from .prefill_hopper_gluon import launch as launch_hopper
+
+        def launch_gluon(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
+                         v_scale: Tensor | None) -> Tensor:
+            out = result(q)
+            launch_hopper(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale * LOG2E, max_q_len,
+                          out, k_scale if fp8 or bits else None, v_scale if fp8 or bits else None, lse=lse)
+            return out
+        return launch_gluon
     config = config or default_config(KernelKind.PREFILL, q, k_cache, max_q_len)
-    xs = k_scale.stride() if fp8 else (0, 0, 0)
     grid = (hq, B, triton.cdiv(max(1, max_q_len), config.block_m))
-    for_device(_prefill_kernel, q.device)[grid](
-        q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table, seq_lens,
-        q_start, q_lens, out, lse if lse is not None else out, sm_scale * LOG2E,
-        *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(), *lse_strides(lse),
-        GROUP=hq // hkv, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1],
-        BLOCK_M=config.block_m, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=config.block_n, IS_FP8=fp8,
-        WRITE_LSE=lse is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
-    return out
+    kernel = for_device(_prefill_kernel, q.device)[grid]
+    consts = dict(GROUP=hq // hkv, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[1], BLOCK_M=config.block_m,
+                  BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=config.block_n, IS_FP8=fp8,
+                  WRITE_LSE=lse is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                  **launch_options(config, q.device))
+
+    def launch_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
+                      v_scale: Tensor | None) -> Tensor:
+        out = result(q)
+        xs = k_scale.stride() if fp8 else (0, 0, 0)
+        kernel(q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table, seq_lens,
+               q_start, q_lens, out, lse if lse is not None else out, sm_scale * LOG2E,
+               *q.stride(), *k_cache.stride(), *xs, page_table.stride(0), *out.stride(), *lse_strides(lse), **consts)
+        return out
+    return launch_triton

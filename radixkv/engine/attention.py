@@ -46,6 +46,8 @@ from .device import host_to_device
 from .kv_store import KVStore
 
 if TYPE_CHECKING:
+    from radixkv.kernels.launch import LayerLaunch
+
     from .kv_window import KVWindow
 
 
@@ -156,6 +158,7 @@ class PagedAttention:
         self.backend = _resolve(backend, kv.device)
         self.window = window
         self._plan: AttentionPlan | None = None
+        self._launches: dict[tuple, LayerLaunch] = {}  # the plan's attention launches (attend), by q / out
         self._num_sms = dispatch.DEFAULT_NUM_SMS
         self._decode_warps_per_sm = 0  # > 0: decode runs one-warp Gluon programs (FP8, INT4), this many per SM
         if self.backend is Backend.TRITON:
@@ -236,6 +239,7 @@ class PagedAttention:
             rows = np.repeat(np.arange(B, dtype=np.int32), batch.q_lens)
             plan = plan._replace(window=self._window_plan(plan, host_to_device(rows, torch.int32, dev)))
         self._plan = plan
+        self._launches = {}
 
     def prepare_window(self, batch: Batch) -> None:
         """Map the window's shadow pages for a step that runs from a CUDA graph (plan() does it otherwise)."""
@@ -267,6 +271,7 @@ class PagedAttention:
         if self.window is not None and plan.window is None:
             plan = plan._replace(window=self._window_plan(plan, plan.q_start))
         self._plan = plan
+        self._launches = {}
 
     def _window_plan(self, plan: AttentionPlan, token_rows: Tensor) -> WindowPlan:
         win = self.window
@@ -320,28 +325,46 @@ class PagedAttention:
                                                           plan.q_start, plan.q_lens, self.sm_scale,
                                                           k_scale=k_scale, v_scale=v_scale)
             return o if out is None else out.copy_(o)
-        ops = self._ops
         if plan.cascade is not None:
             from radixkv.kernels.cascade import cascade_decode
 
             o = cascade_decode(q, k_cache, v_cache, plan.cascade, self.sm_scale, k_scale=k_scale, v_scale=v_scale)
             return o if out is None else out.copy_(o)
+        if plan.split is not None and out is None:
+            out = torch.empty_like(q)
+        # the step's launch, checked once and reused by every layer (the same q and out buffers, the same cache
+        # layout): what a mixed step's eager attention costs the host between its graph pieces
+        key = (q.shape, q.stride(), None if out is None else id(out))
+        launch = self._launches.get(key)
+        if launch is None:
+            launch = self._launches[key] = self._launcher(plan, q, out, k_cache, v_cache, k_scale, v_scale)
+        return launch(q, k_cache, v_cache, k_scale, v_scale)
+
+    def _launcher(self, plan: AttentionPlan, q: Tensor, out: Tensor | None, k_cache: Tensor, v_cache: Tensor,
+                  k_scale: Tensor | None, v_scale: Tensor | None) -> LayerLaunch:
+        """The Triton kernels' launch of this plan's attention for tensors like q, out and one layer's caches
+        (kernels.decode_launcher / prefill_launcher; a mixed step's split runs both); bound to out."""
+        ops = self._ops
         if plan.path is Path.DECODE:
-            return ops.paged_decode(q, k_cache, v_cache, plan.page_table, plan.seq_lens, self.sm_scale,
-                                    k_scale=k_scale, v_scale=v_scale, num_splits=plan.num_splits, out=out)
+            return ops.decode_launcher(q, k_cache, v_cache, plan.page_table, plan.seq_lens, self.sm_scale,
+                                       k_scale, v_scale, num_splits=plan.num_splits, out=out)
         sp = plan.split
         if sp is None:
-            return ops.paged_prefill(q, k_cache, v_cache, plan.page_table, plan.seq_lens, plan.q_start,
-                                     plan.q_lens, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
-                                     max_q_len=plan.max_q_len, out=out)
-        if out is None:
-            out = torch.empty_like(q)
+            return ops.prefill_launcher(q, k_cache, v_cache, plan.page_table, plan.seq_lens, plan.q_start,
+                                        plan.q_lens, self.sm_scale, k_scale, v_scale, max_q_len=plan.max_q_len,
+                                        out=out)
         D = sp.rows
-        ops.paged_decode(q[:D], k_cache, v_cache, sp.page_table, sp.seq_lens, self.sm_scale, k_scale=k_scale,
-                         v_scale=v_scale, num_splits=plan.num_splits, out=out[:D])
-        return ops.paged_prefill(q, k_cache, v_cache, sp.rest_page_table, sp.rest_seq_lens, sp.rest_q_start,
-                                 sp.rest_q_lens, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
-                                 max_q_len=plan.max_q_len, out=out)
+        decode = ops.decode_launcher(q[:D], k_cache, v_cache, sp.page_table, sp.seq_lens, self.sm_scale, k_scale,
+                                     v_scale, num_splits=plan.num_splits, out=out[:D])
+        rest = ops.prefill_launcher(q, k_cache, v_cache, sp.rest_page_table, sp.rest_seq_lens, sp.rest_q_start,
+                                    sp.rest_q_lens, self.sm_scale, k_scale, v_scale, max_q_len=plan.max_q_len,
+                                    out=out)
+
+        def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
+                   v_scale: Tensor | None) -> Tensor:
+            decode(q[:D], k_cache, v_cache, k_scale, v_scale)
+            return rest(q, k_cache, v_cache, k_scale, v_scale)
+        return launch
 
     def _run_windowed(self, plan: AttentionPlan, q: Tensor, k: Tensor, v: Tensor, layer: int) -> Tensor:
         """Store, then attend: the window's state (its own keys in full precision, kernels/window.py) merged

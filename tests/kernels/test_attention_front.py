@@ -125,3 +125,33 @@ def test_plan_takes_the_split_count_from_dispatch(monkeypatch):
     attn.plan(make_batch([[1, 2], [3, 4]], [5, 2], [1, 1], 4))
     assert attn.current_plan.num_splits == 3
     assert calls == [(2, 2, 6, dispatch.DEFAULT_NUM_SMS, 0)]
+
+
+def test_a_mixed_step_checks_its_launch_once_and_every_layer_reuses_it():
+    """A mixed step (decode rows first: MixedSplit) attending through the same q / out buffers at every layer,
+    as the piecewise graphs do: one launch is built for the step (kernels.decode_launcher + prefill_launcher),
+    each layer reads its own caches, and every layer's output matches dense attention."""
+    gen = torch.Generator().manual_seed(2)
+    page_size, hkv, hq, d, layers = 4, 2, 4, 16, 3
+    kv = KVStore(layers, 16, page_size, hkv, d, "fp32", "cpu")
+    attn = PagedAttention(kv, hq, d, 1 / math.sqrt(d), backend=Backend.TRITON)
+    tables = [[9, 2, 14, 5], [0, 11, 7, 3]]
+    prefix = [torch.randn(layers, 2, 6, hkv, d, generator=gen) for _ in range(2)]  # [layer, k/v, token, ...]
+    attn.plan(make_batch(tables, [0, 0], [6, 6], page_size))
+    for layer in range(layers):
+        attn.store(prefix[0][layer, 0].clone(), prefix[0][layer, 1].clone(), layer, attn.current_plan.slots[:6])
+        attn.store(prefix[1][layer, 0].clone(), prefix[1][layer, 1].clone(), layer, attn.current_plan.slots[6:])
+    attn.plan(make_batch(tables, [6, 6], [1, 5], page_size))  # row 0 decodes, row 1 a chunk of 5
+    assert attn.current_plan.split is not None and attn.current_plan.split.rows == 1
+    q_buf, out_buf = torch.empty(6, hq, d), torch.empty(6, hq, d)
+    for layer in range(layers):
+        q_buf.copy_(torch.randn(6, hq, d, generator=gen))
+        k, v = torch.randn(6, hkv, d, generator=gen), torch.randn(6, hkv, d, generator=gen)
+        attn.store(k, v, layer, attn.current_plan.slots)
+        attn.attend(q_buf, layer, out=out_buf)
+        for b, (lo, hi) in enumerate(((0, 1), (1, 6))):
+            keys = torch.cat([prefix[b][layer, 0], k[lo:hi]])
+            vals = torch.cat([prefix[b][layer, 1], v[lo:hi]])
+            want = dense_attention(q_buf[lo:hi], keys, vals, 1 / math.sqrt(d))
+            torch.testing.assert_close(out_buf[lo:hi].double(), want, atol=1e-5, rtol=1e-5)
+    assert len(attn._launches) == 1
