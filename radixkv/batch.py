@@ -141,21 +141,23 @@ class BatchBuilder:
         self.sample: list[bool] = []
         self.follows: list[int] = []
 
-    def follow(self, req: Request, position: int, drawn: int) -> None:
-        """Decode row at `position` whose input is the previous batch's drawn[drawn] (a step scheduled ahead:
-        that token is not on the host yet). Every such row comes before any other row."""
+    def follow(self, reqs: list[Request], positions: list[int], drawn: list[int]) -> None:
+        """Decode rows: reqs[i] at positions[i], whose input is the previous batch's drawn[drawn[i]] (a step
+        scheduled ahead: that token is not on the host yet). They come before any other row."""
         if len(self.requests) != len(self.follows):
             raise ValueError("BatchBuilder.follow: rows following the previous batch lead the batch")
-        self.follows.append(drawn)
-        self.requests.append(req)
-        self.q_start.append(len(self.input_ids))
-        self.q_lens.append(1)
-        self.seq_lens.append(position + 1)
-        self.page_tables.append(req.pages)
-        self.sample.append(True)
-        self.input_ids.append(0)
-        self.positions.append(position)
-        self.slots.append(req.pages[position // self.page_size] * self.page_size + position % self.page_size)
+        ps, n, first = self.page_size, len(reqs), len(self.input_ids)
+        pages = [r.pages for r in reqs]
+        self.follows += drawn
+        self.requests += reqs
+        self.q_start += range(first, first + n)
+        self.q_lens += [1] * n
+        self.seq_lens += [p + 1 for p in positions]
+        self.page_tables += pages
+        self.sample += [True] * n
+        self.input_ids += [0] * n
+        self.positions += positions
+        self.slots += [table[p // ps] * ps + p % ps for table, p in zip(pages, positions)]
 
     def add(self, req: Request, start: int, q_len: int) -> None:
         """Row computing tokens [start, start + q_len) of req's prompt + output."""

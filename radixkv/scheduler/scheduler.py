@@ -234,30 +234,34 @@ class Scheduler(Admission):
         cfg, ps = self.config, self.page_size
         row_of = {id(r): b for b, r in enumerate(cur.requests)}
         drawn_of = list(itertools.accumulate(cur.sample, initial=0))  # row -> its index in cur's drawn tokens
-        follow: list[tuple[Entry, int]] = []  # (entry, position): decode rows, input from cur's tokens
+        # decode rows whose input is cur's token of their row: requests, positions, indices in cur's drawn tokens
+        follow: list[Request] = []
+        positions: list[int] = []
+        drawn: list[int] = []
         decode: list[Entry] = []  # decode rows cur left out: input on the host
         chunks: list[tuple[Entry, int]] = []  # (entry, first position): prompt chunks
         for e in self.running:
-            b = row_of.get(id(e.req))
+            req = e.req
+            b = row_of.get(id(req))
             if b is None:
-                (decode.append(e) if e.req.num_tokens - e.req.num_computed == 1
-                 else chunks.append((e, e.req.num_computed)))
+                (decode.append(e) if req.num_tokens - req.num_computed == 1 else chunks.append((e, req.num_computed)))
             elif not cur.sample[b]:
                 chunks.append((e, cur.seq_lens[b]))
-            elif len(e.req.output) + 1 < e.req.max_tokens:  # else its last token is drawn in cur
-                follow.append((e, cur.seq_lens[b]))
+            elif len(req.output) + 1 < req.max_tokens:  # else its last token is drawn in cur
+                follow.append(req)
+                positions.append(cur.seq_lens[b])
+                drawn.append(drawn_of[b])
         budget = cfg.max_batch_tokens - len(follow) - len(decode)
         if budget < 0 or not (follow or decode or chunks or self.waiting):
             return None
-        short = [e.req for e, p in follow if p >= len(e.req.pages) * ps]
+        short = [r for r, p in zip(follow, positions) if p >= len(r.pages) * ps]
         short += [e.req for e in decode if e.req.num_computed >= len(e.req.pages) * ps]
         if short and self._room(len(short)) < len(short):
             return None  # a plain step preempts to make room
         self.pool.alloc_each([r.pages for r in short])  # a page each, theirs in the same step
         rows = BatchBuilder(ps)
         shared: set[ShareKey] = set()
-        for e, p in follow:
-            rows.follow(e.req, p, drawn_of[row_of[id(e.req)]])
+        rows.follow(follow, positions, drawn)
         for e in decode:
             self._add_row(rows, e, e.req.num_computed, 1, shared)
         # blocks cur computes are cached only by its update: a waiting request that would hit them waits a step
