@@ -10,13 +10,19 @@ Llama-3-8B shape, random bf16 weights (`load_format="dummy"`), the few-shot prom
 (512 questions over 4 8-shot example sets, 64 new tokens, greedy, all sent at once), or sharegpt_offline.py's
 1,000 ShareGPT pairs (SmolLM2's 49k vocabulary, temperature 1, ignore_eos). For each config (`default`
 or comma-separated LLM keywords): the run's wall time and output tok/s, then its steps by kind (mixed or
-decode-only) with their count, seconds and mean ms; with --profile-steps N, torch.profiler's top kernels
-over N mixed steps from the middle of the prefill and N decode-only steps after it.
+decode-only) with their count, seconds and mean ms, and the ms a step spent waiting for the device's tokens
+(runner.collect: near 0 means the host, not the GPU, sets the pace); with --profile-steps N, torch.profiler's
+top kernels over N mixed steps from the middle of the prefill and N decode-only steps after it; with
+--host-profile N, cProfile of N whole steps (engine step plus LLM's output processing) once --host-rows
+requests run: where the host's time goes at that batch.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import sys
 import tempfile
 import time
@@ -48,17 +54,44 @@ def top_kernels(prof: Any, steps: int, n: int = 8) -> list[str]:
 class StepClock:
     """Times every core.step(); profiles N mixed steps from the middle of the prefill and N decode steps."""
 
-    def __init__(self, llm: LLM, profile_steps: int, cuda: bool) -> None:
+    def __init__(self, llm: LLM, profile_steps: int, cuda: bool, host_steps: int = 0, host_rows: int = 768) -> None:
         self.core, self.n, self.cuda = llm.core, profile_steps, cuda
-        self.log: list[tuple[bool, int, float]] = []  # (mixed, running rows, seconds)
+        self.log: list[tuple[bool, int, float, float]] = []  # (mixed, running rows, seconds, of which waiting)
         self.tables: dict[str, list[str]] = {}
         self._step = llm.core.step
         llm.core.step = self._timed
+        self._collect, self._runner, self._wait = llm.runner.collect, llm.runner, 0.0
+        llm.runner.collect = self._timed_collect
+        # cProfile of whole steps (LLM._step: the engine's and the output processing) at >= host_rows running
+        self.host_steps, self.host_rows, self.host_table = host_steps, host_rows, []
+        self._llm_step = llm._step  # (what generate's loop calls a step)
+        if host_steps:
+            llm._step = self._host_profiled
 
-    def restore(self) -> Any:
-        """The engine's own step (to put back), dropping this clock's hold on the engine."""
-        step, self.core, self._step = self._step, None, None
-        return step
+    def _timed_collect(self, launched: Any) -> Any:
+        t = time.perf_counter()
+        out = self._collect(launched)
+        self._wait += time.perf_counter() - t
+        return out
+
+    def _host_profiled(self) -> Any:
+        if self.host_table or len(self.core.scheduler.running) < self.host_rows:
+            return self._llm_step()
+        pr = cProfile.Profile()
+        pr.enable()
+        out = [o for _ in range(self.host_steps) for o in self._llm_step()]
+        pr.disable()
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(16)
+        self.host_table = [f"      {ln.strip()[:150]}" for ln in s.getvalue().splitlines()
+                           if ln.strip() and (ln.strip()[0].isdigit() or "function calls" in ln)]
+        return out
+
+    def restore(self) -> tuple[Any, Any, Any]:
+        """The engine's own core.step, runner.collect and LLM._step (to put back), dropping this clock's hold."""
+        out = (self._step, self._collect, self._llm_step)
+        self.core = self._step = self._collect = self._runner = self._llm_step = None
+        return out
 
     def _profiled(self, kind: str) -> bool:
         return self.n > 0 and kind not in self.tables and (
@@ -79,21 +112,29 @@ class StepClock:
         return self._one()
 
     def _one(self) -> Any:
-        mixed, t = self.core.mixed_steps, time.perf_counter()
+        mixed, t, self._wait = self.core.mixed_steps, time.perf_counter(), 0.0
         out = self._step()
-        self.log.append((self.core.mixed_steps > mixed, len(self.core.scheduler.running), time.perf_counter() - t))
+        self.log.append((self.core.mixed_steps > mixed, len(self.core.scheduler.running), time.perf_counter() - t,
+                         self._wait))
         return out
 
     def summary(self) -> list[str]:
-        out = [f"    {'kind':>7} {'steps':>6} {'seconds':>8} {'ms/step':>8} {'mean rows':>9}"]
+        out = [f"    {'kind':>7} {'steps':>6} {'seconds':>8} {'ms/step':>8} {'wait ms':>8} {'mean rows':>9}"]
         for name, flag in (("mixed", True), ("decode", False)):
-            sel = [(n, s) for m, n, s in self.log if m == flag]
+            sel = [(n, s, w) for m, n, s, w in self.log if m == flag]
             if sel:
-                secs = sum(s for _, s in sel)
+                secs = sum(s for _, s, _ in sel)
                 out.append(f"    {name:>7} {len(sel):>6} {secs:>8.2f} {secs / len(sel) * 1e3:>8.2f} "
-                           f"{sum(n for n, _ in sel) / len(sel):>9.1f}")
+                           f"{sum(w for *_, w in sel) / len(sel) * 1e3:>8.2f} {sum(n for n, *_ in sel) / len(sel):>9.1f}")
+        for lo, hi in ((0, 64), (64, 256), (256, 512), (512, 768), (768, 1025)):
+            sel = [(s, w) for _, n, s, w in self.log if lo <= n < hi]
+            if sel:
+                out.append(f"    {f'{lo}-{hi - 1}':>7} {len(sel):>6} {sum(s for s, _ in sel):>8.2f} "
+                           f"{sum(s for s, _ in sel) / len(sel) * 1e3:>8.2f} {sum(w for _, w in sel) / len(sel) * 1e3:>8.2f}")
         for kind, table in self.tables.items():
             out += [f"    top kernels, {self.n} {kind} steps (profiled: not in the times above' accuracy)"] + table
+        if self.host_table:
+            out += [f"    host, {self.host_steps} whole steps at >= {self.host_rows} running (cProfile)"] + self.host_table
         return out
 
 
@@ -103,6 +144,8 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=["default"])
     ap.add_argument("--gsm8k", default=None)
     ap.add_argument("--profile-steps", type=int, default=0)
+    ap.add_argument("--host-profile", type=int, default=0, help="cProfile this many whole steps at --host-rows")
+    ap.add_argument("--host-rows", type=int, default=768)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -127,7 +170,7 @@ def main() -> None:
         llm = LLM(str(folder), load_format="dummy", **kw)
         llm.generate([p[:64] for p in prompts[:8]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
         llm.reset_prefix_cache()
-        clock = StepClock(llm, a.profile_steps, cuda)
+        clock = StepClock(llm, a.profile_steps, cuda, a.host_profile, 8 if a.smoke else a.host_rows)
         if cuda:
             torch.cuda.synchronize()
         t = time.perf_counter()
@@ -143,7 +186,7 @@ def main() -> None:
         rows.append(row)
         print(f"  {config}: {json.dumps(row)}", flush=True)
         print("\n".join(clock.summary()), flush=True)
-        llm.core.step = clock.restore()
+        llm.core.step, llm.runner.collect, llm._step = clock.restore()
         del llm, outs, clock
         if cuda:
             torch.cuda.empty_cache()
