@@ -66,7 +66,7 @@ class AttentionPlan(NamedTuple):
     """Device tensors for one step (built by PagedAttention.plan)."""
 
     path: Path
-    page_table: Tensor  # int32 [B, max_pages]
+    page_table: Tensor  # int32 [B, W]: W >= max pages of a row, a multiple of 16 (plan)
     seq_lens: Tensor  # int32 [B]
     q_start: Tensor  # int32 [B]
     q_lens: Tensor  # int32 [B]
@@ -84,12 +84,12 @@ class MixedSplit(NamedTuple):
     """A mixed step's attention in two launches (module docstring): its leading rows of one new token each
     (decode rows; rows 0..rows-1, tokens 0..rows-1) through paged_decode with the plan's num_splits, the
     other rows through paged_prefill (their q_start still index the step's tokens). Views of the plan's
-    tensors."""
+    upload, each 16-byte aligned."""
 
     rows: int  # D
-    page_table: Tensor  # int32 [D, max_pages]
+    page_table: Tensor  # int32 [D, W]
     seq_lens: Tensor  # int32 [D]
-    rest_page_table: Tensor  # int32 [B - D, max_pages]
+    rest_page_table: Tensor  # int32 [B - D, W]
     rest_seq_lens: Tensor  # int32 [B - D]
     rest_q_start: Tensor  # int32 [B - D]
     rest_q_lens: Tensor  # int32 [B - D]
@@ -190,40 +190,45 @@ class PagedAttention:
         B = len(batch.seq_lens)
         if B == 0:
             raise ValueError("empty batch")
-        max_pages = max(1, max(len(p) for p in batch.page_tables))
-        # one int32 upload: page_table [B, max_pages] (unused entries page 0), seq_lens, q_start, q_lens [B],
-        # each part starting 16-byte aligned (the kernels' pointer specialisations stay the same)
-        cut = [_round4(B * max_pages)]
-        for _ in range(3):
-            cut.append(cut[-1] + _round4(B))
+        decode = batch.is_decode_only
+        # a mixed step on the Triton kernels: its leading decode rows through paged_decode (one query row a
+        # program, the GQA group in one dot) instead of a prefill tile each
+        D = (leading_decode_rows(batch.q_lens) if not decode and self.split_mixed and self._ops is not None
+             and self.window is None else 0)
+        # one int32 upload: page_table [B, W] (unused entries page 0), seq_lens, q_start, q_lens [B] and, for a
+        # split step, its other rows' seq_lens, q_start, q_lens [B - D]. Every part, and every page-table row,
+        # starts 16-byte aligned and W is a multiple of 16, so the kernels see one pointer and stride
+        # specialisation whatever the step's shape (none compiles mid-run: the warm-up covered it)
+        W = -(-max(1, max(len(p) for p in batch.page_tables)) // 16) * 16
+        sizes = [B * W, B, B, B] + ([B - D] * 3 if D else [])
+        cut = [0]
+        for n in sizes:
+            cut.append(cut[-1] + _round4(n))
         ints = np.zeros(cut[-1], dtype=np.int32)
-        table = ints[:B * max_pages].reshape(B, max_pages)
+        table = ints[:B * W].reshape(B, W)
         for b, p in enumerate(batch.page_tables):
             table[b, :len(p)] = p
-        ints[cut[0]:cut[0] + B] = batch.seq_lens
-        ints[cut[1]:cut[1] + B] = batch.q_start
-        ints[cut[2]:cut[2] + B] = batch.q_lens
+        for k, values in enumerate((batch.seq_lens, batch.q_start, batch.q_lens), 1):
+            ints[cut[k]:cut[k] + B] = values
+            if D:
+                ints[cut[k + 3]:cut[k + 3] + B - D] = values[D:]
         if table.min() < 0 or table.max() >= self.kv.num_pages:
             bad = next(p for p in batch.page_tables if p and (min(p) < 0 or max(p) >= self.kv.num_pages))
             raise ValueError(f"page id out of range [0, {self.kv.num_pages}) in page table {bad}")
         dev = self.kv.device
         max_seq = max(batch.seq_lens)
-        decode = batch.is_decode_only
         cascade = (self._cascade_plan(batch) if decode and batch.cascade is not None and self.window is None
                    else None)
-        # a mixed step on the Triton kernels: its leading decode rows through paged_decode (one query row a
-        # program, the GQA group in one dot) instead of a prefill tile each
-        D = (leading_decode_rows(batch.q_lens) if not decode and self.split_mixed and self._ops is not None
-             and self.window is None else 0)
         num_splits = (self.decode_splits(B, max_seq) if decode
                       else self.decode_splits(D, max(batch.seq_lens[:D])) if D else 1)
         ints_dev = host_to_device(ints, torch.int32, dev)
+        part = [ints_dev[lo:lo + n] for lo, n in zip(cut, sizes)]
         plan = AttentionPlan(
             path=Path.DECODE if decode else Path.PREFILL,
-            page_table=ints_dev[:B * max_pages].view(B, max_pages),
-            seq_lens=ints_dev[cut[0]:cut[0] + B],
-            q_start=ints_dev[cut[1]:cut[1] + B],
-            q_lens=ints_dev[cut[2]:cut[2] + B],
+            page_table=part[0].view(B, W),
+            seq_lens=part[1],
+            q_start=part[2],
+            q_lens=part[3],
             slots=host_to_device(batch.slots, torch.int64, dev),
             num_tokens=len(batch.slots),
             max_q_len=max(batch.q_lens),
@@ -233,7 +238,7 @@ class PagedAttention:
         )
         if D:
             plan = plan._replace(split=MixedSplit(D, plan.page_table[:D], plan.seq_lens[:D], plan.page_table[D:],
-                                                  plan.seq_lens[D:], plan.q_start[D:], plan.q_lens[D:]))
+                                                  *part[4:]))
         if self.window is not None:
             self.window.prepare(batch)
             rows = np.repeat(np.arange(B, dtype=np.int32), batch.q_lens)

@@ -13,8 +13,11 @@ and cascade as decided (EngineConfig.with_engine_defaults), graphs, warm-up seco
 
 What a step's kernels specialise on (kernels/*.py, engine/attention.py, cuda_graphs.py). Triton compiles a
 kernel once per distinct set of constexprs, and per class of every plain int argument: == 1 (made a
-constant), divisible by 16, or other (and i64 past 2**31); pointers by 16-byte alignment, which the
-engine's fresh tensors always have. Everything fixed by the model and the KV dtype (heads, head_dim, page
+constant), divisible by 16, or other (and i64 past 2**31); pointers by 16-byte alignment, which every
+tensor a step hands the kernels has (attention.plan uploads a mixed step's split rows as parts of their own:
+the views at a row offset they were before compiled new specialisations mid-run, ~0.2 s each, in ShareGPT's
+big mixed steps). The page table's row stride W is a multiple of 16 (attention.plan pads it), so the
+probes of W's classes below all meet the one class. Everything fixed by the model and the KV dtype (heads, head_dim, page
 size, tiles by dtype, window and sink, strides of the fused QKV rows) is the same for every step. What
 varies with a step, and what the warm-up therefore covers:
 
