@@ -107,6 +107,38 @@ def tier_rates(cfg: Any, pages: int, dev: torch.device, layout: str, scattered_h
     return nbytes / h2d / 1e9, nbytes / d2h / 1e9
 
 
+def profile_copy(cfg: Any, pages: int, dev: torch.device, scattered_host: bool, dtype: torch.dtype) -> None:
+    """torch.profiler over one page-first demotion of `pages` pages: the wall, the device-to-host copies' time and
+    count, the gathers' kernel time, and the link's idle share (what the copy rate loses, and where)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    kv = KVStore(cfg.num_hidden_layers, pages * 2, PAGE, cfg.num_key_value_heads, hd,
+                 "bf16" if dtype == torch.bfloat16 else "fp32", dev, dtype)
+    host = HostKV(kv, pages * 2, "page")
+    rng = np.random.default_rng(0)
+    g = rng.permutation(pages * 2)[:pages].astype(np.int32)
+    h = (np.sort(rng.permutation(pages * 2)[:pages]) if scattered_host else np.arange(pages)).astype(np.int32)
+    host.demote(g, h)
+    host.synchronize()
+    acts = [ProfilerActivity.CUDA] if dev.type == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=acts) as prof:
+        t = time.perf_counter()
+        host.demote(g, h)
+        host.synchronize()
+        wall = time.perf_counter() - t
+    evs = [e for e in prof.events() if getattr(e, "device_type", None) is not None and e.device_type.name == "CUDA"]
+    copies = [e for e in evs if "Memcpy DtoH" in e.name]
+    kernels = [e for e in evs if "Memcpy" not in e.name]
+    busy = sum(e.time_range.elapsed_us() for e in copies) / 1e3 or float("nan")  # (none on CPU)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in copies)
+    gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:]) if b[0] > a[1]]
+    print(f"  profile d2h {'scattered' if scattered_host else 'one run'}: wall {wall * 1e3:.1f} ms, "
+          f"{len(copies)} copies {busy:.1f} ms ({pages * host.page_bytes / busy / 1e6:.1f} GB/s while copying), "
+          f"gaps between copies {sum(gaps) / 1e3:.1f} ms (largest {max(gaps, default=0) / 1e3:.2f}), "
+          f"{len(kernels)} kernels {sum(e.time_range.elapsed_us() for e in kernels) / 1e3:.1f} ms", flush=True)
+
+
 def check_round_trip(kv: KVStore, host: HostKV, g: np.ndarray, h: np.ndarray) -> None:
     """Demote pages g, overwrite them, promote them back: every byte must come back (RuntimeError if not)."""
     for t in [*kv.k_cache, *kv.v_cache]:
@@ -287,12 +319,17 @@ def main() -> None:
     ap.add_argument("--skip-chats", action="store_true")
     ap.add_argument("--skip-copies", action="store_true")
     ap.add_argument("--timers", action="store_true", help="print host seconds in the step's parts")
+    ap.add_argument("--profile-copies", action="store_true", help="only: torch.profiler of page-first demotions")
     a = ap.parse_args()
     if a.smoke:
         a.convs, a.turns, a.system, a.user, a.new, a.wave = 6, 2, 48, 16, 4, 2
         a.gpu_tokens, a.copy_pages, a.link_mib = 256, 16, 8
     dev = torch.device("cpu" if a.smoke or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
+    if a.profile_copies:
+        for scattered in (False, True):
+            profile_copy(llama3_8b_config(a.smoke), a.copy_pages, dev, scattered, dtype)
+        return
     t0 = time.perf_counter()
     rows = [] if a.skip_copies else copy_rows(a, dev, dtype)
     print(f"copies measured in {time.perf_counter() - t0:.0f} s", flush=True)
