@@ -151,10 +151,11 @@ def decode_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Ten
                     sm_scale: float | None = None, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
                     num_splits: int = 1, config: KernelConfig | None = None,
                     out: Tensor | None = None) -> LayerLaunch:
-    """paged_decode with its checks and choices made once: returns launch(q, k_cache, v_cache, k_scale, v_scale)
-    -> out, to call with tensors like the ones checked here (the same shapes, dtypes, strides and device: each
-    layer's caches of one KVStore, a step's q buffer), e.g. once a layer for a step (PagedAttention). The
-    split buffers are allocated once and reused, in stream order; without `out`, each call allocates one."""
+    """paged_decode with its checks and choices made once: returns launch(q, k_cache, v_cache, k_scale, v_scale,
+    out=None) -> out, to call with tensors like the ones checked here (the same shapes, dtypes, strides and
+    device: each layer's caches of one KVStore, a step's q buffer), e.g. once a layer for a step
+    (PagedAttention). The split buffers are allocated once and reused, in stream order. The output: the call's
+    `out` (like q), else the launcher's, else a new one each call."""
     page_table, seq_lens, fp8, bits = check_paged_args("paged_decode", q, k_cache, v_cache, page_table, seq_lens,
                                                         k_scale, v_scale, min_seq_len=1)
     B, hq, d = q.shape
@@ -167,7 +168,8 @@ def decode_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Ten
         raise ValueError(f"paged_decode: out must match q: {tuple(q.shape)} {q.dtype} on {q.device}")
     given = out
     if B == 0:
-        return lambda q, *caches: torch.empty_like(q) if given is None else given
+        return lambda q, k_cache, v_cache, k_scale, v_scale, out=None: (
+            out if out is not None else torch.empty_like(q) if given is None else given)
     gluon_fp8 = fp8 and config is None and fp8_decode_gluon(q, k_cache, v_cache, out if out is not None else q)
     gluon_int4 = bits == 4 and config is None and int4_decode_gluon(q, k_cache, v_cache, k_scale, v_scale,
                                                                    out if out is not None else q)
@@ -185,9 +187,10 @@ def decode_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Ten
                       **({"num_warps": merge_warps(block_s, block_d)} if q.device.type == "cuda" else {})))
     qk_scale = sm_scale * LOG2E
 
-    def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
-               v_scale: Tensor | None) -> Tensor:
-        out = torch.empty_like(q) if given is None else given
+    def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None,
+               out: Tensor | None = None) -> Tensor:
+        if out is None:
+            out = torch.empty_like(q) if given is None else given
         mo, ml = (mid_o, mid_lse) if mid_o is not None else (out, out)  # placeholders, never touched with one split
         if gluon_int4:
             from .decode_int4_gluon import launch as launch_int4

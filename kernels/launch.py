@@ -15,9 +15,9 @@ from torch import Tensor
 
 from .fp8 import is_fp8
 
-# a step's attention launch for one layer: launch(q, k_cache, v_cache, k_scale, v_scale) -> out, its checks and
-# choices made once (decode.decode_launcher, prefill.prefill_launcher)
-LayerLaunch = Callable[[Tensor, Tensor, Tensor, "Tensor | None", "Tensor | None"], Tensor]
+# a step's attention launch for one layer: launch(q, k_cache, v_cache, k_scale, v_scale, out=None) -> out, its
+# checks and choices made once (decode.decode_launcher, prefill.prefill_launcher)
+LayerLaunch = Callable[..., Tensor]
 
 LOG2E = 1.4426950408889634
 

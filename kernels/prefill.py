@@ -150,10 +150,10 @@ def prefill_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Te
                      k_scale: Tensor | None = None, v_scale: Tensor | None = None,
                      max_q_len: int | None = None, config: KernelConfig | None = None,
                      out: Tensor | None = None, lse: Tensor | None = None) -> LayerLaunch:
-    """paged_prefill with its checks and choices made once: returns launch(q, k_cache, v_cache, k_scale, v_scale)
-    -> out, to call with tensors like the ones checked here (the same shapes, dtypes, strides and device: each
-    layer's caches of one KVStore, a step's q buffer), e.g. once a layer for a step (PagedAttention). Without
-    `out`, each call allocates one."""
+    """paged_prefill with its checks and choices made once: returns launch(q, k_cache, v_cache, k_scale, v_scale,
+    out=None) -> out, to call with tensors like the ones checked here (the same shapes, dtypes, strides and
+    device: each layer's caches of one KVStore, a step's q buffer), e.g. once a layer for a step
+    (PagedAttention). The output: the call's `out` (like q), else the launcher's, else a new one each call."""
     page_table, seq_lens, fp8, bits = check_paged_args("paged_prefill", q, k_cache, v_cache, page_table, seq_lens,
                                                         k_scale, v_scale)
     T, hq, d = q.shape
@@ -169,10 +169,10 @@ def prefill_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Te
         check_lse(lse, q)
     given = out
 
-    def result(q: Tensor) -> Tensor:
-        return torch.empty_like(q) if given is None else given
+    def result(q: Tensor, out: Tensor | None) -> Tensor:
+        return out if out is not None else torch.empty_like(q) if given is None else given
     if B == 0 or T == 0:
-        return lambda q, *caches: result(q)
+        return lambda q, k_cache, v_cache, k_scale, v_scale, out=None: result(q, out)
     if max_q_len is None:
         max_q_len = int(q_lens.max().item())
     hopper = config is None and hopper_prefill_supported(q, k_cache, v_cache, out if out is not None else q,
@@ -181,8 +181,8 @@ def prefill_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Te
         config = config or default_config(KernelKind.PREFILL, q, k_cache, max_q_len)
 
         def launch_bits(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
-                        v_scale: Tensor | None) -> Tensor:
-            out = result(q)
+                        v_scale: Tensor | None, out: Tensor | None = None) -> Tensor:
+            out = result(q, out)
             launch_int(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, q_start, q_lens, sm_scale,
                        max_q_len, out, lse, config, bits)
             return out
@@ -191,8 +191,8 @@ def prefill_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Te
         from .prefill_hopper_gluon import launch as launch_hopper
 
         def launch_gluon(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
-                         v_scale: Tensor | None) -> Tensor:
-            out = result(q)
+                         v_scale: Tensor | None, out: Tensor | None = None) -> Tensor:
+            out = result(q, out)
             launch_hopper(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale * LOG2E, max_q_len,
                           out, k_scale if fp8 or bits else None, v_scale if fp8 or bits else None, lse=lse)
             return out
@@ -206,8 +206,8 @@ def prefill_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Te
                   **launch_options(config, q.device))
 
     def launch_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
-                      v_scale: Tensor | None) -> Tensor:
-        out = result(q)
+                      v_scale: Tensor | None, out: Tensor | None = None) -> Tensor:
+        out = result(q, out)
         xs = k_scale.stride() if fp8 else (0, 0, 0)
         kernel(q, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, page_table, seq_lens,
                q_start, q_lens, out, lse if lse is not None else out, sm_scale * LOG2E,

@@ -335,10 +335,9 @@ class PagedAttention:
 
             o = cascade_decode(q, k_cache, v_cache, plan.cascade, self.sm_scale, k_scale=k_scale, v_scale=v_scale)
             return o if out is None else out.copy_(o)
-        if plan.split is not None and out is None:
-            out = torch.empty_like(q)
-        # the step's launch, checked once and reused by every layer (the same q and out buffers, the same cache
-        # layout): what a mixed step's eager attention costs the host between its graph pieces
+        # the step's launch, checked once and reused by every layer (q and out alike, the same cache layout):
+        # what a mixed step's eager attention costs the host between its graph pieces. Bound to `out` when one
+        # is given (the graphs' static buffers); without, each call gets a new output
         key = (q.shape, q.stride(), None if out is None else id(out))
         launch = self._launches.get(key)
         if launch is None:
@@ -348,7 +347,7 @@ class PagedAttention:
     def _launcher(self, plan: AttentionPlan, q: Tensor, out: Tensor | None, k_cache: Tensor, v_cache: Tensor,
                   k_scale: Tensor | None, v_scale: Tensor | None) -> LayerLaunch:
         """The Triton kernels' launch of this plan's attention for tensors like q, out and one layer's caches
-        (kernels.decode_launcher / prefill_launcher; a mixed step's split runs both); bound to out."""
+        (kernels.decode_launcher / prefill_launcher; a mixed step's split runs both); bound to out when given."""
         ops = self._ops
         if plan.path is Path.DECODE:
             return ops.decode_launcher(q, k_cache, v_cache, plan.page_table, plan.seq_lens, self.sm_scale,
@@ -360,15 +359,16 @@ class PagedAttention:
                                         out=out)
         D = sp.rows
         decode = ops.decode_launcher(q[:D], k_cache, v_cache, sp.page_table, sp.seq_lens, self.sm_scale, k_scale,
-                                     v_scale, num_splits=plan.num_splits, out=out[:D])
+                                     v_scale, num_splits=plan.num_splits)
         rest = ops.prefill_launcher(q, k_cache, v_cache, sp.rest_page_table, sp.rest_seq_lens, sp.rest_q_start,
-                                    sp.rest_q_lens, self.sm_scale, k_scale, v_scale, max_q_len=plan.max_q_len,
-                                    out=out)
+                                    sp.rest_q_lens, self.sm_scale, k_scale, v_scale, max_q_len=plan.max_q_len)
+        given = out
 
         def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
                    v_scale: Tensor | None) -> Tensor:
-            decode(q[:D], k_cache, v_cache, k_scale, v_scale)
-            return rest(q, k_cache, v_cache, k_scale, v_scale)
+            out = torch.empty_like(q) if given is None else given
+            decode(q[:D], k_cache, v_cache, k_scale, v_scale, out[:D])
+            return rest(q, k_cache, v_cache, k_scale, v_scale, out)
         return launch
 
     def _run_windowed(self, plan: AttentionPlan, q: Tensor, k: Tensor, v: Tensor, layer: int) -> Tensor:

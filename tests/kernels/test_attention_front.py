@@ -127,10 +127,12 @@ def test_plan_takes_the_split_count_from_dispatch(monkeypatch):
     assert calls == [(2, 2, 6, dispatch.DEFAULT_NUM_SMS, 0)]
 
 
-def test_a_mixed_step_checks_its_launch_once_and_every_layer_reuses_it():
-    """A mixed step (decode rows first: MixedSplit) attending through the same q / out buffers at every layer,
-    as the piecewise graphs do: one launch is built for the step (kernels.decode_launcher + prefill_launcher),
-    each layer reads its own caches, and every layer's output matches dense attention."""
+@pytest.mark.parametrize("static_out", [True, False])
+def test_a_mixed_step_checks_its_launch_once_and_every_layer_reuses_it(static_out):
+    """A mixed step (decode rows first: MixedSplit) attending at every layer through the same q / out buffers,
+    as the piecewise graphs do, or with a new output each layer, as the eager forward does: one launch is built
+    for the step (kernels.decode_launcher + prefill_launcher), each layer reads its own caches, and every
+    layer's output matches dense attention."""
     gen = torch.Generator().manual_seed(2)
     page_size, hkv, hq, d, layers = 4, 2, 4, 16, 3
     kv = KVStore(layers, 16, page_size, hkv, d, "fp32", "cpu")
@@ -148,10 +150,11 @@ def test_a_mixed_step_checks_its_launch_once_and_every_layer_reuses_it():
         q_buf.copy_(torch.randn(6, hq, d, generator=gen))
         k, v = torch.randn(6, hkv, d, generator=gen), torch.randn(6, hkv, d, generator=gen)
         attn.store(k, v, layer, attn.current_plan.slots)
-        attn.attend(q_buf, layer, out=out_buf)
+        got = attn.attend(q_buf, layer, out=out_buf if static_out else None)
+        assert (got is out_buf) == static_out
         for b, (lo, hi) in enumerate(((0, 1), (1, 6))):
             keys = torch.cat([prefix[b][layer, 0], k[lo:hi]])
             vals = torch.cat([prefix[b][layer, 1], v[lo:hi]])
             want = dense_attention(q_buf[lo:hi], keys, vals, 1 / math.sqrt(d))
-            torch.testing.assert_close(out_buf[lo:hi].double(), want, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got[lo:hi].double(), want, atol=1e-5, rtol=1e-5)
     assert len(attn._launches) == 1
