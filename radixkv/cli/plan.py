@@ -38,10 +38,11 @@ def add_plan_parser(sub: Any) -> None:
 
 def _cmd_plan(a: argparse.Namespace) -> int:
     from radixkv import plan
+    from radixkv.model_shape import read_model_shape
 
     check_output("--json", None if a.json in (None, "-") else a.json)
     try:
-        shape = plan.read_model_shape(a.model)
+        shape = read_model_shape(a.model)
         gpu = plan.parse_bytes(a.gpu_memory) if a.gpu_memory else _visible_gpu_memory()
         p = plan.plan_memory(shape, gpu, a.gpu_memory_utilization, a.page_size, a.context, a.batch, a.dtype,
                              a.kv_dtype)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixkv.files import UnreadableFile, read_bounded
-from radixkv.plan import MAX_CONFIG_BYTES
+from radixkv.model_shape import MAX_CONFIG_BYTES
 
 
 class Arch(enum.Enum):

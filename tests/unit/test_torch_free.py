@@ -6,7 +6,7 @@ CODE = """
 import sys
 import radixkv, radixkv.cache, radixkv.scheduler, radixkv.config, radixkv.request, radixkv.batch
 import radixkv.replay.replay, radixkv.replay.simulator, radixkv.replay.cost_model, radixkv.workloads.traces
-import radixkv.plan
+import radixkv.plan, radixkv.model_shape
 from radixkv import PagePool, RadixCache, Scheduler
 from radixkv.cli import main
 assert main(["replay", "--sequential"]) == 0

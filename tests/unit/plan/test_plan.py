@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from radixkv.plan import ModelShape, parse_bytes, plan_memory, read_model_shape
+from radixkv.model_shape import ModelShape, read_model_shape
+from radixkv.plan import parse_bytes, plan_memory
 
 LLAMA31_70B = dict(num_hidden_layers=80, hidden_size=8192, num_attention_heads=64, num_key_value_heads=8,
                    intermediate_size=28672, vocab_size=128256, torch_dtype="bfloat16")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from radixkv.cli import main
-from radixkv.plan import ModelShape
+from radixkv.model_shape import ModelShape
 
 OK = dict(num_hidden_layers=4, hidden_size=512, num_attention_heads=8, num_key_value_heads=2,
           intermediate_size=1024, vocab_size=1000, torch_dtype="bfloat16")

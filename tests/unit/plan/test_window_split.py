@@ -9,8 +9,9 @@ import torch
 from radixkv.config import EngineConfig, KVDtype
 from radixkv.engine import kv_store
 from radixkv.engine.model_config import ModelSpec
-from radixkv.plan import (DTYPE_BYTES, ModelShape, engine_reserve_bytes, kv_budget_bytes, kv_pool_split, parse_bytes,
-                          plan_memory, window_rows)
+from radixkv.model_shape import ModelShape
+from radixkv.plan import (DTYPE_BYTES, engine_reserve_bytes, kv_budget_bytes, kv_pool_split, parse_bytes, plan_memory,
+                          window_rows)
 
 LLAMA31_70B = dict(num_hidden_layers=80, hidden_size=8192, num_attention_heads=64, num_key_value_heads=8,
                    intermediate_size=28672, vocab_size=128256, torch_dtype="bfloat16")
