@@ -12,7 +12,9 @@
    batch 1/16/64/256 at prompt 512 + 128 new tokens. Each row: the median wall time of a whole
    `LLM.step()` (scheduling, planning, forward, sampling, update), with CUDA graphs and eager,
    against the floor = (weight bytes + KV bytes read) / streaming-read bandwidth measured in the
-   same run. Sampled decoding (temperature 0.8, top_p 0.95) at batch 64 beside greedy.
+   same run. Sampled decoding (temperature 0.8, top_p 0.95) at batch 64 beside greedy. On the GPU each
+   row also has `kernels_per_step` and `idle_us_per_step` (issue 35): a torch.profiler window of 12 decode
+   steps (left out of the timed median), the device ops a step and the GPU's idle time between them.
 3. Workloads (Part B), each with cache on / off (bf16), cache on with fp8_e4m3 KV at the same KV
    byte budget, and transformers' batched generate (few-shot, no-sharing: a timed subset); config
    `default` is LLM(model, dtype="bfloat16") and nothing else (the pool from gpu_memory_utilization,
@@ -161,10 +163,35 @@ def check_sampler(device: torch.device, smoke: bool) -> dict:
     return out
 
 
+def device_gaps(prof: Any, steps: int) -> tuple[float | None, float | None]:
+    """(device kernels and copies a step, device idle microseconds a step) of a torch.profiler window of
+    `steps` steps: idle is the span from the window's first device op to its last less the union of their
+    intervals, i.e. the time the GPU waits between kernels (the launch gaps a graph or the host leaves)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if getattr(e, "device_type", None) is not None and e.device_type.name == "CUDA")
+    if not spans:
+        return None, None
+    busy, (lo, hi) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > hi:
+            busy, lo, hi = busy + hi - lo, a, b
+        else:
+            hi = max(hi, b)
+    busy += hi - lo
+    return round(len(spans) / steps, 1), round((max(b for _, b in spans) - spans[0][0] - busy) / steps, 1)
+
+
+PROFILED = 12  # decode steps of the profiled window (decode_sweep)
+
+
 def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, graphs: bool, bw: float,
                  smoke: bool, overlap: bool = False) -> dict:
     """Median whole-step time of decode-only steps for `batch` rows of `prompt` + up to 128 tokens.
-    overlap: async scheduling (the host plans step N+1 while the GPU runs step N)."""
+    overlap: async scheduling (the host plans step N+1 while the GPU runs step N). Then a torch.profiler
+    window of PROFILED decode steps (device activity only): kernels a step and the GPU's idle time a step
+    between them (device_gaps; None on CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
     saved, saved_async, ahead0 = llm.runner.graphs, llm.core.async_scheduling, llm.core.steps_ahead
     llm.runner.graphs = saved if graphs else None
     llm.core.async_scheduling = overlap
@@ -172,15 +199,25 @@ def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, grap
     reqs = llm.add_requests([torch.randint(3, llm.runner.spec.vocab_size, (prompt,), generator=g).tolist()
                              for _ in range(batch)], params)
     times, ctx = [], []
+    window, prof = None, None
     with torch.inference_mode():
         while llm.has_work():
             decode = all(r.num_computed >= len(r.prompt) for r in reqs)
+            if decode and window is None and len(times) >= 8 and llm.runner.device.type == "cuda":
+                window = profile(activities=[ProfilerActivity.CUDA])  # after the timed steps' warm-up
+                window.__enter__()
+                start = len(times)
             t = time.perf_counter()
             llm.step()
             dt = time.perf_counter() - t
             if decode:
                 times.append(dt)
                 ctx.append(sum(r.num_tokens for r in reqs))
+            if window is not None and prof is None and len(times) - start >= PROFILED:
+                torch.cuda.synchronize()
+                window.__exit__(None, None, None)
+                prof, profiled = window, len(times) - start
+                times, ctx = times[:start], ctx[:start]  # the profiler's own cost stays out of the step time
     llm.runner.graphs, llm.core.async_scheduling = saved, saved_async
     llm.reset_prefix_cache()
     steps = times[4:] or times  # the first decode steps capture graphs
@@ -192,7 +229,9 @@ def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, grap
                 graphs=graphs, sampled=not params.greedy, async_scheduling=overlap,
                 steps_ahead=llm.core.steps_ahead - ahead0, step_ms=round(ms, 3), floor_ms=round(floor_ms, 3),
                 fraction_of_floor=round(floor_ms / ms, 3), output_tokens_per_s=round(batch / ms * 1e3, 1),
-                steps_timed=len(steps), max_concurrency=batch, pool_pages=llm.num_pages))
+                steps_timed=len(steps), max_concurrency=batch, pool_pages=llm.num_pages,
+                **dict(zip(("kernels_per_step", "idle_us_per_step"),
+                           device_gaps(prof, profiled) if prof is not None else (None, None)))))
 
 
 # ---------------------------------------------------------------- Part B: workloads
