@@ -311,3 +311,46 @@ def test_a_fence_waits_only_for_copies_queued_since_the_last_one(monkeypatch):
     host.promote(np.array([0]), np.array([3]))
     host.fence()
     assert compute.waits == 2 and not host.pending_gpu_pages
+
+
+def test_admissions_planned_ahead_load_their_host_blocks_before_their_step(monkeypatch):
+    """Async scheduling plans admissions in the step ahead, so host blocks are loaded while the step before
+    runs: with every copy held back until a fence, no launch (ahead or not) meets a page whose copy is pending,
+    and the tokens equal the synchronous GPU-only engine's (all conversations of a turn sent at once, a small
+    step budget so they are admitted over several steps)."""
+    def waves(llm: LLM) -> list[list[int]]:
+        rng = random.Random(1)
+        hist = [[rng.randrange(5, 150) for _ in range(12)] for _ in range(4)]
+        outs = []
+        for _ in range(3):
+            for c, o in enumerate(llm.generate([h for h in hist], GREEDY)):
+                outs.append(o.token_ids)
+                hist[c] = hist[c] + o.token_ids + [rng.randrange(5, 150) for _ in range(6)]
+        return outs
+
+    want = waves(engine(max_num_batched_tokens=16))
+    llm = engine(host_kv_cache_bytes=HOST_BYTES, async_scheduling=True, max_num_batched_tokens=16)
+    host, core = llm.core.host_kv, llm.core
+    host.delay_copies = True
+    loaded_ahead = []  # host pages loaded by admissions in a step ahead
+    schedule_ahead = core.scheduler.schedule_ahead
+
+    def counted(now):
+        before = core.cache.promoted_pages
+        batch = schedule_ahead(now)
+        loaded_ahead.append(core.cache.promoted_pages - before)
+        return batch
+
+    def checked(real):
+        def call(batch, *args, **kwargs):
+            used = {p for row in batch.page_tables for p in row}
+            assert not (host.pending_gpu_pages & used), "a step reads pages before their copy landed"
+            return real(batch, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(core.scheduler, "schedule_ahead", counted)
+    monkeypatch.setattr(llm.runner, "launch", checked(llm.runner.launch))
+    monkeypatch.setattr(llm.runner, "forward", checked(llm.runner.forward))
+    assert waves(llm) == want
+    assert sum(loaded_ahead) > 0 and core.stats().host_hit_tokens > 0
+    assert_no_leak(llm)
