@@ -203,23 +203,35 @@ def profile_step(eng: Engine, chunk: int, device: str, label: str) -> dict:
     eng.llm.step()
     pr.disable()
     eng.llm.step()
-    s = io.StringIO()
-    st = pstats.Stats(pr, stream=s)
-    out["host_ms_total"] = st.total_tt * 1e3
-    st.sort_stats("tottime").print_stats(14)
-    out["host_top"] = [ln for ln in s.getvalue().splitlines() if ln.strip() and ln.strip()[0].isdigit()][:14]
-    s2 = io.StringIO()
-    pstats.Stats(pr, stream=s2).sort_stats("cumulative").print_stats(
-        "attend|_piece|replay|plan|paged_prefill|paged_decode|store_kv|hidden|forward|launch|schedule|collect|run")
-    out["host_cum"] = [ln for ln in s2.getvalue().splitlines() if ln.strip() and ln.strip()[0].isdigit()][:24]
-    log(f"--- profile {label}, chunk {chunk}: {json.dumps({k: v for k, v in out.items() if 'top' not in k and 'cum' not in k})}")
+    out["host_ms_total"] = pstats.Stats(pr).total_tt * 1e3
+    out["host_top"], out["host_cum"] = host_tables(
+        pr, 14, "attend|_piece|replay|plan|paged_prefill|paged_decode|store_kv|hidden|forward|launch|schedule|"
+        "collect|run", 24)
+    log_profile(f"profile {label}, chunk {chunk}", out)
+    return out
+
+
+def host_tables(pr: cProfile.Profile, top: int, cum_pattern: str, cum_rows: int) -> tuple[list[str], list[str]]:
+    """cProfile's rows: the `top` by own time, and the first `cum_rows` by cumulative time of the functions
+    matching cum_pattern."""
+    def rows(sort: str, *restrict: Any) -> list[str]:
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats(sort).print_stats(*restrict)
+        return [ln for ln in s.getvalue().splitlines() if ln.strip() and ln.strip()[0].isdigit()]
+    return rows("tottime", top)[:top], rows("cumulative", cum_pattern)[:cum_rows]
+
+
+def log_profile(title: str, out: dict) -> None:
+    """A profile's numbers on one line, then its top kernels and host tables."""
+    tables = ("host_top", "host_cum", "top_kernels")
+    log(f"--- {title}: " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                                     for k, v in out.items() if k not in tables}))
     for row in out.get("top_kernels", []):
         log(f"    gpu {row[1]:8.3f} ms/step  x{row[2]:6.1f}  {row[0]}")
     for ln in out["host_top"]:
         log("    host " + ln)
     for ln in out["host_cum"]:
         log("    cum  " + ln)
-    return out
 
 
 def profile_ahead(eng: Engine, chunk: int, device: str, steps: int = 20) -> dict:
@@ -252,26 +264,14 @@ def profile_ahead(eng: Engine, chunk: int, device: str, steps: int = 20) -> dict
         pr.disable()
     out["wall_ms_cprofile"] = eng.steady(chunk, steps, host)
     st = pstats.Stats(pr)
-    waits = sum(v[3] for k, v in st.stats.items() if k[2] in ("synchronize", "<method 'synchronize' of 'torch._C._CudaEventBase' objects>")
-                or "synchronize" in k[2])
+    # the waits for a step's tokens: the built-in synchronize calls' own time (pstats names built-ins by "~")
+    waits = sum(v[2] for k, v in st.stats.items() if k[0] == "~" and "synchronize" in k[2])
     out["host_ms"] = (st.total_tt - waits) * 1e3 / steps
     out["wait_ms"] = waits * 1e3 / steps
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(16)
-    out["host_top"] = [ln for ln in s.getvalue().splitlines() if ln.strip() and ln.strip()[0].isdigit()][:16]
-    s2 = io.StringIO()
-    pstats.Stats(pr, stream=s2).sort_stats("cumulative").print_stats(
-        "schedule_ahead|_admit|launch|forward|sample|collect|update|_deltas|add_requests|hidden|attend|plan|replay|"
-        "process|_step|step")
-    out["host_cum"] = [ln for ln in s2.getvalue().splitlines() if ln.strip() and ln.strip()[0].isdigit()][:30]
-    log(f"--- async steady state, chunk {chunk}: " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
-                                                            for k, v in out.items() if k not in ("host_top", "host_cum", "top_kernels")}))
-    for row in out.get("top_kernels", []):
-        log(f"    gpu {row[1]:8.3f} ms/step  x{row[2]:6.1f}  {row[0]}")
-    for ln in out["host_top"]:
-        log("    host " + ln)
-    for ln in out["host_cum"]:
-        log("    cum  " + ln)
+    out["host_top"], out["host_cum"] = host_tables(
+        pr, 16, "schedule_ahead|_admit|launch|forward|sample|collect|update|_deltas|add_requests|hidden|attend|"
+        "plan|replay|process|_step|step", 30)
+    log_profile(f"async steady state, chunk {chunk}", out)
     return out
 
 
