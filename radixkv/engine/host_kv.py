@@ -285,25 +285,17 @@ class HostKV:
         runs = _runs(h)
         if to_host:
             copy.wait_event(free)
-            off = 0
-            for v, c in zip(self._views, self._chunks):
-                staging[:, off: off + c] = v.index_select(0, gi)
-                off += c
+            self._gather(staging, gi)
             link.wait_stream(copy)
             with torch.cuda.stream(link):
-                for r, first, length in runs:
-                    self._pages[first: first + length].copy_(staging[r: r + length], non_blocking=True)
+                self._over_link(staging, runs, to_host, True)
                 free.record(link)
             return
         link.wait_event(free)
         with torch.cuda.stream(link):
-            for r, first, length in runs:
-                staging[r: r + length].copy_(self._pages[first: first + length], non_blocking=True)
+            self._over_link(staging, runs, to_host, True)
         copy.wait_stream(link)
-        off = 0
-        for v, c in zip(self._views, self._chunks):
-            v.index_copy_(0, gi, staging[:, off: off + c])
-            off += c
+        self._scatter(staging, gi)
         free.record(copy)
 
     def _piece(self, g: np.ndarray, h: np.ndarray, to_host: bool) -> None:
@@ -314,19 +306,10 @@ class HostKV:
         if self.layout == "page":
             staging = torch.empty(n, self.page_bytes, dtype=torch.uint8, device=dev)  # [n, page_bytes]
             if to_host:
-                off = 0
-                for v, c in zip(self._views, self._chunks):
-                    staging[:, off: off + c] = v.index_select(0, gi)
-                    off += c
-                for r, first, length in runs:
-                    self._pages[first: first + length].copy_(staging[r: r + length], non_blocking=nb)
-            else:
-                for r, first, length in runs:
-                    staging[r: r + length].copy_(self._pages[first: first + length], non_blocking=nb)
-                off = 0
-                for v, c in zip(self._views, self._chunks):
-                    v.index_copy_(0, gi, staging[:, off: off + c])
-                    off += c
+                self._gather(staging, gi)
+            self._over_link(staging, runs, to_host, nb)
+            if not to_host:
+                self._scatter(staging, gi)
             return
         for v, host in zip(self._views, self._host):  # layer-first: one staging [n, chunk] per tensor
             if to_host:
@@ -338,6 +321,29 @@ class HostKV:
                 for r, first, length in runs:
                     staging[r: r + length].copy_(host[first: first + length], non_blocking=nb)
                 v.index_copy_(0, gi, staging)
+
+
+    def _gather(self, staging: Tensor, gi: Tensor) -> None:
+        """Pages gi [n] of every layer tensor into staging [n, page_bytes], each page's chunks back to back."""
+        off = 0
+        for v, c in zip(self._views, self._chunks):
+            staging[:, off: off + c] = v.index_select(0, gi)
+            off += c
+
+    def _scatter(self, staging: Tensor, gi: Tensor) -> None:
+        """_gather's inverse: staging [n, page_bytes] into pages gi [n] of every layer tensor."""
+        off = 0
+        for v, c in zip(self._views, self._chunks):
+            v.index_copy_(0, gi, staging[:, off: off + c])
+            off += c
+
+    def _over_link(self, staging: Tensor, runs: list[tuple[int, int, int]], to_host: bool, nb: bool) -> None:
+        """Staging rows <-> host pages (page layout), one copy per run of consecutive host pages."""
+        for r, first, length in runs:
+            if to_host:
+                self._pages[first: first + length].copy_(staging[r: r + length], non_blocking=nb)
+            else:
+                staging[r: r + length].copy_(self._pages[first: first + length], non_blocking=nb)
 
 
 def build_host_kv(runner: ModelRunner, cfg: EngineConfig) -> HostKV | None:
