@@ -265,10 +265,13 @@ class Scheduler(Admission):
         for e in decode:
             self._add_row(rows, e, e.req.num_computed, 1, shared)
         # blocks cur computes are cached only by its update: a waiting request that would hit them waits a step
-        for b, r in enumerate(cur.requests):
+        for b, q_len in enumerate(cur.q_lens):
+            if q_len == 1:
+                continue
+            r = cur.requests[b]
             e = self._entries.get(r.rid)
-            if cur.q_lens[b] > 1 and e is not None and e.req is r and r.status is Status.RUNNING:
-                self._share(e, cur.seq_lens[b] - cur.q_lens[b], cur.q_lens[b], shared)
+            if e is not None and e.req is r and r.status is Status.RUNNING:
+                self._share(e, cur.seq_lens[b] - q_len, q_len, shared)
         for e, start in chunks:
             if budget <= 0:
                 break
