@@ -95,11 +95,11 @@ def _tile_scales(ks_ptr, vs_ptr, pt_row, k_lo, seq_len, scale_off, stride_xp, st
 
 
 @gluon.jit
-def _widen(op_smem, smem, lo, scale, LOAD_L: gl.constexpr, PIECE: gl.constexpr, DTYPE: gl.constexpr):
-    """op_smem = smem * scale[:, None] in DTYPE for rows lo : lo + PIECE of an FP8 tile [BLOCK_N, D]
-    (a piece at a time: a whole 64-key tile's fp32 products would spill registers)."""
-    x = smem.slice(lo, PIECE).load(LOAD_L).to(gl.float32)
-    op_smem.slice(lo, PIECE).store((x * scale.to(gl.float32)[:, None]).to(DTYPE))
+def _widen(op_smem, smem, lo, scale, LOAD_L: gl.constexpr, PIECE: gl.constexpr):
+    """op_smem = smem * scale[:, None] in fp16 for rows lo : lo + PIECE of an FP8 tile [BLOCK_N, D]: a packed
+    convert (exact) and an fp16 product (rounded once) per two values."""
+    x = smem.slice(lo, PIECE).load(LOAD_L).to(gl.float16)
+    op_smem.slice(lo, PIECE).store(x * scale.to(gl.float16)[:, None])
 
 
 @gluon.jit
@@ -116,15 +116,29 @@ def _int4_pairs(x_ptr, pt_row, k_lo, seq_len, scale_off, stride_xp, stride_xs, L
 
 
 @gluon.jit
-def _widen_int4(op_smem, smem, s0, z0, s1, z1, LOAD_L: gl.constexpr, DTYPE: gl.constexpr):
-    """op_smem [BLOCK_N, D] = the INT4 tile smem [BLOCK_N, D / 2] dequantised (code * s + z, fp32, rounded
-    once to DTYPE): byte j of a row holds value j (low nibble, plane 0) and D / 2 + j (high, plane 1)."""
-    x = smem.load(LOAD_L).to(gl.int32)
-    lo = (x & 15).to(gl.float32) * s0[:, None] + z0[:, None]
-    hi = (x >> 4).to(gl.float32) * s1[:, None] + z1[:, None]
-    n: gl.constexpr = x.shape[0]
-    w: gl.constexpr = x.shape[1]
-    op_smem.store(gl.reshape(gl.permute(gl.join(lo, hi), [0, 2, 1]), [n, 2 * w]).to(DTYPE))
+def _int4_codes(x):
+    """uint8 [N, W] of packed INT4 bytes -> (low nibbles, high nibbles) as fp16 [N, W] each, centred:
+    code c as c - 8, exactly (a byte permute, a mask into the fp16 1024 + c and a subtraction per two)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b32 a, b, m, c; mov.b32 m, 0x64006400; mov.b32 c, 0x64086408; "
+        "prmt.b32 a, $4, 0, 0x4140; prmt.b32 b, $4, 0, 0x4342; "
+        "lop3.b32 $0, a, 0x000F000F, m, 0xea; sub.f16x2 $0, $0, c; lop3.b32 $1, b, 0x000F000F, m, 0xea; "
+        "sub.f16x2 $1, $1, c; shr.b32 a, a, 4; shr.b32 b, b, 4; lop3.b32 $2, a, 0x000F000F, m, 0xea; "
+        "sub.f16x2 $2, $2, c; lop3.b32 $3, b, 0x000F000F, m, 0xea; sub.f16x2 $3, $3, c; }",
+        "=r,=r,=r,=r,r", [x], dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+
+
+@gluon.jit
+def _widen_int4(op_smem, smem, s0, z0, s1, z1, LOAD_L: gl.constexpr):
+    """op_smem [BLOCK_N, D] = the INT4 tile smem [BLOCK_N, D / 2] dequantised in fp16: (c - 8) s + (z + 8 s),
+    one fp16 fma (rounded once) per value; byte j of a row holds value j (low nibble, plane 0) and D / 2 + j
+    (high, plane 1)."""
+    lo, hi = _int4_codes(smem.load(LOAD_L))
+    lo = lo * s0.to(gl.float16)[:, None] + (z0 + 8.0 * s0).to(gl.float16)[:, None]
+    hi = hi * s1.to(gl.float16)[:, None] + (z1 + 8.0 * s1).to(gl.float16)[:, None]
+    n: gl.constexpr = lo.shape[0]
+    w: gl.constexpr = lo.shape[1]
+    op_smem.store(gl.reshape(gl.permute(gl.join(lo, hi), [0, 2, 1]), [n, 2 * w]))
 
 
 @gluon.jit
@@ -141,10 +155,11 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
     KV_DT: gl.constexpr = kc_ptr.dtype.element_ty  # DTYPE, an FP8 type, or uint8 (INT4: two values a byte)
     KV_VEC: gl.constexpr = 16 // KV_DT.primitive_bitwidth * 8  # elements in 16 bytes
     ROW: gl.constexpr = HEAD_DIM // 2 if IS_INT4 else HEAD_DIM  # elements of a stored row
-    WIDEN: gl.constexpr = IS_FP8 or IS_INT4  # tiles are widened into 16-bit buffers for the products
+    WIDEN: gl.constexpr = IS_FP8 or IS_INT4  # tiles are widened into fp16 buffers for the products
+    OP_DT: gl.constexpr = gl.float16 if WIDEN else DTYPE  # the products' operands (q, K, V, P)
     LOAD_L: gl.constexpr = gl.BlockedLayout([1, KV_VEC], [32 * KV_VEC // ROW, ROW // KV_VEC], [WARPS, 1], [1, 0])
-    Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], DTYPE)
-    KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], DTYPE)
+    Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], OP_DT)
+    KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], OP_DT)
     STAGE_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROW], KV_DT)
 
     h = gl.program_id(0)
@@ -164,13 +179,13 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
         qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, Q_L))
         q = gl.load(q_ptr + (q_s + qm).to(gl.int64)[:, None] * stride_qt + h.to(gl.int64) * stride_qh + qd[None, :],
                     mask=(qm < q_len)[:, None], other=0.0)
-        q_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_M, HEAD_DIM], Q_SMEM, q)  # q: [BLOCK_M, D]
+        q_smem = gl.allocate_shared_memory(OP_DT, [BLOCK_M, HEAD_DIM], Q_SMEM, q.to(OP_DT))  # q: [BLOCK_M, D]
         # K/V tiles as stored [STAGES, BLOCK_N, ROW]; FP8 and INT4 ones are widened into k_op/v_op
         k_smem = gl.allocate_shared_memory(KV_DT, [STAGES, BLOCK_N, ROW], STAGE_SMEM)
         v_smem = gl.allocate_shared_memory(KV_DT, [STAGES, BLOCK_N, ROW], STAGE_SMEM)
         if WIDEN:
-            k_op = gl.allocate_shared_memory(DTYPE, [BLOCK_N, HEAD_DIM], KV_SMEM)
-            v_op = gl.allocate_shared_memory(DTYPE, [BLOCK_N, HEAD_DIM], KV_SMEM)
+            k_op = gl.allocate_shared_memory(OP_DT, [BLOCK_N, HEAD_DIM], KV_SMEM)
+            v_op = gl.allocate_shared_memory(OP_DT, [BLOCK_N, HEAD_DIM], KV_SMEM)
 
         rows = mblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_L))
         q_pos = prefix + rows  # [BLOCK_M] absolute positions of the rows
@@ -204,12 +219,12 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
             if IS_FP8:  # tile j times its scales, in DTYPE, for the products
                 ks0, vs0, ks1, vs1 = _tile_scales(ks_ptr, vs_ptr, pt_row, j * BLOCK_N, end, scale_off, stride_xp,
                                                   stride_xs, LOAD_L, PIECE, TWO, PAGE_SIZE)
-                _widen(k_op, k_smem.index(buf), 0, ks0, LOAD_L, PIECE, DTYPE)
+                _widen(k_op, k_smem.index(buf), 0, ks0, LOAD_L, PIECE)
                 if TWO:
-                    _widen(k_op, k_smem.index(buf), PIECE, ks1, LOAD_L, PIECE, DTYPE)
-                _widen(v_op, v_smem.index(buf), 0, vs0, LOAD_L, PIECE, DTYPE)
+                    _widen(k_op, k_smem.index(buf), PIECE, ks1, LOAD_L, PIECE)
+                _widen(v_op, v_smem.index(buf), 0, vs0, LOAD_L, PIECE)
                 if TWO:
-                    _widen(v_op, v_smem.index(buf), PIECE, vs1, LOAD_L, PIECE, DTYPE)
+                    _widen(v_op, v_smem.index(buf), PIECE, vs1, LOAD_L, PIECE)
                 fence_async_shared()
                 _barrier()
                 k_t = k_op
@@ -217,10 +232,10 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
             elif IS_INT4:  # tile j dequantised, in DTYPE, for the products
                 s0, z0, s1, z1 = _int4_pairs(ks_ptr, pt_row, j * BLOCK_N, end, scale_off, stride_xp, stride_xs,
                                              LOAD_L, BLOCK_N, PAGE_SIZE)
-                _widen_int4(k_op, k_smem.index(buf), s0, z0, s1, z1, LOAD_L, DTYPE)
+                _widen_int4(k_op, k_smem.index(buf), s0, z0, s1, z1, LOAD_L)
                 s0, z0, s1, z1 = _int4_pairs(vs_ptr, pt_row, j * BLOCK_N, end, scale_off, stride_xp, stride_xs,
                                              LOAD_L, BLOCK_N, PAGE_SIZE)
-                _widen_int4(v_op, v_smem.index(buf), s0, z0, s1, z1, LOAD_L, DTYPE)
+                _widen_int4(v_op, v_smem.index(buf), s0, z0, s1, z1, LOAD_L)
                 fence_async_shared()
                 _barrier()
                 k_t = k_op
@@ -240,7 +255,7 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
             p = gl.exp2(sc * qk_scale - m_new[:, None])
             l_i = l_i * alpha + gl.sum(p, axis=1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-            p_op = gl.convert_layout(p.to(DTYPE), P_OP)
+            p_op = gl.convert_layout(p.to(OP_DT), P_OP)
             o_tok = warpgroup_mma(p_op, v_t, acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[o_tok])
             m_i = m_new
