@@ -5,9 +5,13 @@ kernels' per-column (scale, zero) path, radixkv.plan.kv_int_groups) against bf16
 
 Decode runs at the split count the engine would give it (dispatch.choose_num_splits for the kernel that runs:
 paged_decode_int4's one-warp Gluon programs for INT4 at head_dim 128). INT4 at head_dim 128 is also timed on
-the Triton INT kernel and over a few split counts of the Gluon kernel (--sweep).
+the Triton INT kernel and over a few split counts of the Gluon kernel (--sweep). INT4 extends are checked against
+the fp64 twin before the extend timings (the row's kernel_err is their worst).
 
-    python benchmarks/kernels/check_int_kv.py [--sweep] [--json OUT]
+Rows (--json; issue 34's benchmarks/results/int_kv.json): shape, kv, head_dim, us (decode) or tflops (extend),
+vs_bf16, kernel_err (relative, against fp64 attention over the stored values; None where not measured).
+
+    python benchmarks/kernels/check_int_kv.py [--sweep] [--extend-only] [--json OUT]
 """
 from __future__ import annotations
 
@@ -86,7 +90,8 @@ def decode_rows(a, ops, ref, dev: torch.device, gen: torch.Generator, emit) -> N
     pool = make_pool(64, 16384, dev, gen)
     q = torch.randn(64, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
     t16 = decode_us(ops, q, pool)
-    emit({"decode": "64x16k", "kv": "bf16", "us": round(t16, 1), "splits": engine_splits(q, pool.k, pool.v, None, 16384)})
+    emit({"shape": "decode 64x16k", "kv": "bf16", "head_dim": D, "us": round(t16, 1), "vs_bf16": 1.0, "kernel_err": None,
+          "splits": engine_splits(q, pool.k, pool.v, None, 16384)})
     for bits in (4, 2):
         intq = quantize_pool_int(pool, bits, ops)
         splits = engine_splits(q, intq[0], intq[1], intq[2], 16384)
@@ -94,8 +99,8 @@ def decode_rows(a, ops, ref, dev: torch.device, gen: torch.Generator, emit) -> N
         out = ops.paged_decode(q, *intq[:2], pool.page_table, pool.seq_lens, k_scale=intq[2], v_scale=intq[3],
                                num_splits=splits)
         err = check_rows_int(out, q, pool, intq, bits, [0, 31, 63], [1] * 64, D ** -0.5)
-        emit({"decode": "64x16k", "kv": f"int{bits}", "us": round(t, 1), "speedup": round(t16 / t, 2),
-              "splits": splits, "kernel_err": err})
+        emit({"shape": "decode 64x16k", "kv": f"int{bits}", "head_dim": D, "us": round(t, 1),
+              "vs_bf16": round(t16 / t, 2), "kernel_err": err, "splits": splits})
         if bits == 4 and a.sweep:
             cfg = default_config(KernelKind.DECODE, q, intq[0])
             for s in (1, splits):
@@ -108,8 +113,9 @@ def decode_rows(a, ops, ref, dev: torch.device, gen: torch.Generator, emit) -> N
     q = torch.randn(64, HQ, 64, device=dev, dtype=torch.bfloat16, generator=gen)
     t16 = decode_us(ops, q, pool)
     t = decode_us(ops, q, pool, quantize_pool_int(pool, 4, ops))
-    emit({"decode": "64x16k head_dim 64", "kv": "int4 (groups of 16)", "us": round(t, 1), "bf16_us": round(t16, 1),
-          "speedup": round(t16 / t, 2)})
+    emit({"shape": "decode 64x16k", "kv": "bf16", "head_dim": 64, "us": round(t16, 1), "vs_bf16": 1.0, "kernel_err": None})
+    emit({"shape": "decode 64x16k", "kv": "int4 (groups of 16)", "head_dim": 64, "us": round(t, 1),
+          "vs_bf16": round(t16 / t, 2), "kernel_err": None})
     del pool
 
 
@@ -136,34 +142,37 @@ def main() -> None:
         rows.append(row)
         print(row, flush=True)
 
-    if a.extend_only:
-        for row in int4_extend_checks(ops, ref, dev, gen):
-            emit(row)
-    else:
+    if not a.extend_only:
         decode_rows(a, ops, ref, dev, gen, emit)
+    ext_checks = int4_extend_checks(ops, ref, dev, gen)
+    for row in ext_checks:
+        emit(row)
     ext = make_extend(8, 4096, 512, dev, gen)
     te = extend_us(ops, ext)
-    emit({"extend": "8x(4096+512)", "kv": "bf16", "tflops": round(ext.flops / te / 1e6, 1)})
+    shape = "extend 8x(4096+512)"
+    emit({"shape": shape, "kv": "bf16", "head_dim": D, "tflops": round(ext.flops / te / 1e6, 1), "vs_bf16": 1.0,
+          "kernel_err": None})
     for bits in (4, 2):
         intq = quantize_pool_int(ext.pool, bits, ops)
         t = extend_us(ops, ext, intq)
-        emit({"extend": "8x(4096+512)", "kv": f"int{bits}", "tflops": round(ext.flops / t / 1e6, 1),
-              "of_bf16": round(te / t, 2)})
+        err = max(r["rel_err"] for r in ext_checks) if bits == 4 else None  # the checks' worst, against fp64
+        emit({"shape": shape, "kv": f"int{bits}", "head_dim": D, "tflops": round(ext.flops / t / 1e6, 1),
+              "vs_bf16": round(te / t, 2), "kernel_err": err})
         if bits == 4:  # the Triton INT kernel on the same pages (an explicit config keeps it)
             from radixkv.kernels.launch import KernelKind, default_config
 
             t = extend_us(ops, ext, intq, default_config(KernelKind.PREFILL, ext.q, intq[0], int(ext.q_lens[0])))
-            emit({"extend": "8x(4096+512)", "kv": "int4, Triton kernel", "tflops": round(ext.flops / t / 1e6, 1),
-                  "of_bf16": round(te / t, 2)})
+            emit({"shape": shape, "kv": "int4, Triton kernel", "head_dim": D, "tflops": round(ext.flops / t / 1e6, 1),
+                  "vs_bf16": round(te / t, 2), "kernel_err": None})
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
-    print("\n| what | kv | us / TFLOP/s | vs bf16 | splits | kernel err |")
+    print("\n| shape | kv | head_dim | us / TFLOP/s | vs bf16 | splits | kernel err |")
     for r in rows:
         if "check" in r:
             continue
-        print(f"| {r.get('decode') or r.get('extend') or r.get('sweep')} | {r.get('kv', '')} | "
-              f"{r.get('us', r.get('tflops'))} | {r.get('speedup', r.get('of_bf16', ''))} | {r.get('splits', '')} | "
-              f"{r.get('kernel_err', '')} |")
+        print(f"| {r.get('shape') or r.get('sweep')} | {r.get('kv', '')} | {r.get('head_dim', '')} | "
+              f"{r.get('us', r.get('tflops'))} | {r.get('vs_bf16', '')} | {r.get('splits', '')} | "
+              f"{r.get('kernel_err') or ''} |")
     bad = [r["check"] for r in rows if "check" in r and not r["ok"]]
     print(f"checks: {sum('check' in r for r in rows) - len(bad)} passed, failed: {bad}")
 
