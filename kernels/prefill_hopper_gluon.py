@@ -36,8 +36,6 @@ RADIXKV_HOPPER_PREFILL=0.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 from triton.experimental import gluon
@@ -144,28 +142,11 @@ def _widen_int4(op_smem, smem, s0, z0, s1, z1, LOAD_L: gl.constexpr):
 
 
 @gluon.jit
-def _widen_v(v_op, v_tile, vs_ptr, vs0, vs1, pt_row, k_lo, end, scale_off, stride_xp, stride_xs, LOAD_L: gl.constexpr,
-             PIECE: gl.constexpr, TWO: gl.constexpr, IS_INT4: gl.constexpr, BLOCK_N: gl.constexpr,
-             PAGE_SIZE: gl.constexpr):
-    """A V tile widened into v_op: INT4 pages with their (scale, zero) pairs loaded here, FP8 ones with the
-    scales vs0 (and, if TWO, vs1) of its pieces."""
-    if IS_INT4:
-        s0, z0, s1, z1 = _int4_pairs(vs_ptr, pt_row, k_lo, end, scale_off, stride_xp, stride_xs, LOAD_L, BLOCK_N,
-                                     PAGE_SIZE)
-        _widen_int4(v_op, v_tile, s0, z0, s1, z1, LOAD_L)
-    else:
-        _widen(v_op, v_tile, 0, vs0, LOAD_L, PIECE)
-        if TWO:
-            _widen(v_op, v_tile, PIECE, vs1, LOAD_L, PIECE)
-
-
-@gluon.jit
 def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qstart_ptr, qlens_ptr, out_ptr, lse_ptr,
                    qk_scale, stride_qt, stride_qh, stride_cp, stride_cs, stride_ch, stride_xp, stride_xs, stride_xh,
                    stride_ptb, stride_ot, stride_oh, stride_lt, stride_lh,
                    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, IS_FP8: gl.constexpr,
-                   IS_INT4: gl.constexpr, WRITE_LSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-                   V_UNDER: gl.constexpr = False):
+                   IS_INT4: gl.constexpr, WRITE_LSE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
     P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
@@ -226,8 +207,6 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
         if IS_INT4:
             gl.static_assert(STAGES == 2)
             gl.static_assert(BLOCK_N == 32 * KV_VEC * WARPS // ROW)  # LOAD_L covers a whole tile once
-            PIECE: gl.constexpr = BLOCK_N
-            TWO: gl.constexpr = False
         for j in range(n_tiles):
             async_copy.wait_group(STAGES - 2)
             if not WIDEN:
@@ -237,22 +216,26 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
             _issue(k_smem, v_smem, nj % STAGES, kc_ptr, vc_ptr, pt_row, nj * BLOCK_N, end, kv_off, stride_cp,
                    stride_cs, LOAD_L, BLOCK_N, ROW, PAGE_SIZE)
             buf = j % STAGES
-            if IS_FP8:  # tile j times its scales, in fp16, for the products
+            if IS_FP8:  # tile j times its scales, in DTYPE, for the products
                 ks0, vs0, ks1, vs1 = _tile_scales(ks_ptr, vs_ptr, pt_row, j * BLOCK_N, end, scale_off, stride_xp,
                                                   stride_xs, LOAD_L, PIECE, TWO, PAGE_SIZE)
                 _widen(k_op, k_smem.index(buf), 0, ks0, LOAD_L, PIECE)
                 if TWO:
                     _widen(k_op, k_smem.index(buf), PIECE, ks1, LOAD_L, PIECE)
-            elif IS_INT4:  # tile j dequantised, in fp16, for the products
+                _widen(v_op, v_smem.index(buf), 0, vs0, LOAD_L, PIECE)
+                if TWO:
+                    _widen(v_op, v_smem.index(buf), PIECE, vs1, LOAD_L, PIECE)
+                fence_async_shared()
+                _barrier()
+                k_t = k_op
+                v_t = v_op
+            elif IS_INT4:  # tile j dequantised, in DTYPE, for the products
                 s0, z0, s1, z1 = _int4_pairs(ks_ptr, pt_row, j * BLOCK_N, end, scale_off, stride_xp, stride_xs,
                                              LOAD_L, BLOCK_N, PAGE_SIZE)
                 _widen_int4(k_op, k_smem.index(buf), s0, z0, s1, z1, LOAD_L)
-                vs0 = 0.0
-                vs1 = 0.0
-            if WIDEN:
-                if not V_UNDER:
-                    _widen_v(v_op, v_smem.index(buf), vs_ptr, vs0, vs1, pt_row, j * BLOCK_N, end, scale_off, stride_xp,
-                             stride_xs, LOAD_L, PIECE, TWO, IS_INT4, BLOCK_N, PAGE_SIZE)
+                s0, z0, s1, z1 = _int4_pairs(vs_ptr, pt_row, j * BLOCK_N, end, scale_off, stride_xp, stride_xs,
+                                             LOAD_L, BLOCK_N, PAGE_SIZE)
+                _widen_int4(v_op, v_smem.index(buf), s0, z0, s1, z1, LOAD_L)
                 fence_async_shared()
                 _barrier()
                 k_t = k_op
@@ -262,11 +245,6 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
                 v_t = v_smem.index(buf)
             s_tok = warpgroup_mma(q_smem, k_t.permute((1, 0)),
                                   gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_L), use_acc=False, is_async=True)
-            if WIDEN and V_UNDER:  # V widened while q.K^T runs
-                _widen_v(v_op, v_smem.index(buf), vs_ptr, vs0, vs1, pt_row, j * BLOCK_N, end, scale_off, stride_xp,
-                         stride_xs, LOAD_L, PIECE, TWO, IS_INT4, BLOCK_N, PAGE_SIZE)
-                fence_async_shared()
-                _barrier()
             sc = warpgroup_mma_wait(0, deps=[s_tok])  # q.K^T [BLOCK_M, BLOCK_N]
             k_lo = j * BLOCK_N
             if k_lo + BLOCK_N > first_masked:
@@ -324,5 +302,5 @@ def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tensor, seq_
                          GROUP=hq // k_cache.shape[2], HEAD_DIM=q.shape[2], PAGE_SIZE=k_cache.shape[1],
                          IS_FP8=quant and not int4, IS_INT4=int4, WRITE_LSE=lse is not None,
                          BLOCK_M=BLOCK_M, BLOCK_N=FP8_BLOCK_N if quant else BLOCK_N, STAGES=STAGES,
-                         WARPS=WARPS, V_UNDER=os.environ.get("RADIXKV_V_UNDER") == "1", num_warps=WARPS,
+                         WARPS=WARPS, num_warps=WARPS,
                          maxnreg=MAX_REGISTERS)
