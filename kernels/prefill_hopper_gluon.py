@@ -16,19 +16,21 @@ registers:
 - Blocks go heaviest first; keys below every row of the block skip the causal mask.
 - FP8 pages (KVStore's: per-token-per-head scales): tiles of FP8_BLOCK_N keys are copied as bytes
   (cp.async, 16-byte pieces, two buffers); then each thread loads its rows' scales and widens its
-  rows to q's dtype times the scale (fp32 product, rounded once), 32 rows at a time, into one 16-bit
-  K and V buffer that the products read. The products and the softmax are the 16-bit path's, so the
-  result differs from the Triton kernel's (which scales scores and P) by bf16 rounding of the widened
-  K and V. Measured on the H200 (benchmarks/RESULTS.md): 0.71-0.77 of the bf16 kernel's TFLOP/s,
-  2-2.7x the Triton kernel's over FP8 pages; 64-key tiles beat 32 (which spill no registers; 64
-  spills ~80 bytes), scales held from the previous tile in registers, and V widened under q.K^T.
+  rows to fp16 times the scale (a packed e4m3/e5m2 -> f16x2 convert, exact, and one fp16 product,
+  rounded once), 32 rows at a time, into one fp16 K and V buffer that the products read.
 - INT4 pages (KVStore's at head_dim 128: 64 bytes a row, byte j holding values j and 64 + j, one
   (scale, zero) pair a plane a token): 64-key tiles of packed bytes are copied the same way, then
-  dequantised (code * s + z, fp32, rounded once to q's dtype) into the 16-bit buffers: the same
-  products again, so the result differs from the Triton INT kernel's by that rounding.
+  dequantised in fp16 as (c - 8) s + (z + 8 s): a byte permute and a mask put two codes in the
+  fp16 pair 1024 + c, a subtraction centres them (exact), one fp16 fma rounds once.
+- Over FP8 and INT4 pages every product runs in fp16 (q is converted once, P rounded to fp16): fp16
+  keeps 3 more mantissa bits than bf16, and widening into it skips fp32: a 64-key tile's loop runs
+  274 (INT4) / 97 (FP8) sm_90 instructions a thread beyond the bf16 kernel's 604, against 428 / 229
+  when it widened into bf16 through fp32 (benchmarks/RESULTS.md, "Extends over FP8 and INT4 pages in
+  fp16": INT4 0.68 -> 0.77 of the bf16 kernel's TFLOP/s, FP8 0.71-0.77 -> 0.74-0.81). K/V values
+  above fp16's 65,504 would overflow; KV activations stay far below that.
 
 Same contract and results as paged_prefill's Triton kernel (fp32 accumulation, qk_scale in the
-exponent): on the H200 the two gave bit-identical outputs on 40 random ragged cases (page sizes 1-64,
+exponent): over 16-bit pages, on the H200 the two gave bit-identical outputs on 40 random ragged cases (page sizes 1-64,
 GQA groups 1-8, head-major pages, strided q/out, rows of 0-1000 new tokens) and on the 16 that
 kernel_checks.py runs in every benchmark (also page sizes 3 and 24, 65-128 new tokens).
 paged_prefill dispatches here when dispatch.hopper_prefill_supported holds, unless
