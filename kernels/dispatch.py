@@ -282,17 +282,19 @@ HOPPER_PREFILL_MIN_NEW = 64
 def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor, max_q_len: int,
                              k_scale: Tensor | None = None) -> bool:
     """Whether paged_prefill (given no explicit config) runs paged_prefill_hopper's kernel: an sm_90 GPU,
-    16-bit q, pages of q's dtype, FP8 (with scales) or INT4 (uint8 rows of head_dim / 2 bytes, with
-    KVStore's two (scale, zero) groups a row: k_scale [P, S, Hkv, 2, 2]), head_dim 128, unit head-dim
+    16-bit q, pages of q's dtype, FP8 (with float16 scales, KVStore's: the kernel multiplies in fp16, where a
+    float32 scale would be rounded again) or INT4 (uint8 rows of head_dim / 2 bytes, with KVStore's two
+    (scale, zero) groups a row: k_scale [P, S, Hkv, 2, 2] float16), head_dim 128, unit head-dim
     strides, pages whose rows cp.async can copy in 16-byte pieces (strides of 16 elements, aligned base),
     more than HOPPER_PREFILL_MIN_NEW new tokens, a Triton with the Gluon API it was written for, and
     RADIXKV_HOPPER_PREFILL not set to turn it off."""
     if q.device.type != "cuda" or max_q_len <= HOPPER_PREFILL_MIN_NEW or q.shape[2] != 128:
         return False
-    int4 = (k_cache.dtype == torch.uint8 and k_cache.shape[3] == 64 and k_scale is not None and k_scale.dim() == 5
+    half_scales = k_scale is not None and k_scale.dtype == torch.float16
+    int4 = (k_cache.dtype == torch.uint8 and k_cache.shape[3] == 64 and half_scales and k_scale.dim() == 5
             and tuple(k_scale.shape[3:]) == (2, 2) and k_scale.stride(4) == 1 and k_scale.stride(3) == 2)
-    if q.dtype not in (torch.float16, torch.bfloat16) or not (k_cache.dtype == q.dtype or is_fp8(k_cache.dtype)
-                                                              or int4):
+    fp8 = is_fp8(k_cache.dtype) and half_scales
+    if q.dtype not in (torch.float16, torch.bfloat16) or not (k_cache.dtype == q.dtype or fp8 or int4):
         return False
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or out.stride(2) != 1:
         return False

@@ -26,8 +26,10 @@ registers:
   keeps 3 more mantissa bits than bf16, and widening into it skips fp32: a 64-key tile's loop runs
   274 (INT4) / 97 (FP8) sm_90 instructions a thread beyond the bf16 kernel's 604, against 428 / 229
   when it widened into bf16 through fp32 (benchmarks/RESULTS.md, "Extends over FP8 and INT4 pages in
-  fp16": INT4 0.68 -> 0.77 of the bf16 kernel's TFLOP/s, FP8 0.71-0.77 -> 0.74-0.81). K/V values
-  above fp16's 65,504 would overflow; KV activations stay far below that.
+  fp16": INT4 0.68 -> 0.77 of the bf16 kernel's TFLOP/s, FP8 0.71-0.77 -> 0.74-0.81). q, K or V values
+  above fp16's 65,504 would overflow (attention activations of the models served stay orders of
+  magnitude below), and FP8 scales must be float16 (dispatch.hopper_prefill_supported: a float32
+  scale would be rounded once more; those pages take the Triton kernel).
 
 Same contract and results as paged_prefill's Triton kernel (fp32 accumulation, qk_scale in the
 exponent): over 16-bit pages, on the H200 the two gave bit-identical outputs on 40 random ragged cases (page sizes 1-64,
@@ -218,7 +220,7 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
             _issue(k_smem, v_smem, nj % STAGES, kc_ptr, vc_ptr, pt_row, nj * BLOCK_N, end, kv_off, stride_cp,
                    stride_cs, LOAD_L, BLOCK_N, ROW, PAGE_SIZE)
             buf = j % STAGES
-            if IS_FP8:  # tile j times its scales, in DTYPE, for the products
+            if IS_FP8:  # tile j times its scales, in fp16, for the products
                 ks0, vs0, ks1, vs1 = _tile_scales(ks_ptr, vs_ptr, pt_row, j * BLOCK_N, end, scale_off, stride_xp,
                                                   stride_xs, LOAD_L, PIECE, TWO, PAGE_SIZE)
                 _widen(k_op, k_smem.index(buf), 0, ks0, LOAD_L, PIECE)
@@ -231,7 +233,7 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
                 _barrier()
                 k_t = k_op
                 v_t = v_op
-            elif IS_INT4:  # tile j dequantised, in DTYPE, for the products
+            elif IS_INT4:  # tile j dequantised, in fp16, for the products
                 s0, z0, s1, z1 = _int4_pairs(ks_ptr, pt_row, j * BLOCK_N, end, scale_off, stride_xp, stride_xs,
                                              LOAD_L, BLOCK_N, PAGE_SIZE)
                 _widen_int4(k_op, k_smem.index(buf), s0, z0, s1, z1, LOAD_L)

@@ -259,7 +259,9 @@ def test_hopper_prefill_rule_on_cpu_tensors(fresh_switches):
     assert hopper_prefill_supported(gpu, cache, cache, q, HOPPER_PREFILL_MIN_NEW + 1)
     assert not hopper_prefill_supported(gpu, cache, cache, q, HOPPER_PREFILL_MIN_NEW)
     fp8 = torch.empty(2, 2, 16, 128, dtype=torch.float8_e4m3fn).transpose(1, 2)  # KVStore's head-major pages
-    assert hopper_prefill_supported(gpu, fp8, fp8, q, 512)  # FP8 pages are widened in the kernel
+    scales = torch.empty(2, 2, 16, dtype=torch.float16).transpose(1, 2)
+    assert hopper_prefill_supported(gpu, fp8, fp8, q, 512, scales)  # FP8 pages are widened in the kernel
+    assert not hopper_prefill_supported(gpu, fp8, fp8, q, 512, scales.float())  # ... in fp16: fp16 scales only
     assert not hopper_prefill_supported(gpu, cache.view(torch.int16), cache.view(torch.int16), q, 512)
     from radixkv.engine.kv_store import head_major_int_scales, head_major_pages
 
