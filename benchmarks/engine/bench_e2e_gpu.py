@@ -11,8 +11,10 @@
 2. Decode sweep (Part A): a Llama-3-8B-shaped model (random bf16 weights built from a config),
    batch 1/16/64/256 at prompt 512 + 128 new tokens. Each row: the median wall time of a whole
    `LLM.step()` (scheduling, planning, forward, sampling, update), with CUDA graphs and eager,
-   against the floor = (weight bytes + KV bytes read) / streaming-read bandwidth measured in the
-   same run. Sampled decoding (temperature 0.8, top_p 0.95) at batch 64 beside greedy. On the GPU each
+   against the floor = max((weight bytes + KV bytes read) / streaming-read bandwidth, the step's matrix
+   FLOPs / dense bf16 GEMM rate), both measured in the same run (rows keep bytes_floor_ms and
+   compute_floor_ms: compute is the larger only for a big enough batch). Sampled decoding (temperature
+   0.8, top_p 0.95) at batch 64 beside greedy. On the GPU each
    row also has `kernels_per_step` and `idle_us_per_step` (issue 35): a torch.profiler window of 12 decode
    steps (left out of the timed median), the device ops a step and the GPU's idle time between them.
 3. Workloads (Part B), each with cache on / off (bf16), cache on with fp8_e4m3 KV at the same KV
@@ -70,6 +72,32 @@ def read_bandwidth(device: torch.device, smoke: bool) -> float:
         best = min(best, time.perf_counter() - t)
     del x
     return 2 * n / best
+
+
+def dense_gemm_rate(device: torch.device, smoke: bool) -> float:
+    """Dense bf16 GEMM rate in FLOP/s: the best of several 8192^3 products, the rate a compute-bound
+    step's GEMMs could reach at best."""
+    n = 256 if smoke else 8192
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    best = float("inf")
+    for _ in range(3 if smoke else 10):
+        _sync(device)
+        t = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    del a, b
+    return 2 * n ** 3 / best
+
+
+def step_flops(llm: LLM, rows: int, cached_tokens: float) -> float:
+    """Matrix FLOPs of a decode step of `rows` rows reading `cached_tokens` tokens in all: 2 x every
+    linear layer's weights (the LM head's too) a row, and attention's 4 x q heads x head_dim a cached
+    token a layer."""
+    m, s = llm.runner.model, llm.runner.spec
+    linear = sum(t.numel() for L in m.layers for t in vars(L).values() if isinstance(t, torch.Tensor) and t.dim() == 2)
+    return 2 * (linear + m.lm_head.numel()) * rows + 4 * s.num_layers * s.num_q_heads * s.head_dim * cached_tokens
 
 
 def weight_bytes(llm: LLM) -> int:
@@ -185,8 +213,10 @@ PROFILED = 12  # decode steps of the profiled window (decode_sweep)
 
 
 def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, graphs: bool, bw: float,
-                 smoke: bool, overlap: bool = False) -> dict:
-    """Median whole-step time of decode-only steps for `batch` rows of `prompt` + up to 128 tokens.
+                 smoke: bool, overlap: bool = False, gemm_rate: float | None = None) -> dict:
+    """Median whole-step time of decode-only steps for `batch` rows of `prompt` + up to 128 tokens,
+    against the floor: max(bytes read / bw, the step's matrix FLOPs / gemm_rate) (bytes alone without a
+    rate), both kept in the row.
     overlap: async scheduling (the host plans step N+1 while the GPU runs step N). Then a torch.profiler
     window of PROFILED decode steps (device activity only): kernels a step and the GPU's idle time a step
     between them (device_gaps; None on CPU)."""
@@ -222,12 +252,16 @@ def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, grap
     llm.reset_prefix_cache()
     steps = times[4:] or times  # the first decode steps capture graphs
     ms = statistics.median(steps) * 1e3
-    kv_read = statistics.median(ctx[4:] or ctx) * kv_bytes_per_token(llm)
-    floor_ms = (weight_bytes(llm) + kv_read) / bw * 1e3
+    cached = statistics.median(ctx[4:] or ctx)
+    bytes_floor_ms = (weight_bytes(llm) + cached * kv_bytes_per_token(llm)) / bw * 1e3
+    compute_floor_ms = step_flops(llm, batch, cached) / gemm_rate * 1e3 if gemm_rate else None
+    floor_ms = max(bytes_floor_ms, compute_floor_ms or 0.0)
     config = "cache-on-fp8" if llm.runner.kv_dtype.value.startswith("fp8") else f"cache-on-{llm.runner.kv_dtype.value}"
     return full_row(dict(workload="decode-sweep", config=config, batch=batch,
                 graphs=graphs, sampled=not params.greedy, async_scheduling=overlap,
                 steps_ahead=llm.core.steps_ahead - ahead0, step_ms=round(ms, 3), floor_ms=round(floor_ms, 3),
+                bytes_floor_ms=round(bytes_floor_ms, 3),
+                compute_floor_ms=None if compute_floor_ms is None else round(compute_floor_ms, 3),
                 fraction_of_floor=round(floor_ms / ms, 3), output_tokens_per_s=round(batch / ms * 1e3, 1),
                 steps_timed=len(steps), max_concurrency=batch, pool_pages=llm.num_pages,
                 **dict(zip(("kernels_per_step", "idle_us_per_step"),
@@ -678,6 +712,8 @@ def part_a(device: torch.device, a: argparse.Namespace, rows: list[dict], emit: 
         return
     bw = read_bandwidth(device, a.smoke)
     emit(dict(check="streaming read", tb_per_s=round(bw / 1e12, 3)))
+    rate = dense_gemm_rate(device, a.smoke)
+    emit(dict(check="dense bf16 GEMM", tflops=round(rate / 1e12, 1)))
     prompt = 32 if a.smoke else a.prompt
     per_row = -(-(prompt + 128) // 16) + 1
     llm = LLM(llama3_8b_config(a.smoke), dtype="bfloat16", device=device, num_pages=max(batches) * per_row + 64)
@@ -686,7 +722,7 @@ def part_a(device: torch.device, a: argparse.Namespace, rows: list[dict], emit: 
     for b, graphs, sampled, overlap in points:
         if graphs and llm.runner.graphs is None:
             continue
-        emit(decode_sweep(llm, b, prompt, SAMPLED if sampled else GREEDY, graphs, bw, a.smoke, overlap))
+        emit(decode_sweep(llm, b, prompt, SAMPLED if sampled else GREEDY, graphs, bw, a.smoke, overlap, rate))
     if a.profile:
         for b, sampled in ((1, False), (256, False), (64, True)):
             profile_steps(llm, b, prompt, a.profile, sampled)
