@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from decode_floor import dense_gemm_rate, kv_bytes_per_token, read_bandwidth, step_flops, weight_bytes  # noqa: E402
 from gpu_engine_check import llama3_8b_config, small_config  # noqa: E402
 
 from radixkv import LLM, SamplingParams  # noqa: E402
@@ -57,60 +58,6 @@ from radixkv.request import Request  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=128, ignore_eos=True)
-
-
-def read_bandwidth(device: torch.device, smoke: bool) -> float:
-    """Streaming-read bandwidth in bytes/s: the best of several sums over a 4 GiB bf16 tensor."""
-    n = (1 << 20) if smoke else (2 << 30)
-    x = torch.ones(n, dtype=torch.bfloat16, device=device)
-    best = float("inf")
-    for _ in range(3 if smoke else 10):
-        _sync(device)
-        t = time.perf_counter()
-        x.sum(dtype=torch.float32)
-        _sync(device)
-        best = min(best, time.perf_counter() - t)
-    del x
-    return 2 * n / best
-
-
-def dense_gemm_rate(device: torch.device, smoke: bool) -> float:
-    """Dense bf16 GEMM rate in FLOP/s: the best of several 8192^3 products, the rate a compute-bound
-    step's GEMMs could reach at best."""
-    n = 256 if smoke else 8192
-    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    best = float("inf")
-    for _ in range(3 if smoke else 10):
-        _sync(device)
-        t = time.perf_counter()
-        a @ b
-        _sync(device)
-        best = min(best, time.perf_counter() - t)
-    del a, b
-    return 2 * n ** 3 / best
-
-
-def step_flops(llm: LLM, rows: int, cached_tokens: float) -> float:
-    """Matrix FLOPs of a decode step of `rows` rows reading `cached_tokens` tokens in all: 2 x every
-    linear layer's weights (the LM head's too) a row, and attention's 4 x q heads x head_dim a cached
-    token a layer."""
-    m, s = llm.runner.model, llm.runner.spec
-    linear = sum(t.numel() for L in m.layers for t in vars(L).values() if isinstance(t, torch.Tensor) and t.dim() == 2)
-    return 2 * (linear + m.lm_head.numel()) * rows + 4 * s.num_layers * s.num_q_heads * s.head_dim * cached_tokens
-
-
-def weight_bytes(llm: LLM) -> int:
-    """Bytes a decode step reads of the weights: every layer, the final norm and the LM head."""
-    m = llm.runner.model
-    layer = sum(t.numel() * t.element_size() for L in m.layers for t in vars(L).values()
-                if isinstance(t, torch.Tensor))
-    return layer + m.norm.numel() * m.norm.element_size() + m.lm_head.numel() * m.lm_head.element_size()
-
-
-def kv_bytes_per_token(llm: LLM) -> int:
-    s = llm.runner.spec
-    return llm.runner.kv.bytes_per_page(1, s.num_layers, s.num_kv_heads, s.head_dim, llm.runner.kv_dtype)
 
 
 def check_graph_equals_eager(device: torch.device, kv: str, smoke: bool) -> dict:
