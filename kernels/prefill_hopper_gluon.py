@@ -17,7 +17,8 @@ registers:
 - FP8 pages (KVStore's: per-token-per-head scales): tiles of FP8_BLOCK_N keys are copied as bytes
   (cp.async, 16-byte pieces, two buffers); then each thread loads its rows' scales and widens its
   rows to fp16 times the scale (a packed e4m3/e5m2 -> f16x2 convert, exact, and one fp16 product,
-  rounded once), 32 rows at a time, into one fp16 K and V buffer that the products read.
+  rounded once), 32 rows at a time, into one fp16 K and V buffer that the products read. 64-key tiles
+  beat 32 (which spill no registers; 64 spill ~80 bytes); widening V while q.K^T runs was slower (twice).
 - INT4 pages (KVStore's at head_dim 128: 64 bytes a row, byte j holding values j and 64 + j, one
   (scale, zero) pair a plane a token): 64-key tiles of packed bytes are copied the same way, then
   dequantised in fp16 as (c - 8) s + (z + 8 s): a byte permute and a mask put two codes in the
@@ -27,13 +28,13 @@ registers:
   274 (INT4) / 97 (FP8) sm_90 instructions a thread beyond the bf16 kernel's 604, against 428 / 229
   when it widened into bf16 through fp32 (benchmarks/RESULTS.md, "Extends over FP8 and INT4 pages in
   fp16": INT4 0.68 -> 0.77 of the bf16 kernel's TFLOP/s, FP8 0.71-0.77 -> 0.74-0.81). q, K or V values
-  above fp16's 65,504 would overflow (attention activations of the models served stay orders of
-  magnitude below), and FP8 scales must be float16 (dispatch.hopper_prefill_supported: a float32
+  above fp16's 65,504 would overflow (not checked at run time; Llama-family q/K/V stay far below), and FP8
+  scales must be float16 (dispatch.hopper_prefill_supported: a float32
   scale would be rounded once more; those pages take the Triton kernel).
 
 Same contract and results as paged_prefill's Triton kernel (fp32 accumulation, qk_scale in the
-exponent): over 16-bit pages, on the H200 the two gave bit-identical outputs on 40 random ragged cases (page sizes 1-64,
-GQA groups 1-8, head-major pages, strided q/out, rows of 0-1000 new tokens) and on the 16 that
+exponent): over 16-bit pages, on the H200 the two gave bit-identical outputs on 40 random ragged
+cases (page sizes 1-64, GQA groups 1-8, head-major pages, strided q/out, rows of 0-1000 new tokens) and on the 16 that
 kernel_checks.py runs in every benchmark (also page sizes 3 and 24, 65-128 new tokens).
 paged_prefill dispatches here when dispatch.hopper_prefill_supported holds, unless
 RADIXKV_HOPPER_PREFILL=0.
