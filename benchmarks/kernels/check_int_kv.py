@@ -157,7 +157,7 @@ def main() -> None:
         intq = quantize_pool_int(ext.pool, bits, ops)
         t = extend_us(ops, ext, intq)
         # the checks' worst, against fp64 (a NaN, from a non-finite output, counts as the worst)
-        err = max((math.inf if e != e else e for e in (r["rel_err"] for r in ext_checks))) if bits == 4 else None
+        err = max(math.inf if math.isnan(r["rel_err"]) else r["rel_err"] for r in ext_checks) if bits == 4 else None
         emit({"shape": shape, "kv": f"int{bits}", "head_dim": D, "tflops": round(ext.flops / t / 1e6, 1),
               "vs_bf16": round(te / t, 2), "kernel_err": err})
         if bits == 4:  # the Triton INT kernel on the same pages (an explicit config keeps it)
