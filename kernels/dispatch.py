@@ -47,6 +47,22 @@ def hopper_prefill_enabled() -> bool:
     return switch_on(os.environ.get(HOPPER_PREFILL_ENV))
 
 
+FUSED_DECODE_ROWS_ENV = "RADIXKV_FUSED_DECODE_ROWS"
+FUSED_DECODE_ROWS = 16  # decode batches up to this many rows take the fused layer kernels (decode_linear.py)
+
+
+@functools.cache
+def fused_decode_rows() -> int:
+    """RADIXKV_FUSED_DECODE_ROWS, read once: the most rows a step may have to run its projections as the
+    fused decode kernels (kernels/decode_linear.py), 0 for never; FUSED_DECODE_ROWS when unset; at most 64."""
+    value = os.environ.get(FUSED_DECODE_ROWS_ENV, "").strip()
+    if not value:
+        return FUSED_DECODE_ROWS
+    if not value.isdigit() or int(value) > 64:
+        raise ValueError(f"{FUSED_DECODE_ROWS_ENV}={value!r}: expected a row count from 0 to 64")
+    return int(value)
+
+
 # ----------------------------------------------------------------------------- the GPU
 DEFAULT_NUM_SMS = 132  # an H200's: what launches off a CUDA device (the interpreter) plan for
 

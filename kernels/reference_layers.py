@@ -43,3 +43,39 @@ def apply_rope_ref(qk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
     qk.copy_(qk * cos + rotated * sin)
     return qk
+
+
+def decode_linear_ref(x: Tensor, w: Tensor, epilogue: str = "store", *, out: Tensor | None = None,
+                      norm: tuple[Tensor, float] | None = None, ssq: Tensor | None = None,
+                      ssq_out: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
+                      heads: tuple[int, int, int] | None = None,
+                      kv: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+    """decode_linear.decode_linear's twin: the unfused chain model.py runs (rms_norm, F.linear, then the
+    residual add, silu_and_mul, or RoPE and store_kv), each step rounded to the dtype. Returns out.
+    ssq (the norm's sums of squares in parts) is not needed here; ssq_out [M, P] receives the new out's
+    sums of squares over P equal column blocks (the last one short), as the kernel's column tiles."""
+    if norm is not None:
+        x, _ = rms_norm_ref(x, norm[0], norm[1])
+    y = F.linear(x, w)  # [M, N_w]
+    if epilogue == "store":
+        return y if out is None else out.copy_(y)
+    if epilogue == "residual":
+        out.copy_(y + out)
+        if ssq_out is not None:
+            width = -(-out.shape[1] // ssq_out.shape[1])
+            for j, part in enumerate(out.float().split(width, dim=1)):
+                ssq_out[:, j] = part.pow(2).sum(1)
+        return out
+    if epilogue == "silu_mul":
+        return silu_and_mul_ref(y, out=out)
+    hq, hkv, d = heads
+    qkv = y.view(len(y), hq + 2 * hkv, d)
+    apply_rope_ref(qkv[:, :hq + hkv], *rope)  # q and k heads rotated in place
+    out = y if out is None else out
+    if kv is None:
+        return out.copy_(y)
+    from .reference_attention import store_kv_ref
+
+    store_kv_ref(qkv[:, hq:hq + hkv], qkv[:, hq + hkv:], *kv)
+    out[:, :hq * d] = y[:, :hq * d]
+    return out

@@ -299,6 +299,16 @@ class PagedAttention:
         self.store(k, v, layer, plan.slots)
         return self.attend(q, layer)
 
+    def store_target(self, layer: int) -> tuple[Tensor, Tensor, Tensor] | None:
+        """(k_cache, v_cache, slots) for a projection kernel that writes this step's K/V itself (the fused
+        decode qkv kernel), after which `attend` runs; None where `run` must store: the reference ops, a
+        recent-token window, or quantised pages (FP8 and INT pages are written with their scales)."""
+        plan = self.current_plan
+        k_cache = self.kv.k_cache[layer]
+        if self._ops is None or plan.window is not None or k_cache.dtype not in (torch.float16, torch.bfloat16):
+            return None
+        return k_cache, self.kv.v_cache[layer], plan.slots
+
     def store(self, k: Tensor, v: Tensor, layer: int, slots: Tensor) -> None:
         """Store the new tokens' K/V (k/v: [T', Hkv, D]) into layer's pages at slots (int64 [T']). The
         piecewise CUDA graphs (piecewise_graphs.py) capture this with their static slots."""

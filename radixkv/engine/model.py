@@ -29,6 +29,18 @@ class LayerAttention(Protocol):
         ...
 
 
+class StoringAttention(LayerAttention, Protocol):
+    """An attention that lets the fused decode qkv kernel store the new K/V (engine.attention.PagedAttention)."""
+
+    def store_target(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(k_cache, v_cache, slots) to write this step's K/V into, or None: then `run` must store them."""
+        ...
+
+    def attend(self, q: torch.Tensor, layer: int) -> torch.Tensor:
+        """q: [T, Hq, D] over the layer's pages, the step's K/V already stored -> [T, Hq, D]."""
+        ...
+
+
 def rope_inv_freq(rope: RopeSpec, head_dim: int) -> torch.Tensor:
     """Inverse frequencies [head_dim // 2] in fp32, with linear or Llama-3 scaling applied."""
     inv = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -133,6 +145,21 @@ class LlamaModel:
         self.layers = [_Layer(spec, state_dict, i, dtype, device, rank, world) for i in range(spec.num_layers)]
         self.inv_freq = rope_inv_freq(spec.rope, spec.head_dim).to(device)  # [D/2] fp32
         self.ops = layer_ops(fused)
+        # decode steps of up to this many rows run each projection as one fused kernel (decode_rows_fused)
+        self.fused_decode_rows = 0
+        if fused and device.type == "cuda" and self._fusable():
+            from radixkv.kernels.dispatch import fused_decode_rows
+
+            self.fused_decode_rows = fused_decode_rows()
+
+    def _fusable(self) -> bool:
+        """Whether decode_linear's fused kernels cover this model: 16-bit weights, one device, no biases or
+        per-head norms, RoPE halves that split into the kernel's column tiles."""
+        from radixkv.kernels.decode_linear import rope_fits
+
+        L = self.layers[0]
+        return (self.dtype in (torch.float16, torch.bfloat16) and self.tp is None and L.b_qkv is None
+                and L.b_o is None and L.qk_norm is None and rope_fits(self.spec.head_dim, self.device))
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [T] int -> cos, sin: [T, 1, D] in the compute dtype."""
@@ -166,11 +193,46 @@ class LlamaModel:
 
         Built from the pieces piecewise_graphs.py captures (embed, layer_qkv, layer_rest): a step replayed
         from those graphs runs the same ops, with attention between them."""
+        if 0 < input_ids.shape[0] <= self.fused_decode_rows and hasattr(attn, "store_target"):
+            return self.decode_rows_fused(input_ids, positions, attn)
         h, x, cos, sin = self.embed_tokens(input_ids, positions)
         for i in range(len(self.layers)):
             q, k, v = self.layer_qkv(i, x, cos, sin)
             o = attn.run(q, k, v, i)  # o: [T, Hq, D]
             x, h = self.layer_rest(i, o, h)
+        return h
+
+    def decode_rows_fused(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: StoringAttention
+                          ) -> torch.Tensor:
+        """hidden() for a few rows (a decode batch) in four kernels a layer besides attention
+        (kernels/decode_linear.py): qkv with the input norm, RoPE and the K/V store; o_proj adding into the
+        residual stream h; gate/up with the MLP's norm and SiLU-and-mul; down_proj adding into h. The
+        residual adds leave h's sums of squares by column tile (ssq), from which the next norm takes rstd.
+        input_ids, positions: [T] int64 -> h [T, H]."""
+        from radixkv.kernels.decode_linear import decode_linear, partials
+
+        s, eps = self.shard_spec, self.spec.rms_norm_eps
+        T, H, Hq, Hkv, D = input_ids.shape[0], self.spec.hidden_size, s.num_q_heads, s.num_kv_heads, s.head_dim
+        cos, sin = self.rope(positions)
+        h = F.embedding(input_ids, self.embed)  # [T, H], the residual stream (updated in place)
+        ssq = h.float().pow(2).sum(-1, keepdim=True)  # [T, 1]: layer 0's norm input
+        ssq_attn, ssq_mlp = (torch.empty(T, partials(H, T, h.device), dtype=torch.float32, device=h.device)
+                             for _ in range(2))
+        qkv = torch.empty(T, (Hq + 2 * Hkv) * D, dtype=h.dtype, device=h.device)
+        act = torch.empty(T, self.layers[0].w_down.shape[1], dtype=h.dtype, device=h.device)  # [T, I]
+        for i, L in enumerate(self.layers):
+            kv = attn.store_target(i)
+            decode_linear(h, L.w_qkv, "rope", out=qkv, norm=(L.ln_attn, eps), ssq=ssq, rope=(cos, sin),
+                          heads=(Hq, Hkv, D), kv=kv)
+            q = qkv[:, :Hq * D].view(T, Hq, D)
+            if kv is None:
+                o = attn.run(q, qkv[:, Hq * D:(Hq + Hkv) * D].view(T, Hkv, D), qkv[:, (Hq + Hkv) * D:].view(T, Hkv, D), i)
+            else:
+                o = attn.attend(q, i)
+            decode_linear(o.reshape(T, -1), L.w_o, "residual", out=h, ssq_out=ssq_attn)
+            decode_linear(h, L.w_gate_up, "silu_mul", out=act, norm=(L.ln_mlp, eps), ssq=ssq_attn)
+            decode_linear(act, L.w_down, "residual", out=h, ssq_out=ssq_mlp)
+            ssq = ssq_mlp
         return h
 
     def embed_tokens(self, input_ids: torch.Tensor, positions: torch.Tensor

@@ -1,0 +1,207 @@
+"""The fused decode projections (kernels/decode_linear.py) against the unfused chain the model runs today,
+Llama-3-8B shapes, batch rows 1 / 4 / 16 / 64, on the GPU:
+
+    python benchmarks/kernels/bench_decode_linear.py --json OUT.json [--sweep]
+
+Each projection of a layer, fused vs unfused (cuBLAS F.linear plus radixkv's elementwise kernels):
+    qkv      qkv GEMM -> RoPE -> store_kv                 vs  decode_linear(norm, "rope", kv=pages)
+    o        o GEMM -> rms_norm(residual add, next norm)  vs  decode_linear("residual")
+    gate_up  gate/up GEMM -> SiLU-and-mul                 vs  decode_linear(norm, "silu_mul")
+    down     down GEMM -> rms_norm(residual add, next norm) vs  decode_linear("residual")
+(the unfused chain's norms ride on the residual adds, as model.py runs them: 9 kernels a layer besides
+attention against the fused 4).
+Timed as CUDA-graph replays of 32 calls cycling through enough weight copies (>= 4x L2) that every call
+reads its weights from DRAM, as a decode step does. Each row: us a call, the weight bytes' share of the
+streaming-read rate measured in the same run, kernels a call, and the fused output's largest difference
+from the unfused chain's in units of the output's bf16 ulp. --sweep first tries tiles at 1 and 16 rows
+and times the rest with the best per projection (printed; GPU_TILES in decode_linear.py takes them).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
+from decode_floor import read_bandwidth  # noqa: E402
+
+from radixkv import kernels  # noqa: E402
+from radixkv.kernels import decode_linear as dl  # noqa: E402
+from radixkv.kernels.launch import KernelConfig  # noqa: E402
+
+H, I, HQ, HKV, D = 4096, 14336, 32, 8, 128
+EPS = 1e-5
+CALLS = 32
+L2_BYTES = 60 << 20
+PROJ = {"qkv": ((HQ + 2 * HKV) * D, H), "o": (H, HQ * D), "gate_up": (2 * I, H), "down": (H, I)}
+EPILOGUE = {"qkv": "rope", "o": "residual", "gate_up": "silu_mul", "down": "residual"}
+
+
+class Case:
+    """One projection's inputs at `m` rows, with `copies` weight copies to cycle through."""
+
+    def __init__(self, proj: str, m: int, dev: torch.device) -> None:
+        n, k = PROJ[proj]
+        g = torch.Generator(device=dev).manual_seed(m)
+        self.proj, self.m = proj, m
+        copies = max(2, -(-4 * L2_BYTES // (n * k * 2)))
+        self.w = [torch.randn(n, k, device=dev, generator=g, dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)]
+        self.x = torch.randn(m, k, device=dev, generator=g, dtype=torch.bfloat16)
+        self.ln = 1 + 0.1 * torch.randn(k, device=dev, generator=g, dtype=torch.bfloat16)
+        self.xn, _ = kernels.rms_norm(self.x, self.ln, EPS)  # the unfused chain's input: normed before
+        self.ln_next = 1 + 0.1 * torch.randn(n, device=dev, generator=g, dtype=torch.bfloat16)
+        self.h = torch.randn(m, n, device=dev, generator=g, dtype=torch.bfloat16)
+        pos = torch.arange(m, device=dev) * 37 + 511
+        inv = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device=dev).float() / D))
+        emb = torch.cat([pos[:, None] * inv] * 2, -1)
+        self.cos, self.sin = emb.cos().bfloat16()[:, None], emb.sin().bfloat16()[:, None]
+        self.pages = [torch.zeros(64, 16, HKV, D, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+        self.slots = torch.randperm(64 * 16, device=dev)[:m].long()
+        self.out = torch.empty(m, n // 2 if proj == "gate_up" else n, device=dev, dtype=torch.bfloat16)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.w[0].numel() * 2
+
+    def fused(self, i: int, cfg: KernelConfig | None = None, bk: int | None = None) -> torch.Tensor:
+        w, p = self.w[i % len(self.w)], self.proj
+        kw = dict(config=cfg, block_k=bk)
+        if p == "qkv":
+            return dl.decode_linear(self.x, w, "rope", out=self.out, norm=(self.ln, EPS), rope=(self.cos, self.sin),
+                                    heads=(HQ, HKV, D), kv=(*self.pages, self.slots), **kw)
+        if p == "gate_up":
+            return dl.decode_linear(self.x, w, "silu_mul", out=self.out, norm=(self.ln, EPS), **kw)
+        return dl.decode_linear(self.x, w, "residual", out=self.out, **kw)  # out: the residual stream
+
+    def unfused(self, i: int) -> torch.Tensor:
+        w, p = self.w[i % len(self.w)], self.proj
+        if p == "qkv":
+            qkv = F.linear(self.xn, w).view(self.m, HQ + 2 * HKV, D)
+            kernels.apply_rope_(qkv[:, :HQ + HKV], self.cos, self.sin)
+            kernels.store_kv(qkv[:, HQ:HQ + HKV], qkv[:, HQ + HKV:], *self.pages, self.slots)
+            return qkv.view(self.m, -1)
+        if p == "gate_up":
+            return kernels.silu_and_mul(F.linear(self.xn, w), out=self.out)
+        kernels.rms_norm(F.linear(self.x, w), self.ln_next, EPS, self.out)  # out += y, then the next norm
+        return self.out
+
+
+def graph_us(fn: Callable[[int], object], calls: int = CALLS) -> tuple[float, int]:
+    """(us a call, kernels a call) of `calls` calls captured in one CUDA graph, best of 5 replays."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(2):
+        fn(i)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn(0)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn(i)
+    g.replay()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        best = min(best, a.elapsed_time(b) * 1e3 / calls)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        g.replay()
+        torch.cuda.synchronize()
+    n = sum(1 for e in prof.events() if e.device_type.name == "CUDA")
+    return best, round(n / calls, 1)
+
+
+def ulps(case: Case) -> float:
+    """Largest |fused - unfused| over the outputs (and the K/V pages for qkv), in bf16 ulps of the value."""
+    pages0 = [p.clone() for p in case.pages]
+    case.out.copy_(case.h)
+    want = case.unfused(0).float().clone()
+    pages_want = [p.float().clone() for p in case.pages]
+    for p, p0 in zip(case.pages, pages0):
+        p.copy_(p0)
+    case.out.copy_(case.h)
+    got = case.fused(0).float()
+    pairs = [(got, want)] + ([(p.float(), q) for p, q in zip(case.pages, pages_want)] if case.proj == "qkv" else [])
+    if case.proj == "qkv":
+        pairs[0] = (got[:, :HQ * D], want[:, :HQ * D])  # k and v went to the pages
+    worst = 0.0
+    for a, b in pairs:
+        ulp = torch.clamp(b.abs(), min=2.0 ** -60).log2().floor().exp2() * 2.0 ** -7
+        worst = max(worst, float(((a - b).abs() / ulp).max()))
+    return worst
+
+
+def sweep(case: Case) -> tuple[KernelConfig, int, float]:
+    """The fastest (tile, BLOCK_K) for this case: (config, block_k, us)."""
+    best = (None, 0, float("inf"))
+    for bn, bk, (warps, stages) in itertools.product((16, 32), (128, 256, 512), ((4, 3), (4, 4), (8, 4), (4, 6))):
+        cfg = KernelConfig(block_m=16, block_n=bn, num_warps=warps, num_stages=stages)
+        try:
+            us, _ = graph_us(lambda i: case.fused(i, cfg, bk), calls=8)
+        except Exception as e:  # shared memory over the limit
+            print(f"#   {case.proj} m={case.m} bn={bn} bk={bk} w={warps} s={stages}: {type(e).__name__}", flush=True)
+            continue
+        print(f"#   {case.proj} m={case.m} bn={bn} bk={bk} w={warps} s={stages}: {us:.1f} us", flush=True)
+        if us < best[2]:
+            best = (cfg, bk, us)
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--sweep", action="store_true", help="pick tiles per projection first (1 and 16 rows)")
+    ap.add_argument("--rows", default="1,4,16,64")
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    bw = read_bandwidth(dev, False)
+    print(f"# streaming read {bw / 1e12:.2f} TB/s", flush=True)
+    picked: dict[str, tuple[KernelConfig, int]] = {}
+    if a.sweep:
+        for proj in PROJ:
+            results = [sweep(Case(proj, m, dev)) for m in (1, 16)]
+            # the tile best over both row counts: smallest sum of the two times among those tried at both
+            cfg, bk, _ = min(results, key=lambda r: r[2])
+            picked[proj] = (cfg, bk)
+            print(f"# {proj}: picked {cfg} block_k={bk} ({[round(r[2], 1) for r in results]} us at 1 / 16 rows)",
+                  flush=True)
+    rows = []
+    for proj, m in itertools.product(PROJ, [int(r) for r in a.rows.split(",")]):
+        case = Case(proj, m, dev)
+        cfg, bk = picked.get(proj, (None, None))
+        fused_us, fused_k = graph_us(lambda i: case.fused(i, cfg, bk))
+        unfused_us, unfused_k = graph_us(case.unfused)
+        row = dict(proj=proj, rows=m, fused_us=round(fused_us, 2), unfused_us=round(unfused_us, 2),
+                   speedup=round(unfused_us / fused_us, 3),
+                   fused_read_frac=round(case.weight_bytes / (fused_us * 1e-6) / bw, 3),
+                   unfused_read_frac=round(case.weight_bytes / (unfused_us * 1e-6) / bw, 3),
+                   fused_kernels=fused_k, unfused_kernels=unfused_k, max_ulps=round(ulps(case), 1),
+                   tile=None if cfg is None else f"bn{cfg.block_n} bk{bk} w{cfg.num_warps} s{cfg.num_stages}")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"\n{'proj':8} {'rows':>4} {'fused us':>9} {'unfused us':>10} {'x':>6} {'read frac':>10} {'was':>6} "
+          f"{'kernels':>8} {'ulps':>5}")
+    for r in rows:
+        print(f"{r['proj']:8} {r['rows']:4d} {r['fused_us']:9.1f} {r['unfused_us']:10.1f} {r['speedup']:6.2f} "
+              f"{r['fused_read_frac']:10.3f} {r['unfused_read_frac']:6.3f} {r['fused_kernels']:>3}/{r['unfused_kernels']:<4} "
+              f"{r['max_ulps']:5.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
