@@ -211,6 +211,7 @@ def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, grap
                 compute_floor_ms=None if compute_floor_ms is None else round(compute_floor_ms, 3),
                 fraction_of_floor=round(floor_ms / ms, 3), output_tokens_per_s=round(batch / ms * 1e3, 1),
                 steps_timed=len(steps), max_concurrency=batch, pool_pages=llm.num_pages,
+                fused_decode_rows=llm.runner.model.fused_decode_rows,
                 **dict(zip(("kernels_per_step", "idle_us_per_step"),
                            device_gaps(prof, profiled) if prof is not None else (None, None)))))
 
@@ -649,10 +650,10 @@ def part_a(device: torch.device, a: argparse.Namespace, rows: list[dict], emit: 
     batches = [int(b) for b in a.batches.split(",")]
     graphs_on = device.type == "cuda"  # LLM captures graphs on CUDA (Triton) unless enforce_eager
     # (batch, graphs, sampled, async): graphs with async scheduling on and off, eager without
-    points = [(b, gr, False, ov) for b in batches
-              for gr, ov in (((True, True), (True, False), (False, False))[:3 - a.no_eager] if graphs_on
-                             else ((False, False),))]
-    points += [(64, graphs_on, True, ov) for ov in ((True, False) if graphs_on else (False,))] if 64 in batches else []
+    modes = ((True, True), (True, False), (False, False))[:1 if a.async_only else 3 - a.no_eager]
+    points = [(b, gr, False, ov) for b in batches for gr, ov in (modes if graphs_on else ((False, False),))]
+    sampled_async = ((True,) if a.async_only else (True, False)) if graphs_on else (False,)
+    points += [(64, graphs_on, True, ov) for ov in sampled_async] if 64 in batches else []
     points = [p for p in points if ("cache-on-bf16", *p) not in swept]
     if not points and not a.profile:
         print("Part A: every decode-sweep row is already in the JSON")
@@ -703,12 +704,13 @@ def _f(v: Any, fmt: str) -> str:
 
 def summary(rows: list[dict]) -> str:
     lines = [f"{'batch':>5} {'config':>14} {'graphs':>6} {'sampled':>7} {'async':>5} {'step ms':>8} {'floor ms':>8} "
-             f"{'of floor':>8}"]
+             f"{'of floor':>8} {'kernels':>7} {'idle us':>7}"]
     for r in rows:
         if r.get("workload") in ("decode-sweep", "decode-long"):
             lines.append(f"{r['batch']:>5} {r['config']:>14} {str(r['graphs']):>6} {str(r['sampled']):>7} "
                          f"{str(r.get('async_scheduling', False)):>5} "
-                         f"{r['step_ms']:>8.2f} {r['floor_ms']:>8.2f} {r['fraction_of_floor']:>8.2f}")
+                         f"{r['step_ms']:>8.2f} {r['floor_ms']:>8.2f} {r['fraction_of_floor']:>8.2f} "
+                         f"{_f(r.get('kernels_per_step'), '.1f'):>7} {_f(r.get('idle_us_per_step'), '.0f'):>7}")
     lines.append(f"\n{'workload':>10} {'config':>14} {'reqs':>5} {'out tok/s':>10} {'req/s':>7} {'ttft p50':>8} "
                  f"{'ttft p99':>8} {'hit':>6} {'peak/pool':>13} {'cpu frac':>8} {'max conc':>8} {'step ms':>8}")
     order = {w: i for i, w in enumerate(WORKLOADS)}
@@ -737,6 +739,7 @@ def main() -> int:
                     help="also time bf16 against fp8_e4m3 KV decode at this point (e.g. 128:4096)")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--no-eager", action="store_true", help="Part A: graph rows only (async scheduling on and off)")
+    ap.add_argument("--async-only", action="store_true", help="Part A: graph rows with async scheduling on only")
     ap.add_argument("--gsm8k", default=None, help="GSM8K folder (train.jsonl, test.jsonl) for the few-shot prompts")
     ap.add_argument("--sharegpt", default=None, help="ShareGPT JSONL for the multi-turn lengths (else synthetic)")
     ap.add_argument("--profile", default=None, help="append torch.profiler tables (batch 1, 256; 64 sampled) to this file")

@@ -55,6 +55,9 @@ class Case:
         self.x = torch.randn(m, k, device=dev, generator=g, dtype=torch.bfloat16)
         self.ln = 1 + 0.1 * torch.randn(k, device=dev, generator=g, dtype=torch.bfloat16)
         self.xn, _ = kernels.rms_norm(self.x, self.ln, EPS)  # the unfused chain's input: normed before
+        # the fused norm's input: x's sums of squares in parts, as the residual kernel before it leaves them
+        self.ssq = self.x.float().pow(2).view(m, dl.partials(k, m, dev), -1).sum(-1)
+        self.ssq_out = torch.empty(m, dl.partials(n, m, dev), device=dev)
         self.ln_next = 1 + 0.1 * torch.randn(n, device=dev, generator=g, dtype=torch.bfloat16)
         self.h = torch.randn(m, n, device=dev, generator=g, dtype=torch.bfloat16)
         pos = torch.arange(m, device=dev) * 37 + 511
@@ -73,11 +76,12 @@ class Case:
         w, p = self.w[i % len(self.w)], self.proj
         kw = dict(config=cfg, block_k=bk)
         if p == "qkv":
-            return dl.decode_linear(self.x, w, "rope", out=self.out, norm=(self.ln, EPS), rope=(self.cos, self.sin),
-                                    heads=(HQ, HKV, D), kv=(*self.pages, self.slots), **kw)
+            return dl.decode_linear(self.x, w, "rope", out=self.out, norm=(self.ln, EPS), ssq=self.ssq,
+                                    rope=(self.cos, self.sin), heads=(HQ, HKV, D), kv=(*self.pages, self.slots), **kw)
         if p == "gate_up":
-            return dl.decode_linear(self.x, w, "silu_mul", out=self.out, norm=(self.ln, EPS), **kw)
-        return dl.decode_linear(self.x, w, "residual", out=self.out, **kw)  # out: the residual stream
+            return dl.decode_linear(self.x, w, "silu_mul", out=self.out, norm=(self.ln, EPS), ssq=self.ssq, **kw)
+        # out: the residual stream; ssq_out: its sums of squares for the next norm
+        return dl.decode_linear(self.x, w, "residual", out=self.out, ssq_out=self.ssq_out if cfg is None else None, **kw)
 
     def unfused(self, i: int) -> torch.Tensor:
         w, p = self.w[i % len(self.w)], self.proj
