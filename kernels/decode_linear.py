@@ -21,7 +21,7 @@ rounded as its own kernel rounds. The sums differ in order from cuBLAS's (and rs
 outputs agree with the unfused chain to a few ulps, not bit for bit.
 
 Tiles: a program owns BLOCK_N output columns (two tiles of BLOCK_N rows of W for silu_mul and rope: gate and
-up, or a head's two halves) and all M rows (padded to BLOCK_M >= 16 for the tensor cores), and streams its
+up, or a head's two halves) and all M <= 16 rows (padded to 16 for the tensor cores), and streams its
 [BLOCK_N, K] slab of W in BLOCK_K steps through Triton's software pipeline (num_stages). No split over K:
 the epilogue needs whole sums, so small BLOCK_N keeps enough programs in flight.
 """
@@ -41,7 +41,10 @@ from .launch import KernelConfig, for_device, launch_options
 Epilogue = Literal["store", "residual", "silu_mul", "rope"]
 _EPILOGUES = {"store": 0, "residual": 1, "silu_mul": 2, "rope": 3}
 DTYPES = (torch.float16, torch.bfloat16)
-MAX_ROWS = 64
+# Rows a launch takes: one row tile. Taller tiles were slower than cuBLAS plus the elementwise kernels at
+# 64 rows on the H200 (qkv 0.60x, gate_up 0.48x), and gate_up's output there differed from the unfused
+# chain's by more than rounding explains (benchmarks/RESULTS.md): not offered until that is understood.
+MAX_ROWS = 16
 
 
 @triton.jit
@@ -150,9 +153,8 @@ def _decode_linear_kernel(
             tl.store(out_rows + cols_b[None, :], yb.to(dtype), mask=omask)
 
 
-# GPU tiles by epilogue at 16 rows, the best of benchmarks/kernels/bench_decode_linear.py --sweep on the H200
-# (2026-12-02, 8B shapes, at 1 and 16 rows); block_m is the rows' tile (16, or the rows rounded up to a power
-# of two). Taller row tiles give up pipeline stages, then BLOCK_K, to fit shared memory (_fit).
+# GPU tiles by epilogue, the best of benchmarks/kernels/bench_decode_linear.py --sweep on the H200 (2026-12-02,
+# 8B shapes, at 1 and 16 rows); rows are one tile of 16 (padded) for the tensor cores.
 GPU_TILES: dict[str, tuple[KernelConfig, int]] = {
     "store": (KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 512),
     "residual": (KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 512),
@@ -160,38 +162,22 @@ GPU_TILES: dict[str, tuple[KernelConfig, int]] = {
     "rope": (KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 256),
 }
 CPU_TILE = (KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1), 32)
-SHARED_BYTES = 200 * 1024  # of the H100/H200's 227 KiB a block, a margin left for the compiler's own
 
 
-def _fit(cfg: KernelConfig, block_k: int, block_m: int, two: bool) -> tuple[KernelConfig, int]:
-    """cfg and block_k for a row tile of block_m, with its stages' x and W tiles inside SHARED_BYTES."""
-    stages = cfg.num_stages
-    while stages * (block_m + (2 if two else 1) * cfg.block_n) * block_k * 2 > SHARED_BYTES and stages > 2:
-        if stages > 3 or block_k <= 128:
-            stages -= 1
-        else:
-            block_k //= 2
-    return cfg._replace(block_m=block_m, num_stages=stages), block_k
-
-
-def tile(epilogue: Epilogue, rows: int, device: torch.device) -> tuple[KernelConfig, int]:
-    """(config, block_k) the launch uses for `rows` rows on `device`."""
-    block_m = max(16, triton.next_power_of_2(max(rows, 1)))
-    if device.type != "cuda":
-        return CPU_TILE[0]._replace(block_m=block_m), CPU_TILE[1]
-    cfg, bk = GPU_TILES[epilogue]
-    return _fit(cfg, bk, block_m, epilogue in ("silu_mul", "rope"))
+def tile(epilogue: Epilogue, device: torch.device) -> tuple[KernelConfig, int]:
+    """(config, block_k) of the launch on `device`."""
+    return GPU_TILES[epilogue] if device.type == "cuda" else CPU_TILE
 
 
 def rope_fits(head_dim: int, device: torch.device) -> bool:
     """Whether the "rope" epilogue takes heads of head_dim on device (half a head a multiple of its tile)."""
     half = head_dim // 2
-    return head_dim % 2 == 0 and half % min(tile("rope", 1, device)[0].block_n, half) == 0
+    return head_dim % 2 == 0 and half % min(tile("rope", device)[0].block_n, half) == 0
 
 
-def partials(n: int, rows: int, device: torch.device) -> int:
+def partials(n: int, device: torch.device) -> int:
     """Sums of squares a row that the "residual" epilogue writes for n output columns (ssq_out's width)."""
-    return triton.cdiv(n, tile("residual", rows, device)[0].block_n)
+    return triton.cdiv(n, tile("residual", device)[0].block_n)
 
 
 def _check(name: str, t: object, shape: tuple[int, ...], like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
@@ -212,11 +198,11 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
                   config: KernelConfig | None = None, block_k: int | None = None) -> Tensor:
     """y = x W^T with the module docstring's fusions; returns out.
 
-    x: [M, K] (M <= 64; with `norm`, the residual stream h). w: [N_w, K], row-major.
+    x: [M, K] (M <= 16; with `norm`, the residual stream h). w: [N_w, K], row-major.
     norm: (ln_weight [K], eps): x is normalised by RMSNorm first (rstd in fp32, as norm.rms_norm), from
     ssq (float32 [M, P]: x's sums of squares in P parts, e.g. a "residual" launch's ssq_out) when given.
     epilogue "store": out [M, N_w] (fresh when None). "residual": out [M, N_w] given, out += y; ssq_out
-    (float32 [M, partials(N_w, M, device)]) receives the new out's sums of squares by column tile.
+    (float32 [M, partials(N_w, device)]) receives the new out's sums of squares by column tile.
     "silu_mul": N_w = 2 N, out [M, N] = silu(gate) * up. "rope": heads = (Hq, Hkv, D) with
     N_w = (Hq + 2 Hkv) D, rope = (cos, sin) [M, D] or [M, 1, D] in x's dtype, out [M, N_w] (q | k | v);
     kv = (k_cache, v_cache [P, S, Hkv, D] in x's dtype, slots int64 [M]): k and v are written into the
@@ -241,9 +227,9 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
     n = n_w // 2 if epilogue == "silu_mul" else n_w
     if epilogue == "silu_mul" and n_w % 2:
         raise ValueError(f"decode_linear: silu_mul needs w = [gate | up] with an even row count, got {n_w}")
-    cfg, bk = tile(epilogue, M, x.device)
+    cfg, bk = tile(epilogue, x.device)
     if config is not None:
-        cfg, bk = config._replace(block_m=cfg.block_m), block_k or bk
+        cfg, bk = config, block_k or bk
     hq = hkv = hd = 0
     cos = sin = None
     if epilogue == "rope":

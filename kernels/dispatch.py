@@ -54,12 +54,12 @@ FUSED_DECODE_ROWS = 16  # decode batches up to this many rows take the fused lay
 @functools.cache
 def fused_decode_rows() -> int:
     """RADIXKV_FUSED_DECODE_ROWS, read once: the most rows a step may have to run its projections as the
-    fused decode kernels (kernels/decode_linear.py), 0 for never; FUSED_DECODE_ROWS when unset; at most 64."""
+    fused decode kernels (kernels/decode_linear.py), 0 for never; FUSED_DECODE_ROWS (their most) when unset."""
     value = os.environ.get(FUSED_DECODE_ROWS_ENV, "").strip()
     if not value:
         return FUSED_DECODE_ROWS
-    if not value.isdigit() or int(value) > 64:
-        raise ValueError(f"{FUSED_DECODE_ROWS_ENV}={value!r}: expected a row count from 0 to 64")
+    if not value.isdigit() or int(value) > FUSED_DECODE_ROWS:
+        raise ValueError(f"{FUSED_DECODE_ROWS_ENV}={value!r}: expected a row count from 0 to {FUSED_DECODE_ROWS}")
     return int(value)
 
 

@@ -216,7 +216,7 @@ class LlamaModel:
         cos, sin = self.rope(positions)
         h = F.embedding(input_ids, self.embed)  # [T, H], the residual stream (updated in place)
         ssq = h.float().pow(2).sum(-1, keepdim=True)  # [T, 1]: layer 0's norm input
-        ssq_attn, ssq_mlp = (torch.empty(T, partials(H, T, h.device), dtype=torch.float32, device=h.device)
+        ssq_attn, ssq_mlp = (torch.empty(T, partials(H, h.device), dtype=torch.float32, device=h.device)
                              for _ in range(2))
         qkv = torch.empty(T, (Hq + 2 * Hkv) * D, dtype=h.dtype, device=h.device)
         act = torch.empty(T, self.layers[0].w_down.shape[1], dtype=h.dtype, device=h.device)  # [T, I]

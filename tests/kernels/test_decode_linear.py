@@ -23,7 +23,7 @@ def _inputs(m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.
     return x, w
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 48, 64), (5, 40, 96), (16, 32, 32), (19, 16, 64)])
+@pytest.mark.parametrize("m,n,k", [(1, 48, 64), (5, 40, 96), (16, 32, 32)])
 def test_store(m: int, n: int, k: int) -> None:
     x, w = _inputs(m, n, k)
     _close(decode_linear(x, w), decode_linear_ref(x, w))
@@ -83,8 +83,8 @@ def test_rope_stores_kv_into_pages(page_size: int) -> None:
 
 def test_errors_name_the_problem() -> None:
     x, w = _inputs(2, 16, 32)
-    with pytest.raises(ValueError, match="rows > 64"):
-        decode_linear(torch.zeros(65, 32, dtype=DT), w)
+    with pytest.raises(ValueError, match="rows > 16"):
+        decode_linear(torch.zeros(17, 32, dtype=DT), w)
     with pytest.raises(ValueError, match="residual"):
         decode_linear(x, w, "residual")
     with pytest.raises(ValueError, match=r"w must be \[N, 32\]"):
@@ -104,7 +104,7 @@ def test_residual_leaves_sums_of_squares_for_the_next_norm() -> None:
     m = 3
     x, w = _inputs(m, 64, 48, seed=7)
     h = torch.randn(m, 64, generator=torch.Generator().manual_seed(8)).to(DT)
-    ssq = torch.full((m, partials(64, m, x.device)), float("nan"))
+    ssq = torch.full((m, partials(64, x.device)), float("nan"))
     h_ref, ssq_ref = h.clone(), torch.empty_like(ssq)
     decode_linear(x, w, "residual", out=h, ssq_out=ssq)
     torch.testing.assert_close(ssq.sum(1), h.float().pow(2).sum(1), rtol=1e-5, atol=1e-5)

@@ -275,3 +275,21 @@ def test_hopper_prefill_rule_on_cpu_tensors(fresh_switches):
     monkeypatch.setenv(HOPPER_PREFILL_ENV, "0")
     hopper_prefill_enabled.cache_clear()  # the switch is read once per process
     assert not hopper_prefill_supported(gpu, cache, cache, q, HOPPER_PREFILL_MIN_NEW + 1)  # the way out
+
+
+def test_fused_decode_rows_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RADIXKV_FUSED_DECODE_ROWS: unset -> 16, a count up to 16 as given, anything else named in the error."""
+    from radixkv.kernels.dispatch import FUSED_DECODE_ROWS_ENV, fused_decode_rows
+
+    try:
+        for value, want in (("", 16), ("0", 0), (" 8 ", 8)):
+            monkeypatch.setenv(FUSED_DECODE_ROWS_ENV, value)
+            fused_decode_rows.cache_clear()
+            assert fused_decode_rows() == want
+        for bad in ("17", "-1", "many"):
+            monkeypatch.setenv(FUSED_DECODE_ROWS_ENV, bad)
+            fused_decode_rows.cache_clear()
+            with pytest.raises(ValueError, match=FUSED_DECODE_ROWS_ENV):
+                fused_decode_rows()
+    finally:
+        fused_decode_rows.cache_clear()
