@@ -8,6 +8,9 @@
     rms_norm(x, weight, eps, residual=None, *, out=None) -> (out, new_residual)   # residual updated in place
     silu_and_mul(gate_up, *, out=None) -> out                                    # [T, 2 I] -> [T, I]
     apply_rope_(qk, cos, sin) -> qk                                              # in place
+    decode_linear.decode_linear(x, w, epilogue, *, out, norm, ssq, ssq_out, rope, heads, kv)  # (its module's
+        # name: not a package attribute) a decode batch's projection, its norm, RoPE + K/V store,
+        # SiLU-and-mul or residual add fused in
     gumbel_argmax(x, inv_temperature, seed, counter, *, splits=None) -> tokens   # [S, V] -> int64 [S]
     nucleus_draw(x, inv_temperature, top_p, min_p, seed, counter) -> tokens      # top-p / min-p, no sort
     IndexValueError   # an out-of-range slot, page id, length or row start (IndexError and ValueError)
@@ -18,13 +21,13 @@ is written. On CUDA tensors those values are the caller's duty (no host syncs in
 checks.py's docstring lists the ranges.
 
 One kernel a file: store.py, decode.py, decode_fp8_gluon.py, decode_int4_gluon.py, prefill.py, prefill_hopper_gluon.py,
-window.py (the recent-token window's state), norm.py, activation.py, rope.py, sample.py (the sampler's hash +
+window.py (the recent-token window's state), norm.py, activation.py, rope.py, decode_linear.py, sample.py (the sampler's hash +
 Gumbel-max draw), nucleus.py (top-p / min-p draws by rejection).
 Beside them: dispatch.py (which kernel runs, with how many splits; environment switches read once),
 launch.py (tile configs, launch options), checks.py (argument checks), fp8.py and intq.py (FP8 and INT4/INT2 formats and
 quantisation helpers) and the plain-PyTorch twins, the ground truth: reference_attention.py (store,
 decode, prefill, cascade, window), reference_layers.py (norm, activation, rope), reference_sampling.py
-(the sampler's noise and draws).
+(the sampler's noise and draws); reference_layers.py also holds decode_linear's twin.
 The Triton modules load on first access to these names, so importing the package (or
 `radixkv.kernels.reference_*`, `.dispatch`, `.fp8`, `.intq`, which the CPU engine and the attention
 front use) never imports Triton. Tests that run the kernels on CPU must set TRITON_INTERPRET=1 before Triton
