@@ -1,4 +1,4 @@
-"""decode_linear: a decode batch's projection y = x W^T (x: M <= 64 rows) with its neighbours fused in.
+"""decode_linear: a decode batch's projection y = x W^T (x: M <= 16 rows) with its neighbours fused in.
 
 One kernel a projection instead of a GEMM plus one or two elementwise kernels (issue 35):
 
@@ -34,8 +34,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from triton.language.extra import libdevice
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .checks import check_slots, host_float
+from .dispatch import pdl_enabled
 from .launch import KernelConfig, for_device, launch_options
 
 Epilogue = Literal["store", "residual", "silu_mul", "rope"]
@@ -48,13 +50,20 @@ MAX_ROWS = 16
 
 
 @triton.jit
+def _prefetch_l2(ptrs):
+    """Ask L2 for the lines at ptrs (no registers wait for them)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _decode_linear_kernel(
         x_ptr, stride_xm, ln_ptr, eps, ssq_ptr, stride_sm, ssq_out_ptr, stride_so, w_ptr, stride_wn, out_ptr,
         stride_om, cos_ptr, sin_ptr, stride_cm, kc_ptr, vc_ptr, slots_ptr, stride_cp, stride_cs, stride_ch,
         M, N: tl.constexpr, K: tl.constexpr, EPILOGUE: tl.constexpr, NORM: tl.constexpr, PARTS: tl.constexpr,
         BLOCK_P: tl.constexpr, WRITE_SSQ: tl.constexpr, LIBDEVICE: tl.constexpr,
         HEAD_DIM: tl.constexpr, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr,
-        STORE_KV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        STORE_KV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        PDL: tl.constexpr, PREFETCH_K: tl.constexpr):
     pid = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
@@ -75,6 +84,16 @@ def _decode_linear_kernel(
         cols_b = cols_a + N  # silu_mul: the up rows of W
     amask = cols_a < N
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    wa_rows = w_ptr + cols_a.to(tl.int64)[:, None] * stride_wn
+    wb_rows = w_ptr + cols_b.to(tl.int64)[:, None] * stride_wn
+    if PDL:  # launched early (programmatic dependent launch): fetch the first of W while the previous kernel ends
+        gdc_launch_dependents()  # the next kernel may start its own prefetch once every program here has begun
+        lines = tl.arange(0, PREFETCH_K // 64) * 64  # a 128-byte line every 64 values
+        safe = tl.where(amask, 0, -cols_a).to(tl.int64)[:, None] * stride_wn  # rows past N: row 0's lines
+        _prefetch_l2(wa_rows + safe + lines[None, :])
+        if TWO:
+            _prefetch_l2(wb_rows + safe + lines[None, :])
+        gdc_wait()  # everything the previous kernel wrote is visible from here; nothing is read or written before
     # ---- norm: rstd of each row, as norm.py takes it
     if NORM:
         if PARTS > 0:  # the producer's sums of squares, PARTS a row
@@ -94,8 +113,6 @@ def _decode_linear_kernel(
     # ---- y = x W^T over the program's columns: [BLOCK_M, BLOCK_N] fp32 (two of them for silu_mul / rope)
     acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    wa_rows = w_ptr + cols_a.to(tl.int64)[:, None] * stride_wn
-    wb_rows = w_ptr + cols_b.to(tl.int64)[:, None] * stride_wn
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         kmask = (ks < K)[None, :]
@@ -162,6 +179,9 @@ GPU_TILES: dict[str, tuple[KernelConfig, int]] = {
     "rope": (KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 256),
 }
 CPU_TILE = (KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1), 32)
+# With programmatic dependent launch each program asks L2 for the first PREFETCH_K values of its W rows
+# before it waits for the previous kernel: the DRAM stream runs on across the kernel boundary.
+PREFETCH_K = 1024
 
 
 def tile(epilogue: Epilogue, device: torch.device) -> tuple[KernelConfig, int]:
@@ -172,12 +192,21 @@ def tile(epilogue: Epilogue, device: torch.device) -> tuple[KernelConfig, int]:
 def rope_fits(head_dim: int, device: torch.device) -> bool:
     """Whether the "rope" epilogue takes heads of head_dim on device (half a head a multiple of its tile)."""
     half = head_dim // 2
-    return head_dim % 2 == 0 and half % min(tile("rope", device)[0].block_n, half) == 0
+    bn = min(tile("rope", device)[0].block_n, half)
+    return head_dim % 2 == 0 and bn > 0 and bn & (bn - 1) == 0 and half % bn == 0
 
 
 def partials(n: int, device: torch.device) -> int:
     """Sums of squares a row that the "residual" epilogue writes for n output columns (ssq_out's width)."""
     return triton.cdiv(n, tile("residual", device)[0].block_n)
+
+
+def _overlap(a: Tensor, b: Tensor) -> bool:
+    """Whether the bytes a and b span intersect."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    a1 = a0 + (a.shape[0] - 1) * a.stride(0) * a.element_size() + a.shape[-1] * a.element_size() if a.numel() else a0
+    b1 = b0 + (b.shape[0] - 1) * b.stride(0) * b.element_size() + b.shape[-1] * b.element_size() if b.numel() else b0
+    return a0 < b1 and b0 < a1
 
 
 def _check(name: str, t: object, shape: tuple[int, ...], like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
@@ -236,20 +265,22 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
         if heads is None or rope is None:
             raise ValueError("decode_linear: epilogue 'rope' needs heads=(Hq, Hkv, D) and rope=(cos, sin)")
         hq, hkv, hd = heads
-        if hd % 2 or (hq + 2 * hkv) * hd != n_w:
+        if min(heads) < 1 or hd % 2 or (hq + 2 * hkv) * hd != n_w:
             raise ValueError(f"decode_linear: heads {heads} do not cover w's {n_w} rows as (Hq + 2 Hkv) * D, D even")
+        if not rope_fits(hd, x.device):
+            raise ValueError(f"decode_linear: head_dim {hd}: half a head must be a multiple of a power-of-two tile")
         cos, sin = (c.reshape(M, hd) if isinstance(c, Tensor) and c.numel() == M * hd else c for c in rope)
         _check("cos", cos, (M, hd), x)
         _check("sin", sin, (M, hd), x)
         if sin.stride(0) != cos.stride(0):
             raise ValueError("decode_linear: cos and sin must share their row stride")
         cfg = cfg._replace(block_n=min(cfg.block_n, hd // 2))
-        if (hd // 2) % cfg.block_n:
-            raise ValueError(f"decode_linear: half a head ({hd // 2}) must be a multiple of BLOCK_N {cfg.block_n}")
     elif rope is not None or kv is not None or heads is not None:
         raise ValueError("decode_linear: rope, heads and kv go with epilogue 'rope' only")
     if epilogue == "residual" and out is None:
         raise ValueError("decode_linear: epilogue 'residual' adds into out: give out (the residual stream)")
+    if out is not None and isinstance(out, Tensor) and _overlap(out, x):
+        raise ValueError("decode_linear: out must not overlap x (programs would read what others wrote)")
     out = torch.empty((M, n), dtype=x.dtype, device=x.device) if out is None else _check("out", out, (M, n), x)
     tiles = (hq + 2 * hkv) * (hd // 2 // cfg.block_n) if epilogue == "rope" else triton.cdiv(n, cfg.block_n)
     ln, eps = x, 0.0  # placeholders without norm
@@ -284,6 +315,9 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
     opts = launch_options(cfg, x.device)
     if x.device.type == "cuda":
         opts["enable_fp_fusion"] = False  # the elementwise steps rounded one by one, as the unfused kernels
+    pdl = pdl_enabled(x.device)
+    if pdl:
+        opts["launch_pdl"] = True
     for_device(_decode_linear_kernel, x.device)[(tiles, triton.cdiv(M, cfg.block_m))](
         x, x.stride(0), ln, float(eps), ssq if ssq is not None else x, ssq.stride(0) if ssq is not None else 0,
         ssq_out if ssq_out is not None else x, ssq_out.stride(0) if ssq_out is not None else 0,
@@ -293,5 +327,6 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
         N=n, K=K, EPILOGUE=_EPILOGUES[epilogue], NORM=norm is not None, PARTS=parts,
         BLOCK_P=triton.next_power_of_2(max(parts, 1)), WRITE_SSQ=ssq_out is not None,
         LIBDEVICE=x.device.type == "cuda", HEAD_DIM=max(hd, 2), Q_HEADS=hq, KV_HEADS=hkv, PAGE_SIZE=page_size,
-        STORE_KV=kv is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk, **opts)
+        STORE_KV=kv is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk, PDL=pdl,
+        PREFETCH_K=min(PREFETCH_K, triton.next_power_of_2(K)), **opts)
     return out

@@ -54,13 +54,34 @@ FUSED_DECODE_ROWS = 16  # decode batches up to this many rows take the fused lay
 @functools.cache
 def fused_decode_rows() -> int:
     """RADIXKV_FUSED_DECODE_ROWS, read once: the most rows a step may have to run its projections as the
-    fused decode kernels (kernels/decode_linear.py), 0 for never; FUSED_DECODE_ROWS (their most) when unset."""
+    fused decode kernels (kernels/decode_linear.py), 0 for never; FUSED_DECODE_ROWS (their most) when unset.
+    A power of two (or 0): the CUDA graphs' batch buckets up to 16 are, so a step and the bucket it is
+    replayed in fall on the same side."""
     value = os.environ.get(FUSED_DECODE_ROWS_ENV, "").strip()
     if not value:
         return FUSED_DECODE_ROWS
-    if not value.isdigit() or int(value) > FUSED_DECODE_ROWS:
-        raise ValueError(f"{FUSED_DECODE_ROWS_ENV}={value!r}: expected a row count from 0 to {FUSED_DECODE_ROWS}")
+    if value not in ("0", "1", "2", "4", "8", "16"):
+        raise ValueError(f"{FUSED_DECODE_ROWS_ENV}={value!r}: expected 0, 1, 2, 4, 8 or 16 (rows)")
     return int(value)
+
+
+PDL_ENV = "RADIXKV_PDL"
+
+
+@functools.cache
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether kernels written for it launch with programmatic dependent launch (decode_linear.py): a CUDA
+    device of sm_90 or later, a Triton that offers it, and RADIXKV_PDL=1 (read once; off by default until
+    measured on the H200)."""
+    if device.type != "cuda" or os.environ.get(PDL_ENV, "").strip() != "1":
+        return False
+    if torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
 # ----------------------------------------------------------------------------- the GPU

@@ -53,7 +53,7 @@ def decode_linear_ref(x: Tensor, w: Tensor, epilogue: str = "store", *, out: Ten
     """decode_linear.decode_linear's twin: the unfused chain model.py runs (rms_norm, F.linear, then the
     residual add, silu_and_mul, or RoPE and store_kv), each step rounded to the dtype. Returns out.
     ssq (the norm's sums of squares in parts) is not needed here; ssq_out [M, P] receives the new out's
-    sums of squares over P equal column blocks (the last one short), as the kernel's column tiles."""
+    sums of squares over P column blocks (a power of two wide, the last one short), as the kernel's tiles."""
     if norm is not None:
         x, _ = rms_norm_ref(x, norm[0], norm[1])
     y = F.linear(x, w)  # [M, N_w]
@@ -62,7 +62,7 @@ def decode_linear_ref(x: Tensor, w: Tensor, epilogue: str = "store", *, out: Ten
     if epilogue == "residual":
         out.copy_(y + out)
         if ssq_out is not None:
-            width = -(-out.shape[1] // ssq_out.shape[1])
+            width = 1 << (-(-out.shape[1] // ssq_out.shape[1]) - 1).bit_length()  # the kernel's power-of-two tile
             for j, part in enumerate(out.float().split(width, dim=1)):
                 ssq_out[:, j] = part.pow(2).sum(1)
         return out

@@ -302,12 +302,18 @@ class PagedAttention:
     def store_target(self, layer: int) -> tuple[Tensor, Tensor, Tensor] | None:
         """(k_cache, v_cache, slots) for a projection kernel that writes this step's K/V itself (the fused
         decode qkv kernel), after which `attend` runs; None where `run` must store: the reference ops, a
-        recent-token window, or quantised pages (FP8 and INT pages are written with their scales)."""
+        recent-token window, or pages not in the activations' dtype (FP8 and INT pages are written with their
+        scales, 16-bit pages of the other 16-bit dtype converted)."""
         plan = self.current_plan
         k_cache = self.kv.k_cache[layer]
-        if self._ops is None or plan.window is not None or k_cache.dtype not in (torch.float16, torch.bfloat16):
+        if self._ops is None or plan.window is not None or k_cache.dtype != self.kv.compute_dtype:
             return None
         return k_cache, self.kv.v_cache[layer], plan.slots
+
+    @property
+    def decode_only(self) -> bool:
+        """Whether the planned step is decode-only (one new token a row): the steps the CUDA graphs replay."""
+        return self.current_plan.path is Path.DECODE
 
     def store(self, k: Tensor, v: Tensor, layer: int, slots: Tensor) -> None:
         """Store the new tokens' K/V (k/v: [T', Hkv, D]) into layer's pages at slots (int64 [T']). The

@@ -40,6 +40,11 @@ class StoringAttention(LayerAttention, Protocol):
         """q: [T, Hq, D] over the layer's pages, the step's K/V already stored -> [T, Hq, D]."""
         ...
 
+    @property
+    def decode_only(self) -> bool:
+        """Whether the planned step is decode-only (the fused path takes only those: as the graphs replay)."""
+        ...
+
 
 def rope_inv_freq(rope: RopeSpec, head_dim: int) -> torch.Tensor:
     """Inverse frequencies [head_dim // 2] in fp32, with linear or Llama-3 scaling applied."""
@@ -193,7 +198,8 @@ class LlamaModel:
 
         Built from the pieces piecewise_graphs.py captures (embed, layer_qkv, layer_rest): a step replayed
         from those graphs runs the same ops, with attention between them."""
-        if 0 < input_ids.shape[0] <= self.fused_decode_rows and hasattr(attn, "store_target"):
+        if (0 < input_ids.shape[0] <= self.fused_decode_rows and hasattr(attn, "store_target")
+                and attn.decode_only):  # eager decode steps run what their graphs replay
             return self.decode_rows_fused(input_ids, positions, attn)
         h, x, cos, sin = self.embed_tokens(input_ids, positions)
         for i in range(len(self.layers)):

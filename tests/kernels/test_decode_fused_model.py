@@ -24,6 +24,7 @@ class PagedOnePerSlot:
         self.v = [torch.zeros_like(c) for c in self.k]
         self.store_in_kernel = store_in_kernel
         self.slots = torch.zeros(0, dtype=torch.int64)
+        self.decode_only = False  # the model takes its fused path for decode-only steps
 
     def store_target(self, layer: int):
         return (self.k[layer], self.v[layer], self.slots) if self.store_in_kernel else None
@@ -53,12 +54,12 @@ def test_fused_decode_matches_unfused(store_in_kernel: bool) -> None:
     assert models[0]._fusable() and models[1].fused_decode_rows == 0
     attns = [PagedOnePerSlot(spec.num_layers, spec.num_kv_heads, spec.head_dim, store_in_kernel) for _ in models]
     ids = torch.randint(3, config.vocab_size, (14,), generator=torch.Generator().manual_seed(1))
-    steps = [(0, 10)] + [(t, t + 1) for t in range(10, 14)]  # a prefill of 10 (fused too: <= 16 rows), 4 decodes
+    steps = [(0, 10)] + [(t, t + 1) for t in range(10, 14)]  # a prefill of 10 (unfused on both), 4 decodes
     for a, b in steps:
         pos = torch.arange(a, b)
         outs = []
         for m, attn in zip(models, attns):
-            attn.slots = pos
+            attn.slots, attn.decode_only = pos, b - a == 1
             outs.append(m.forward(ids[a:b], pos, attn, torch.tensor([b - a - 1])))
         torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=2e-2)
     for got, want in zip(attns[0].k + attns[0].v, attns[1].k + attns[1].v):

@@ -278,7 +278,7 @@ def test_hopper_prefill_rule_on_cpu_tensors(fresh_switches):
 
 
 def test_fused_decode_rows_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RADIXKV_FUSED_DECODE_ROWS: unset -> 16, a count up to 16 as given, anything else named in the error."""
+    """RADIXKV_FUSED_DECODE_ROWS: unset -> 16, a power of two up to 16 (or 0) as given, anything else named."""
     from radixkv.kernels.dispatch import FUSED_DECODE_ROWS_ENV, fused_decode_rows
 
     try:
@@ -286,7 +286,7 @@ def test_fused_decode_rows_switch(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.setenv(FUSED_DECODE_ROWS_ENV, value)
             fused_decode_rows.cache_clear()
             assert fused_decode_rows() == want
-        for bad in ("17", "-1", "many"):
+        for bad in ("17", "10", "-1", "many"):
             monkeypatch.setenv(FUSED_DECODE_ROWS_ENV, bad)
             fused_decode_rows.cache_clear()
             with pytest.raises(ValueError, match=FUSED_DECODE_ROWS_ENV):
