@@ -222,23 +222,22 @@ class LlamaModel:
         cos, sin = self.rope(positions)
         h = F.embedding(input_ids, self.embed)  # [T, H], the residual stream (updated in place)
         ssq = h.float().pow(2).sum(-1, keepdim=True)  # [T, 1]: layer 0's norm input
-        ssq_attn, ssq_mlp = (torch.empty(T, partials(H, h.device), dtype=torch.float32, device=h.device)
-                             for _ in range(2))
+        # h's sums of squares by column tile: each residual kernel writes them after the kernel before it
+        # read them (one stream), so one buffer serves every norm after layer 0's
+        parts = torch.empty(T, partials(H, h.device), dtype=torch.float32, device=h.device)
         qkv = torch.empty(T, (Hq + 2 * Hkv) * D, dtype=h.dtype, device=h.device)
+        heads = qkv.view(T, Hq + 2 * Hkv, D)
         act = torch.empty(T, self.layers[0].w_down.shape[1], dtype=h.dtype, device=h.device)  # [T, I]
         for i, L in enumerate(self.layers):
             kv = attn.store_target(i)
             decode_linear(h, L.w_qkv, "rope", out=qkv, norm=(L.ln_attn, eps), ssq=ssq, rope=(cos, sin),
                           heads=(Hq, Hkv, D), kv=kv)
-            q = qkv[:, :Hq * D].view(T, Hq, D)
-            if kv is None:
-                o = attn.run(q, qkv[:, Hq * D:(Hq + Hkv) * D].view(T, Hkv, D), qkv[:, (Hq + Hkv) * D:].view(T, Hkv, D), i)
-            else:
-                o = attn.attend(q, i)
-            decode_linear(o.reshape(T, -1), L.w_o, "residual", out=h, ssq_out=ssq_attn)
-            decode_linear(h, L.w_gate_up, "silu_mul", out=act, norm=(L.ln_mlp, eps), ssq=ssq_attn)
-            decode_linear(act, L.w_down, "residual", out=h, ssq_out=ssq_mlp)
-            ssq = ssq_mlp
+            q = heads[:, :Hq]
+            o = attn.attend(q, i) if kv is not None else attn.run(q, heads[:, Hq:Hq + Hkv], heads[:, Hq + Hkv:], i)
+            decode_linear(o.reshape(T, -1), L.w_o, "residual", out=h, ssq_out=parts)
+            decode_linear(h, L.w_gate_up, "silu_mul", out=act, norm=(L.ln_mlp, eps), ssq=parts)
+            decode_linear(act, L.w_down, "residual", out=h, ssq_out=parts)
+            ssq = parts
         return h
 
     def embed_tokens(self, input_ids: torch.Tensor, positions: torch.Tensor
