@@ -139,6 +139,10 @@ class TPGroup:
         self._collective(dist.all_reduce, t, op=dist.ReduceOp.MIN, group=self.control)
         return int(t.item())
 
+    def barrier(self) -> None:
+        """Wait, within the start-up timeout, until every rank gets here (its engine built)."""
+        self._collective(dist.barrier, group=self.control)
+
     @staticmethod
     def close() -> None:
         """Leave the default process group (no collective: safe after a peer died)."""

@@ -150,6 +150,8 @@ class ModelRunner:
             self._token_hosts = [torch.zeros(rows, dtype=torch.int64, pin_memory=True) for _ in range(2)]
             self._token_events = [torch.cuda.Event(), torch.cuda.Event()]
             self._token_turn = 0
+        if group is not None:  # the first step's collectives wait only dist_timeout_s: every rank is built first
+            group.barrier()
 
     def _size_pool(self, cfg: EngineConfig, spec: Any, device: torch.device, group: TPGroup | None,
                    cascade_pays: bool) -> tuple[int, EngineConfig]:
