@@ -281,13 +281,15 @@ def int4_decode_gluon(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tens
 
 # ----------------------------------------------------------------------------- splits
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int = DEFAULT_NUM_SMS,
-                      min_tokens_per_split: int = 256, max_splits: int = 128, warps_per_sm: int = 0) -> int:
+                      min_tokens_per_split: int | None = None, max_splits: int = 128, warps_per_sm: int = 0) -> int:
     """Flash-decoding split count for the decode kernel (one program per KV head, row and split).
 
     Triton kernel (warps_per_sm 0): with at least two programs per multiprocessor the rows already
     fill the GPU: no split (the merge would cost a launch). Below that, aim at about four programs
-    per multiprocessor, each with at least `min_tokens_per_split` tokens (1 x 32k gets 66 splits,
-    16 x 4k 4 on 132 SMs: the best of benchmarks/kernels/bench_kernels.py's sweep).
+    per multiprocessor, each with at least `min_tokens_per_split` tokens (default 64: 1 x 32k gets 66
+    splits, 16 x 4k 4 on 132 SMs, the best of benchmarks/kernels/bench_kernels.py's sweep; a 640-token
+    row 10, whose attention is latency, not bytes: 256 tokens a split left Llama-3-8B's batch-1 decode
+    step 4% slower, benchmarks/RESULTS.md "Attention splits for short rows").
     warps_per_sm > 0: the programs are paged_decode_fp8's single warps, that many resident per
     multiprocessor (decode_warps_per_sm). Their programs all take about as long, so the count is
     chosen by waves: the fewest splits whose ceil(programs / resident) / splits (the time in
@@ -295,6 +297,8 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
     whole one. A wide launch (fp8_wide_launch) is not split (paged_decode_fp8 then runs 8 per SM).
     """
     programs = max(1, batch_size * num_kv_heads)
+    if min_tokens_per_split is None:
+        min_tokens_per_split = 256 if warps_per_sm > 0 else 64
     cap = int(max(1, min(max_splits, max_seq_len // min_tokens_per_split)))
     if warps_per_sm > 0:
         if fp8_wide_launch(programs, num_sms):

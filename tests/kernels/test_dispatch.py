@@ -26,6 +26,7 @@ def test_split_choice():
     assert choose_num_splits(16, 8, 4096, 132) == 4
     assert choose_num_splits(256, 8, 4096, 132) == 1  # many rows fill the GPU already
     assert choose_num_splits(1, 8, 100, 132) == 1  # too short to split
+    assert choose_num_splits(1, 8, 640, 132) == 10  # a short row still splits: 64 tokens a split
     assert choose_num_splits(64, 8, 16384, 132) == 1
     # one-warp FP8 programs, 12 resident per SM: whole waves (512 programs x 3 = 1536 <= 1584)
     assert choose_num_splits(64, 8, 16384, 132, warps_per_sm=12) == 3
