@@ -47,6 +47,28 @@ def hopper_prefill_enabled() -> bool:
     return switch_on(os.environ.get(HOPPER_PREFILL_ENV))
 
 
+EXTEND_DEQUANT_ENV = "RADIXKV_EXTEND_DEQUANT"
+
+
+# FP8 extends of at most this many new tokens a row widen their tiles in-kernel (one 128-row query block a
+# head: few widenings a tile to save); measured on the H200, benchmarks/RESULTS.md "Extends over widened copies"
+EXTEND_DEQUANT_MIN_NEW_FP8 = 128
+
+
+@functools.cache
+def extend_dequant_enabled() -> bool:
+    """RADIXKV_EXTEND_DEQUANT, read once: False keeps the Hopper extend widening FP8 / INT4 tiles itself
+    instead of reading dequant_pages' fp16 copies (kernels/prefill.py)."""
+    return switch_on(os.environ.get(EXTEND_DEQUANT_ENV))
+
+
+def widen_first(int4: bool, max_q_len: int) -> bool:
+    """Whether the Hopper extend over FP8 (int4 False) or INT4 pages reads fp16 copies that dequant_pages
+    widened once a layer: INT4 always (its in-kernel widening costs 274 instructions a tile a thread), FP8
+    above EXTEND_DEQUANT_MIN_NEW_FP8 new tokens a row; never with RADIXKV_EXTEND_DEQUANT=0."""
+    return extend_dequant_enabled() and (int4 or max_q_len > EXTEND_DEQUANT_MIN_NEW_FP8)
+
+
 FUSED_DECODE_ROWS_ENV = "RADIXKV_FUSED_DECODE_ROWS"
 FUSED_DECODE_ROWS = 16  # decode batches up to this many rows take the fused layer kernels (decode_linear.py)
 

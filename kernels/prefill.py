@@ -11,7 +11,9 @@ INT2 pages never take the Gluon kernel below, nor INT4 ones the Hopper check tur
 Extends of more than 64 new tokens over 16-bit, FP8 or INT4 pages (head_dim 128) on sm_90 without an
 explicit config go to paged_prefill_hopper's Gluon kernel instead
 (dispatch.hopper_prefill_supported; faster, same output, figures in benchmarks/RESULTS.md;
-RADIXKV_HOPPER_PREFILL=0 keeps them here).
+RADIXKV_HOPPER_PREFILL=0 keeps them here). Over INT4 pages, and FP8 ones under more than 128 new tokens a
+row, that kernel reads fp16 copies of the rows' pages, widened once a layer by dequant_pages.py
+(dispatch.widen_first), unless the copies would pass DEQUANT_MAX_BYTES: then it widens each tile itself.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ import triton.language as tl
 from torch import Tensor
 
 from .checks import check_paged_args, check_ragged_rows, host_float
-from .dispatch import hopper_prefill_supported
+from .dequant_pages import DEQUANT_MAX_BYTES, dequant_pages, scratch_bytes, scratch_table
+from .dispatch import hopper_prefill_supported, widen_first
 from .launch import LOG2E, KernelConfig, KernelKind, LayerLaunch, default_config, for_device, launch_options
 from .prefill_int import launch_int
 from .prefill_lse import check_lse, lse_strides, store_lse
@@ -187,6 +190,19 @@ def prefill_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Te
                        max_q_len, out, lse, config, bits)
             return out
         return launch_bits
+    if (hopper and (fp8 or bits) and widen_first(bool(bits), max_q_len)
+            and scratch_bytes(page_table, k_cache, d) <= DEQUANT_MAX_BYTES):
+        from .prefill_hopper_gluon import launch as launch_hopper
+
+        table = scratch_table(B, page_table.shape[1], q.device)
+
+        def launch_widened(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
+                           v_scale: Tensor | None, out: Tensor | None = None) -> Tensor:
+            out = result(q, out)
+            k16, v16 = dequant_pages(k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, d)
+            launch_hopper(q, k16, v16, table, seq_lens, q_start, q_lens, sm_scale * LOG2E, max_q_len, out, lse=lse)
+            return out
+        return launch_widened
     if hopper:
         from .prefill_hopper_gluon import launch as launch_hopper
 

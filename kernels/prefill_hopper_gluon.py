@@ -161,7 +161,9 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, qsta
     KV_VEC: gl.constexpr = 16 // KV_DT.primitive_bitwidth * 8  # elements in 16 bytes
     ROW: gl.constexpr = HEAD_DIM // 2 if IS_INT4 else HEAD_DIM  # elements of a stored row
     WIDEN: gl.constexpr = IS_FP8 or IS_INT4  # tiles are widened into fp16 buffers for the products
-    OP_DT: gl.constexpr = gl.float16 if WIDEN else DTYPE  # the products' operands (q, K, V, P)
+    # the products' operands (q, K, V, P): fp16 for widened tiles, else the pages' (fp16 pages under bf16 q:
+    # dequant_pages' copies, q converted once)
+    OP_DT: gl.constexpr = gl.float16 if WIDEN else KV_DT
     LOAD_L: gl.constexpr = gl.BlockedLayout([1, KV_VEC], [32 * KV_VEC // ROW, ROW // KV_VEC], [WARPS, 1], [1, 0])
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], OP_DT)
     KV_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], OP_DT)

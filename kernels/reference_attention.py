@@ -84,6 +84,32 @@ def gather_pages(cache: Tensor, scale: Tensor | None, pages: Tensor, n: int, cty
     return _gather_row(cache, scale, pages, n, ctype, cache_bits("gather_pages", cache, head_dim))
 
 
+def _widen16(cache: Tensor, scale: Tensor) -> Tensor:
+    """Pages [n, S, Hkv, R] with their scales -> fp16 [n, S, Hkv, D] by dequant_pages' arithmetic."""
+    if cache.dtype != torch.uint8:  # FP8: one product, rounded once to fp16
+        return (cache.float() * scale.float().unsqueeze(-1)).half()
+    s0, z0, s1, z1 = scale.flatten(3).float().unbind(-1)  # [n, S, Hkv] each
+    codes = cache.to(torch.int32)
+    half = [((c - 8).float() * s.unsqueeze(-1) + (z + 8 * s).half().float().unsqueeze(-1)).half()
+            for c, s, z in ((codes & 15, s0, z0), (codes >> 4, s1, z1))]  # planes 0 and 1
+    return torch.cat(half, dim=-1)
+
+
+def dequant_pages_ref(k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor, page_table: Tensor,
+                      seq_lens: Tensor, head_dim: int) -> tuple[Tensor, Tensor]:
+    """dequant_pages' twin: FP8 or INT4 pages of each row's table widened to fp16 [B * W, S, Hkv, head_dim],
+    row b's slot w at b * W + w for its first ceil(seq_lens[b] / S) slots, zeros elsewhere."""
+    B, W = page_table.shape
+    _, S, hkv, _ = k_cache.shape
+    out = [torch.zeros(B * W, S, hkv, head_dim, dtype=torch.float16, device=k_cache.device) for _ in range(2)]
+    for b in range(B):
+        n = -(-int(seq_lens[b]) // S)
+        pages = page_table[b, :n].long()
+        for o, cache, scale in zip(out, (k_cache, v_cache), (k_scale, v_scale)):
+            o[b * W:b * W + n] = _widen16(cache[pages], scale[pages])
+    return out[0], out[1]
+
+
 def _attend(q: Tensor, k: Tensor, v: Tensor, sm_scale: float, first_pos: int) -> tuple[Tensor, Tensor]:
     """q: [M, Hq, D] at positions first_pos.. ; k, v: [N, Hkv, D] -> ([M, Hq, D], lse [M, Hq] in log2 units)
     (causal; a query before every key: o 0, lse -inf)."""

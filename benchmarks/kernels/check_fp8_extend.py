@@ -68,7 +68,7 @@ def ragged_cases(ops, ref, dev: torch.device, gen: torch.Generator, n_cases: int
         for s, n in zip(starts, q_lens):
             sel[s:s + n] = True
         e, e_triton = rel_err(mine[sel], want[sel]), rel_err(triton_out[sel], want[sel])
-        gluon = hopper_prefill_supported(q, kv.k, kv.v, mine, max(q_lens))
+        gluon = hopper_prefill_supported(q, kv.k, kv.v, mine, max(q_lens), kv.k_scale)
         ok = gluon and e <= max(2 * e_triton, 8e-3) and torch.isfinite(mine[sel]).all().item()
         rows.append({"check": f"fp8 extend {case} {str(kvdt)[6:]} q {str(qdt)[6:]} page{page} group{group} "
                               f"q_lens{q_lens}", "gluon": gluon, "rel_err": e, "rel_err_triton": e_triton,

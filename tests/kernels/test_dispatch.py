@@ -7,8 +7,10 @@ from radixkv.kernels.dispatch import (
     HOPPER_PREFILL_ENV,
     HOPPER_PREFILL_MIN_NEW,
     choose_num_splits,
+    extend_dequant_enabled,
     hopper_prefill_enabled,
     hopper_prefill_supported,
+    widen_first,
 )
 
 
@@ -17,8 +19,10 @@ def fresh_switches(monkeypatch):
     """Environment switches are read once per process: forget the reading before and after a test
     (after: monkeypatch then restores the environment, and the next reader sees that)."""
     hopper_prefill_enabled.cache_clear()
+    extend_dequant_enabled.cache_clear()
     yield monkeypatch
     hopper_prefill_enabled.cache_clear()
+    extend_dequant_enabled.cache_clear()
 
 
 def test_split_choice():
@@ -294,3 +298,12 @@ def test_fused_decode_rows_switch(monkeypatch: pytest.MonkeyPatch) -> None:
                 fused_decode_rows()
     finally:
         fused_decode_rows.cache_clear()
+
+
+def test_widen_first(fresh_switches):
+    """Extends over INT4 pages always read dequant_pages' copies, FP8 ones only past one query block of new
+    tokens; RADIXKV_EXTEND_DEQUANT=0 turns both off."""
+    assert widen_first(True, 65) and widen_first(False, 129) and not widen_first(False, 128)
+    extend_dequant_enabled.cache_clear()
+    fresh_switches.setenv("RADIXKV_EXTEND_DEQUANT", "0")
+    assert not widen_first(True, 4096) and not widen_first(False, 4096)
