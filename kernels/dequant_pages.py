@@ -17,8 +17,10 @@ kernel then runs its 16-bit path over the copy (fp16 operands, as its widening p
 The values are the widening path's: FP8 x * scale as one fp16 product (exact convert, rounded once); INT4
 (c - 8) s + (z + 8 s) with s and z + 8 s rounded to fp16 first, rounded once more to fp16 (the kernel's fp16
 fma: the same up to the last bit in rare ties). Shared prefix pages are widened once per row that reads them
-(no deduplication: the table stays a static arange). The scratch is 2 * B * W * S * Hkv * D * 2 bytes;
-scratch_bytes says how much, and prefill.py takes this path only below DEQUANT_MAX_BYTES.
+(no deduplication: the table stays a static arange). The scratch is 2 * B * W * S * Hkv * D * 2 bytes
+(scratch_bytes): W is the step's widest row, so prefill.py takes this path only within a budget
+(DEQUANT_MAX_BYTES unless the caller gives one) and for launches of extend rows (>= 64 new tokens a row on
+average: decode rows in the launch would have their whole contexts widened for one query each).
 """
 from __future__ import annotations
 
@@ -27,7 +29,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-DEQUANT_MAX_BYTES = 512 << 20  # the scratch of one layer's K and V; above it the extend widens in-kernel
+# the copies of one layer's K and V when the caller gives no budget (an engine gives the activation memory its
+# step reserve holds free during attention: radixkv/engine/runner.py); above it the extend widens in-kernel
+DEQUANT_MAX_BYTES = 256 << 20
+WIDEN_MIN_NEW_PER_ROW = 64  # a launch's new tokens a row, on average, for the copies to pay
 
 
 @triton.jit
@@ -60,19 +65,20 @@ def _dequant_kernel(kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, ko_ptr, vo
                     stride_cp, stride_cs, stride_ch, stride_xp, stride_xs, stride_xh, stride_ptb, W,
                     PAGE_SIZE: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
                     IS_INT4: tl.constexpr):
-    """Program (b, w, i): rows i * ROWS.. of slot w of row b's page table (a row: one token's head),
-    widened into page b * W + w."""
-    b = tl.program_id(0)
-    w = tl.program_id(1)
+    """Program (b * W + w, i): rows i * ROWS.. of slot w of row b's page table (a row: one token's head),
+    widened into page b * W + w (one grid axis for both: W alone may pass CUDA's 65,535 of the others)."""
+    slot = tl.program_id(0)
+    b = slot // W
+    w = slot % W
     if w * PAGE_SIZE < tl.load(lens_ptr + b):
         page = tl.load(pt_ptr + b * stride_ptb + w).to(tl.int64)
-        r = tl.program_id(2) * ROWS + tl.arange(0, ROWS)  # token-head rows: token r // HKV, head r % HKV
+        r = tl.program_id(1) * ROWS + tl.arange(0, ROWS)  # token-head rows: token r // HKV, head r % HKV
         ok = r < PAGE_SIZE * HKV
         tok = r // HKV
         head = r % HKV
         src = page * stride_cp + tok * stride_cs + head * stride_ch  # [ROWS]
         xsrc = page * stride_xp + tok * stride_xs + head * stride_xh
-        dst = ((b * W + w).to(tl.int64) * PAGE_SIZE * HKV + r) * HEAD_DIM  # [ROWS]
+        dst = (slot.to(tl.int64) * PAGE_SIZE * HKV + r) * HEAD_DIM  # [ROWS]
         _widen_rows(kc_ptr, ks_ptr, ko_ptr, src, xsrc, dst, ok, HEAD_DIM, IS_INT4)
         _widen_rows(vc_ptr, vs_ptr, vo_ptr, src, xsrc, dst, ok, HEAD_DIM, IS_INT4)
 
@@ -92,8 +98,8 @@ def scratch_table(batch: int, width: int, device: torch.device) -> Tensor:
 def dequant_pages(k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor, page_table: Tensor,
                   seq_lens: Tensor, head_dim: int, out: tuple[Tensor, Tensor] | None = None
                   ) -> tuple[Tensor, Tensor]:
-    """The module docstring's widening; out: (k16, v16) to write instead of new tensors (a caller's scratch,
-    reused layer after layer). Arguments as paged_prefill checked them (same caches, scales, table)."""
+    """The module docstring's widening; out: (k16, v16) to write instead of new tensors. Arguments as
+    paged_prefill checked them (same caches, scales, table)."""
     B, W = page_table.shape
     P, S, hkv, row = k_cache.shape
     int4 = k_cache.dtype == torch.uint8
@@ -115,7 +121,8 @@ def dequant_pages(k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Te
     if v_cache.stride() != k_cache.stride() or v_scale.stride() != k_scale.stride():
         raise ValueError("dequant_pages: K and V (and their scales) must share strides")
     rows = min(triton.next_power_of_2(S * hkv), max(1, 4096 // head_dim))  # 4k values a program
-    _dequant_kernel[(B, W, triton.cdiv(S * hkv, rows))](k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, k16, v16,
-                            *k_cache.stride()[:3], *k_scale.stride()[:3], page_table.stride(0), W,
-                            PAGE_SIZE=S, HKV=hkv, HEAD_DIM=head_dim, ROWS=rows, IS_INT4=int4, num_warps=4)
+    grid = (B * W, triton.cdiv(S * hkv, rows))
+    _dequant_kernel[grid](k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, k16, v16,
+                          *k_cache.stride()[:3], *k_scale.stride()[:3], page_table.stride(0), W,
+                          PAGE_SIZE=S, HKV=hkv, HEAD_DIM=head_dim, ROWS=rows, IS_INT4=int4, num_warps=4)
     return k16, v16

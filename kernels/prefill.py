@@ -13,7 +13,8 @@ explicit config go to paged_prefill_hopper's Gluon kernel instead
 (dispatch.hopper_prefill_supported; faster, same output, figures in benchmarks/RESULTS.md;
 RADIXKV_HOPPER_PREFILL=0 keeps them here). Over INT4 pages, and FP8 ones under more than 128 new tokens a
 row, that kernel reads fp16 copies of the rows' pages, widened once a layer by dequant_pages.py
-(dispatch.widen_first), unless the copies would pass DEQUANT_MAX_BYTES: then it widens each tile itself.
+(dispatch.widen_first), when the launch's rows are extends (on average) and the copies fit the caller's
+budget; else it widens each tile itself.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .checks import check_paged_args, check_ragged_rows, host_float
-from .dequant_pages import DEQUANT_MAX_BYTES, dequant_pages, scratch_bytes, scratch_table
+from .dequant_pages import DEQUANT_MAX_BYTES, WIDEN_MIN_NEW_PER_ROW, dequant_pages, scratch_bytes, scratch_table
 from .dispatch import hopper_prefill_supported, widen_first
 from .launch import LOG2E, KernelConfig, KernelKind, LayerLaunch, default_config, for_device, launch_options
 from .prefill_int import launch_int
@@ -125,7 +126,8 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
                   q_start: Tensor, q_lens: Tensor, sm_scale: float | None = None,
                   k_scale: Tensor | None = None, v_scale: Tensor | None = None,
                   max_q_len: int | None = None, config: KernelConfig | None = None,
-                  out: Tensor | None = None, lse: Tensor | None = None) -> Tensor:
+                  out: Tensor | None = None, lse: Tensor | None = None,
+                  widen_max_bytes: int | None = None) -> Tensor:
     """q: [T, Hq, D] ragged rows (see module doc) -> [T, Hq, D] in q's dtype.
 
     q_start, q_lens: int32 [B]. max_q_len (host int) sizes the grid; without it the launcher reads
@@ -144,7 +146,7 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
     tensors; a max_q_len below max(q_lens) leaves rows unwritten.
     """
     return prefill_launcher(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale, k_scale, v_scale,
-                            max_q_len, config, out, lse)(q, k_cache, v_cache, k_scale, v_scale)
+                            max_q_len, config, out, lse, widen_max_bytes)(q, k_cache, v_cache, k_scale, v_scale)
 
 
 
@@ -152,11 +154,13 @@ def prefill_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Te
                      q_start: Tensor, q_lens: Tensor, sm_scale: float | None = None,
                      k_scale: Tensor | None = None, v_scale: Tensor | None = None,
                      max_q_len: int | None = None, config: KernelConfig | None = None,
-                     out: Tensor | None = None, lse: Tensor | None = None) -> LayerLaunch:
+                     out: Tensor | None = None, lse: Tensor | None = None,
+                     widen_max_bytes: int | None = None) -> LayerLaunch:
     """paged_prefill with its checks and choices made once: returns launch(q, k_cache, v_cache, k_scale, v_scale,
     out=None) -> out, to call with tensors like the ones checked here (the same shapes, dtypes, strides and
     device: each layer's caches of one KVStore, a step's q buffer), e.g. once a layer for a step
-    (PagedAttention). The output: the call's `out` (like q), else the launcher's, else a new one each call."""
+    (PagedAttention). The output: the call's `out` (like q), else the launcher's, else a new one each call.
+    widen_max_bytes: the most memory dequant_pages' copies may take (default DEQUANT_MAX_BYTES)."""
     page_table, seq_lens, fp8, bits = check_paged_args("paged_prefill", q, k_cache, v_cache, page_table, seq_lens,
                                                         k_scale, v_scale)
     T, hq, d = q.shape
@@ -190,8 +194,9 @@ def prefill_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Te
                        max_q_len, out, lse, config, bits)
             return out
         return launch_bits
-    if (hopper and (fp8 or bits) and widen_first(bool(bits), max_q_len)
-            and scratch_bytes(page_table, k_cache, d) <= DEQUANT_MAX_BYTES):
+    budget = DEQUANT_MAX_BYTES if widen_max_bytes is None else widen_max_bytes
+    if (hopper and (fp8 or bits) and widen_first(bool(bits), max_q_len) and T >= WIDEN_MIN_NEW_PER_ROW * B
+            and scratch_bytes(page_table, k_cache, d) <= budget):
         from .prefill_hopper_gluon import launch as launch_hopper
 
         table = scratch_table(B, page_table.shape[1], q.device)

@@ -176,6 +176,9 @@ class PagedAttention:
         self.two_level_steps = 0  # of which eager steps on two levels
         self.cascade_outer_rule: CascadeRule = OUTER_RULE  # when a step's outer level runs (outer_level_pays)
         self.split_mixed = True  # MixedSplit on the Triton kernels (False: every row of a mixed step in paged_prefill)
+        # memory an extend may take for fp16 copies of FP8 / INT4 pages (kernels/dequant_pages.py); the runner
+        # sets what its step reserve holds free during attention, None: the kernels' default
+        self.widen_max_bytes: int | None = None
 
     @property
     def current_plan(self) -> AttentionPlan:
@@ -372,12 +375,13 @@ class PagedAttention:
         if sp is None:
             return ops.prefill_launcher(q, k_cache, v_cache, plan.page_table, plan.seq_lens, plan.q_start,
                                         plan.q_lens, self.sm_scale, k_scale, v_scale, max_q_len=plan.max_q_len,
-                                        out=out)
+                                        out=out, widen_max_bytes=self.widen_max_bytes)
         D = sp.rows
         decode = ops.decode_launcher(q[:D], k_cache, v_cache, sp.page_table, sp.seq_lens, self.sm_scale, k_scale,
                                      v_scale, num_splits=plan.num_splits)
         rest = ops.prefill_launcher(q, k_cache, v_cache, sp.rest_page_table, sp.rest_seq_lens, sp.rest_q_start,
-                                    sp.rest_q_lens, self.sm_scale, k_scale, v_scale, max_q_len=plan.max_q_len)
+                                    sp.rest_q_lens, self.sm_scale, k_scale, v_scale, max_q_len=plan.max_q_len,
+                                    widen_max_bytes=self.widen_max_bytes)
         given = out
 
         def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
@@ -421,5 +425,5 @@ class PagedAttention:
             lse_p = torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=q.device)
             self._ops.paged_prefill(q, k_cache, v_cache, wp.page_table, wp.seq_lens, wp.q_start, wp.q_lens,
                                     self.sm_scale, k_scale=k_scale, v_scale=v_scale, max_q_len=plan.max_q_len,
-                                    out=o_p, lse=lse_p)
+                                    out=o_p, lse=lse_p, widen_max_bytes=self.widen_max_bytes)
         return merge_attention_states(o_p, lse_p, o_w, lse_w, out_dtype=q.dtype)

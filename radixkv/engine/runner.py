@@ -131,6 +131,9 @@ class ModelRunner:
                   else None)
         self.attention = PagedAttention(self.kv, s.num_q_heads, s.head_dim, s.head_dim ** -0.5, attention_backend,
                                         window=window)
+        # extends' fp16 copies of FP8 / INT4 pages live during attention, when the step reserve's MLP share
+        # (plan.step_reserve_bytes: [T, 2I] gate/up and [T, I] act of max_batch_tokens) is not in use
+        self.attention.widen_max_bytes = 3 * cfg.scheduler.max_batch_tokens * s.intermediate_size * self.dtype.itemsize
         self.graphs = (DecodeGraphs(self.model, self.attention, cfg.scheduler.max_running,
                                     -(-self.limits.max_model_len // cfg.page_size), scratch_page=num_pages,
                                     cascade=cfg.scheduler.cascade and self.cascade_rule is not RULE_NEVER)
@@ -191,7 +194,12 @@ class ModelRunner:
         tp = (TensorParallel.launch(cls, model, dict(cfg=cfg, attention_backend=attention_backend), loaded.spec,
                                     cfg.tensor_parallel_size, device, cfg.dist_timeout_s)
               if cfg.tensor_parallel_size > 1 and tp_group is None else None)
-        runner = cls(loaded, cfg, device, attention_backend, tp, tp_group)
+        try:
+            runner = cls(loaded, cfg, device, attention_backend, tp, tp_group)
+        except BaseException:
+            if tp is not None:  # the workers would wait out the start-up timeout in the build's barrier
+                tp.close()
+            raise
         return runner, loaded._replace(state_dict={})
 
     @property

@@ -58,3 +58,88 @@ def test_refuses_what_it_cannot_widen() -> None:
         dequant_pages(kc, vc, ks, vs, table, lens, 48)
     with pytest.raises(ValueError, match="contiguous fp16"):
         dequant_pages(kc, vc, ks, vs, table, lens, 32, out=(torch.empty(1), torch.empty(1)))
+
+
+def _store(kind: str, P: int, S: int, hkv: int, D: int, gen: torch.Generator):
+    """A one-layer KVStore of `kind` (the engine's head-major pages and scales), every slot written by
+    store_kv_ref: (k_cache, v_cache, k_scale, v_scale)."""
+    from radixkv.engine.kv_store import KVStore
+    from radixkv.kernels.reference_attention import store_kv_ref
+
+    kv = KVStore(1, P, S, hkv, D, kind, "cpu")
+    k_scale, v_scale = kv.scales(0)
+    k, v = (torch.randn(P * S, hkv, D, generator=gen) * 2 for _ in range(2))
+    store_kv_ref(k, v, kv.k_cache[0], kv.v_cache[0], torch.arange(P * S), k_scale=k_scale, v_scale=v_scale)
+    return kv.k_cache[0], kv.v_cache[0], k_scale, v_scale
+
+
+@pytest.mark.parametrize("kind", ["fp8_e4m3", "int4"])
+@pytest.mark.parametrize("S", [1, 4])
+def test_kv_store_pages_and_empty_rows(kind: str, S: int) -> None:
+    """KVStore's head-major layout, page size 1, a row of no tokens (nothing of it is written)."""
+    gen = torch.Generator().manual_seed(3)
+    D, hkv, P = 32, 2, 24
+    kc, vc, ks, vs = _store(kind, P, S, hkv, D, gen)
+    table = torch.randint(0, P, (3, 6), generator=gen, dtype=torch.int32)
+    lens = torch.tensor([6 * S, 0, 3 * S - (S > 1)], dtype=torch.int32)
+    k16 = torch.full((18, S, hkv, D), float("nan"), dtype=torch.float16)
+    v16 = k16.clone()
+    dequant_pages(kc, vc, ks, vs, table, lens, D, out=(k16, v16))
+    want_k, want_v = dequant_pages_ref(kc, vc, ks, vs, table, lens, D)
+    for b, n in enumerate((6, 0, 3)):
+        read = scratch_table(3, 6, torch.device("cpu"))[b, :n].long()
+        assert torch.equal(k16[read], want_k[read]) and torch.equal(v16[read], want_v[read])
+        rows = gather_pages(kc, ks, table[b], int(lens[b]), torch.float32, D)
+        torch.testing.assert_close(want_k[read].reshape(-1, hkv, D)[:int(lens[b])].float(), rows,
+                                   rtol=2e-3, atol=2e-3 * max(1.0, rows.abs().max().item()) if n else 0.0)
+    assert torch.isnan(k16[6:12]).all()  # the empty row's slots: untouched
+
+
+@pytest.mark.parametrize("kind", ["fp8_e4m3", "int4"])
+def test_launcher_runs_the_16bit_kernel_over_the_copies(kind: str, monkeypatch) -> None:
+    """prefill_launcher's wiring on a stand-in Hopper kernel (the reference over the pages it is handed): the
+    extend over the widened copies equals the reference over the quantised pages, output and lse; a launch of
+    mostly decode rows keeps the in-kernel widening (the pages it is handed stay the quantised ones)."""
+    import sys
+    import types
+
+    from radixkv.kernels import prefill
+    from radixkv.kernels.launch import LOG2E
+    from radixkv.kernels.reference_attention import paged_prefill_ref
+
+    handed = []
+
+    def fake_launch(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, qk_scale, max_q_len, out,
+                    k_scale=None, v_scale=None, lse=None):
+        handed.append(k_cache.dtype)
+        o, l = paged_prefill_ref(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, qk_scale / LOG2E,
+                                 k_scale=k_scale, v_scale=v_scale, return_lse=True)
+        out.copy_(o)
+        if lse is not None:
+            lse.copy_(l)
+
+    monkeypatch.setitem(sys.modules, "radixkv.kernels.prefill_hopper_gluon", types.SimpleNamespace(launch=fake_launch))
+    monkeypatch.setattr(prefill, "hopper_prefill_supported", lambda *a, **k: True)
+    gen = torch.Generator().manual_seed(5)
+    D, hkv, hq, S, P = 32, 2, 4, 4, 64
+    kc, vc, ks, vs = _store(kind, P, S, hkv, D, gen)
+    table = torch.randint(0, P, (2, 60), generator=gen, dtype=torch.int32)
+    # FP8 takes the copies past 128 new tokens a row (dispatch.widen_first)
+    lens, q_lens = torch.tensor([230, 70], dtype=torch.int32), torch.tensor([130, 70], dtype=torch.int32)
+    q_start = torch.tensor([0, 130], dtype=torch.int32)
+    q = torch.randn(200, hq, D, generator=gen)
+    lse = torch.empty(200, hq)
+    out = prefill.paged_prefill(q, kc, vc, table, lens, q_start, q_lens, k_scale=ks, v_scale=vs, max_q_len=130,
+                                lse=lse)
+    want, want_lse = paged_prefill_ref(q, kc, vc, table, lens, q_start, q_lens, k_scale=ks, v_scale=vs,
+                                       return_lse=True)
+    assert handed == [torch.float16]
+    torch.testing.assert_close(out, want, rtol=3e-3, atol=3e-3)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-3, atol=1e-3)
+    # 20 rows, 200 new tokens: under 64 a row on average, so no copies (their contexts would be widened whole)
+    table20 = torch.cat([table, table[:1].expand(18, -1)])
+    lens20 = torch.cat([lens, torch.full((18,), 100, dtype=torch.int32)])
+    qs20 = torch.cat([q_start, torch.full((18,), 199, dtype=torch.int32)])
+    ql20 = torch.cat([q_lens, torch.zeros(18, dtype=torch.int32)])
+    prefill.paged_prefill(q, kc, vc, table20, lens20, qs20, ql20, k_scale=ks, v_scale=vs, max_q_len=130)
+    assert handed[-1] == kc.dtype
