@@ -41,8 +41,8 @@ k = triton.compile(GluonASTSource(fn, types, consts, attrs), target=GPUTarget("c
 @pytest.mark.parametrize(("dtype", "kv", "page_size", "lse"), [
     ("bf16", "bf16", 16, False), ("fp16", "fp16", 1, False), ("bf16", "bf16", 32, False),
     ("bf16", "fp8e4nv", 16, False), ("fp16", "fp8e5", 1, False), ("bf16", "u8", 16, False), ("fp16", "u8", 3, False),
-    ("bf16", "bf16", 16, True), ("bf16", "u8", 16, True),
-    ("bf16", "fp16", 16, False)])  # the last: fp16 pages under bf16 q (dequant_pages' copies)  # lse: the recent-token window's shifted launches
+    ("bf16", "bf16", 16, True), ("bf16", "u8", 16, True),  # lse: the recent-token window's shifted launches
+    ("bf16", "fp16", 16, False)])  # fp16 pages under bf16 q: dequant_pages' copies
 def test_compiles_two_programs_per_sm(dtype, kv, page_size, lse):
     res = compile_sm90(_COMPILE, {"dtype": dtype, "kv": kv, "PAGE_SIZE": page_size, "lse": lse})
     # Two programs of 256 threads per SM: at most 128 registers and 114 KB of shared memory each.
