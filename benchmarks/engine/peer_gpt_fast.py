@@ -4,7 +4,7 @@
     python benchmarks/engine/peer_gpt_fast.py --gpt-fast DIR --smoke          # CPU, tiny model, eager
 
 DIR holds gpt-fast's model.py (github.com/pytorch-labs/gpt-fast; benchmarks/cache/peers/ is git-ignored, the
-file is not part of radixkv). The model is gpt-fast's `Transformer` with the "llama-3-8b" config and random
+file is not part of radixkv; rows keep the file's sha1). The model is gpt-fast's `Transformer` with the "llama-3-8b" config and random
 bf16 weights; its decode step is what gpt-fast's generate.py runs: one token a row through the model with
 the static KV cache, `torch.compile(mode="reduce-overhead", fullgraph=True)` (CUDA graphs), inductor's
 coordinate-descent tuning on and the math SDPA kernel for inductor to generate, as generate.py sets them.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import importlib.util
 import json
 import sys
@@ -90,6 +91,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU, gpt-fast's stories15M config, eager")
     a = ap.parse_args()
     mod = load_gpt_fast(Path(a.gpt_fast))
+    source = hashlib.sha1((Path(a.gpt_fast) / "model.py").read_bytes()).hexdigest()[:12]  # which gpt-fast ran
     cuda = torch.cuda.is_available() and not a.smoke
     device = torch.device("cuda" if cuda else "cpu")
     if cuda:  # generate.py's inductor settings
@@ -106,7 +108,7 @@ def main() -> None:
     for batch in (int(b) for b in a.batches.split(",")):
         row = time_batch(model, batch, a.prompt if not a.smoke else 16, a.new if not a.smoke else 4,
                          device, compiled=cuda)
-        row["model"] = name
+        row.update(model=name, model_py_sha1=source)
         rows.append(row)
         print(json.dumps(row), flush=True)
         if a.json:  # after every batch: a timeout later keeps what was measured
