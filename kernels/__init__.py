@@ -21,12 +21,12 @@ is written. On CUDA tensors those values are the caller's duty (no host syncs in
 checks.py's docstring lists the ranges.
 
 One kernel a file: store.py, decode.py, decode_fp8_gluon.py, decode_int4_gluon.py, prefill.py, prefill_hopper_gluon.py,
-window.py (the recent-token window's state), norm.py, activation.py, rope.py, decode_linear.py, sample.py (the sampler's hash +
+dequant_pages.py (FP8 / INT4 pages widened to fp16 copies for the Hopper extend), window.py (the recent-token window's state), norm.py, activation.py, rope.py, decode_linear.py, sample.py (the sampler's hash +
 Gumbel-max draw), nucleus.py (top-p / min-p draws by rejection).
 Beside them: dispatch.py (which kernel runs, with how many splits; environment switches read once),
 launch.py (tile configs, launch options), checks.py (argument checks), fp8.py and intq.py (FP8 and INT4/INT2 formats and
 quantisation helpers) and the plain-PyTorch twins, the ground truth: reference_attention.py (store,
-decode, prefill, cascade, window), reference_layers.py (norm, activation, rope), reference_sampling.py
+decode, prefill, cascade, window, dequant_pages), reference_layers.py (norm, activation, rope), reference_sampling.py
 (the sampler's noise and draws); reference_layers.py also holds decode_linear's twin.
 The Triton modules load on first access to these names, so importing the package (or
 `radixkv.kernels.reference_*`, `.dispatch`, `.fp8`, `.intq`, which the CPU engine and the attention
