@@ -8,6 +8,7 @@
     rms_norm(x, weight, eps, residual=None, *, out=None) -> (out, new_residual)   # residual updated in place
     silu_and_mul(gate_up, *, out=None) -> out                                    # [T, 2 I] -> [T, I]
     apply_rope_(qk, cos, sin) -> qk                                              # in place
+    rope_store_kv_(qkv, cos, sin, Hq, k_cache, v_cache, slots) -> qkv            # RoPE + 16-bit K/V store
     decode_linear.decode_linear(x, w, epilogue, *, out, norm, ssq, ssq_out, rope, heads, kv)  # (its module's
         # name: not a package attribute) a decode batch's projection, its norm, RoPE + K/V store,
         # SiLU-and-mul or residual add fused in
@@ -21,12 +22,12 @@ is written. On CUDA tensors those values are the caller's duty (no host syncs in
 checks.py's docstring lists the ranges.
 
 One kernel a file: store.py, decode.py, decode_fp8_gluon.py, decode_int4_gluon.py, prefill.py, prefill_hopper_gluon.py,
-dequant_pages.py (FP8 / INT4 pages widened to fp16 copies for the Hopper extend), window.py (the recent-token window's state), norm.py, activation.py, rope.py, decode_linear.py, sample.py (the sampler's hash +
+dequant_pages.py (FP8 / INT4 pages widened to fp16 copies for the Hopper extend), window.py (the recent-token window's state), norm.py, activation.py, rope.py, rope_store.py (RoPE with the K/V store), decode_linear.py, sample.py (the sampler's hash +
 Gumbel-max draw), nucleus.py (top-p / min-p draws by rejection).
 Beside them: dispatch.py (which kernel runs, with how many splits; environment switches read once),
 launch.py (tile configs, launch options), checks.py (argument checks), fp8.py and intq.py (FP8 and INT4/INT2 formats and
 quantisation helpers) and the plain-PyTorch twins, the ground truth: reference_attention.py (store,
-decode, prefill, cascade, window, dequant_pages), reference_layers.py (norm, activation, rope), reference_sampling.py
+decode, prefill, cascade, window, dequant_pages), reference_layers.py (norm, activation, rope, rope_store), reference_sampling.py
 (the sampler's noise and draws); reference_layers.py also holds decode_linear's twin.
 The Triton modules load on first access to these names, so importing the package (or
 `radixkv.kernels.reference_*`, `.dispatch`, `.fp8`, `.intq`, which the CPU engine and the attention
@@ -47,6 +48,7 @@ from typing import Any
 _LAUNCHERS = {"store_kv": ".store", "paged_decode": ".decode", "paged_prefill": ".prefill",
               "decode_launcher": ".decode", "prefill_launcher": ".prefill",
               "rms_norm": ".norm", "silu_and_mul": ".activation", "apply_rope_": ".rope",
+              "rope_store_kv_": ".rope_store",
               "gumbel_argmax": ".sample", "nucleus_draw": ".nucleus", "IndexValueError": ".checks"}
 
 __all__ = list(_LAUNCHERS)

@@ -49,9 +49,10 @@ import triton.language as tl
 from torch import Tensor
 
 from .cascade_checks import as_states, check_attention_args, check_groups, check_out_states
-from .cascade_plan import CascadePlan, default_prefix_config, default_prefix_splits, suffix_num_splits
+from .cascade_plan import CascadeGroups, CascadePlan, default_prefix_config, default_prefix_splits, suffix_num_splits
 from .checks import IndexValueError, check_paged_args, host_float, host_int
 from .decode import _decode_kernel
+from .dequant_pages import dequant_pages, scratch_bytes, scratch_table
 from .decode_int import launch_int as launch_int_decode
 from .dispatch import fp8_decode_gluon, int4_decode_gluon
 from .launch import LOG2E, KernelConfig, KernelKind, default_config, for_device, launch_options
@@ -102,7 +103,8 @@ def _prefix_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, plen_ptr, gsta
                    stride_xp, stride_xs, stride_xh, stride_ptg,
                    stride_ob, stride_oh, stride_os, stride_od, stride_lb, stride_lh, stride_ls, num_splits,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, IS_FP8: tl.constexpr, OP_FP16: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
     tile = tl.program_id(0)  # M tiles of one (group, KV head, split) are launch neighbours: K/V shared in L2
     kvh = tl.program_id(1)
     g = tl.program_id(2) // num_splits
@@ -123,6 +125,8 @@ def _prefix_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, plen_ptr, gsta
     heads = kvh * GROUP + offs_m % GROUP  # [BLOCK_M] q heads
     q = tl.load(q_ptr + rows[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # q: [BLOCK_M, BLOCK_D]
+    if OP_FP16:  # fp16 pages (widened FP8 copies) under bf16 q: products in fp16, q and P rounded to it
+        q = q.to(tl.float16)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -249,6 +253,7 @@ def cascade_prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, prefix
         o, lse, sm_scale * LOG2E, *q.stride(), *k_cache.stride(), *xs, pages.stride(0), *o.stride(), *lse.stride(),
         num_splits, GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size, BLOCK_M=config.block_m,
         BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=config.block_n, IS_FP8=fp8,
+        OP_FP16=q.dtype == torch.bfloat16 and k_cache.dtype == torch.float16,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch_options(config, q.device))
     return o, lse
 
@@ -336,20 +341,24 @@ def cascade_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePla
                    k_scale: Tensor | None = None, v_scale: Tensor | None = None, *, prefix_splits: int | None = None,
                    suffix_splits: int | None = None, prefix_config: KernelConfig | None = None,
                    suffix_config: KernelConfig | None = None, out: Tensor | None = None,
-                   outer_splits: int | None = None) -> Tensor:
+                   outer_splits: int | None = None, widen_max_bytes: int = 0) -> Tensor:
     """paged_decode of q [B, Hq, D] over each row's whole sequence, computed as the plan's shared prefixes
     (once per group) + each row's suffix + the merge. Returns [B, Hq, D] in q's dtype (or `out`).
     A plan with no groups is plain paged_decode over the suffix tables (the whole sequences). Split counts:
     the arguments, else the plan's (CascadePlan.prefix_splits / suffix_splits), else chosen here.
     Two levels (plan.outer): the outer groups' prefixes once each too (outer_splits, default chosen as
     for prefix_splits), both levels' states written side by side into one buffer [B, Hq, So + Sp, D] and
-    merged with the suffix's in the one merge: a launch more than one level, no merge more."""
+    merged with the suffix's in the one merge: a launch more than one level, no merge more.
+    FP8 pages: a level whose prefix tables' fp16 copies fit widen_max_bytes (scratch_bytes; 0: never) has its
+    prefix pages widened once (dequant_pages), and the prefix kernel runs its 16-bit path over the copies
+    (fp16 products, q rounded to fp16) instead of dequantising every tile in each of the group's M tiles."""
     if not isinstance(plan, CascadePlan):
         raise ValueError(f"cascade_decode: plan must be a CascadePlan, got {type(plan).__name__}")  # noqa: TRY004
     g = plan.groups
     prefix_splits = plan.prefix_splits if prefix_splits is None else prefix_splits
     suffix_splits = plan.suffix_splits if suffix_splits is None else suffix_splits
-    check_paged_args("cascade_decode", q, k_cache, v_cache, plan.suffix_pages, plan.suffix_lens, k_scale, v_scale)
+    fp8 = check_paged_args("cascade_decode", q, k_cache, v_cache, plan.suffix_pages, plan.suffix_lens, k_scale,
+                           v_scale).fp8
     if suffix_splits is None:
         suffix_splits = suffix_num_splits(q, k_cache, v_cache, k_scale, plan)
     if g.prefix_pages.shape[0] == 0 and plan.outer is None and not plan.empty_suffix:
@@ -357,12 +366,21 @@ def cascade_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePla
 
         return paged_decode(q, k_cache, v_cache, plan.suffix_pages, plan.suffix_lens, sm_scale, k_scale, v_scale,
                             num_splits=suffix_splits, config=suffix_config, out=out)
-    prefix_args = (q, k_cache, v_cache)
-    scales = {"sm_scale": sm_scale, "k_scale": k_scale, "v_scale": v_scale, "config": prefix_config}
+    widen = fp8 and prefix_config is None and widen_max_bytes > 0
+
+    def prefix(lv: CascadeGroups, **kw) -> tuple[Tensor, Tensor]:
+        """cascade_prefix_attention of one level, over fp16 copies of its prefix pages where they fit."""
+        if widen and scratch_bytes(lv.prefix_pages, k_cache, q.shape[2]) <= widen_max_bytes:
+            k16, v16 = dequant_pages(k_cache, v_cache, k_scale, v_scale, lv.prefix_pages, lv.prefix_lens, q.shape[2])
+            pages, caches = scratch_table(*lv.prefix_pages.shape, q.device), (k16, v16, None, None)
+        else:
+            pages, caches = lv.prefix_pages, (k_cache, v_cache, k_scale, v_scale)
+        return cascade_prefix_attention(q, *caches[:2], pages, lv.prefix_lens, lv.group_start, lv.group_rows,
+                                        sm_scale, *caches[2:], max_group_rows=lv.max_group_rows,
+                                        config=prefix_config, **kw)
+
     if plan.outer is None:
-        o_p, lse_p = cascade_prefix_attention(*prefix_args, g.prefix_pages, g.prefix_lens, g.group_start,
-                                              g.group_rows, **scales, max_group_rows=g.max_group_rows,
-                                              num_splits=prefix_splits, all_rows_grouped=plan.all_rows_grouped)
+        o_p, lse_p = prefix(g, num_splits=prefix_splits, all_rows_grouped=plan.all_rows_grouped)
     else:
         B, hq, d = q.shape
         levels = ((plan.outer, outer_splits, None), (g, prefix_splits, plan.all_rows_grouped))
@@ -373,9 +391,7 @@ def cascade_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePla
         lse_p = torch.empty(B, hq, sum(splits), dtype=torch.float32, device=q.device)  # [B, Hq, So + Sp]
         at = 0
         for (lv, _, grouped), n in zip(levels, splits):
-            cascade_prefix_attention(*prefix_args, lv.prefix_pages, lv.prefix_lens, lv.group_start, lv.group_rows,
-                                     **scales, max_group_rows=lv.max_group_rows, num_splits=n,
-                                     all_rows_grouped=grouped, out=(o_p[:, :, at:at + n], lse_p[:, :, at:at + n]))
+            prefix(lv, num_splits=n, all_rows_grouped=grouped, out=(o_p[:, :, at:at + n], lse_p[:, :, at:at + n]))
             at += n
     # An empty suffix keeps the Triton kernel (explicit config): the Gluon one needs a token a row.
     if plan.empty_suffix and suffix_config is None:

@@ -1,11 +1,13 @@
-"""Plain-PyTorch twins of the fused layer kernels (rms_norm_ref, silu_and_mul_ref, apply_rope_ref for
-norm.py, activation.py, rope.py): exactly radixkv/engine/model.py's eager math in the input dtype,
+"""Plain-PyTorch twins of the fused layer kernels (rms_norm_ref, silu_and_mul_ref, apply_rope_ref,
+rope_store_kv_ref for norm.py, activation.py, rope.py, rope_store.py): exactly radixkv/engine/model.py's eager math in the input dtype,
 rounding included (no fp32 detour beyond what it does)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .reference_attention import store_kv_ref
 
 
 def rms_norm_ref(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None, *,
@@ -44,6 +46,17 @@ def apply_rope_ref(qk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     qk.copy_(qk * cos + rotated * sin)
     return qk
 
+
+
+def rope_store_kv_ref(qkv: Tensor, cos: Tensor, sin: Tensor, num_q_heads: int, k_cache: Tensor, v_cache: Tensor,
+                      slots: Tensor) -> Tensor:
+    """rope_store.rope_store_kv_'s twin: qkv [T, Hq + 2 Hkv, D]'s q heads rotated in place, its k heads rotated
+    into k_cache [P, S, Hkv, D] at slots, its v heads into v_cache; qkv's k and v left as they were."""
+    hkv = (qkv.shape[1] - num_q_heads) // 2
+    qk = apply_rope_ref(qkv[:, :num_q_heads + hkv].clone(), cos, sin)  # [T, Hq + Hkv, D]
+    store_kv_ref(qk[:, num_q_heads:], qkv[:, num_q_heads + hkv:], k_cache, v_cache, slots)
+    qkv[:, :num_q_heads] = qk[:, :num_q_heads]
+    return qkv
 
 def decode_linear_ref(x: Tensor, w: Tensor, epilogue: str = "store", *, out: Tensor | None = None,
                       norm: tuple[Tensor, float] | None = None, ssq: Tensor | None = None,

@@ -29,6 +29,25 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
+def _cos_sin(cos_ptr, sin_ptr, t, stride_ct, stride_st, d, dmask, HALF: tl.constexpr):
+    """This token's cos and sin, both halves, as fp32 [1, BLOCK_HALF] each: (c1, c2, s1, s2)."""
+    c1 = tl.load(cos_ptr + t * stride_ct + d, mask=dmask, other=0.0).to(tl.float32)[None, :]
+    c2 = tl.load(cos_ptr + t * stride_ct + HALF + d, mask=dmask, other=0.0).to(tl.float32)[None, :]
+    s1 = tl.load(sin_ptr + t * stride_st + d, mask=dmask, other=0.0).to(tl.float32)[None, :]
+    s2 = tl.load(sin_ptr + t * stride_st + HALF + d, mask=dmask, other=0.0).to(tl.float32)[None, :]
+    return c1, c2, s1, s2
+
+
+@triton.jit
+def _rotate(x1, x2, c1, c2, s1, s2, dtype: tl.constexpr):
+    """The rotated halves (fp32 holding dtype values): every product and the sum rounded to dtype, as the
+    eager expression does."""
+    o1 = (x1 * c1).to(dtype).to(tl.float32) - (x2 * s1).to(dtype).to(tl.float32)
+    o2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
+    return o1, o2
+
+
+@triton.jit
 def _rope_kernel(qk_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_ct, stride_st,
             NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
@@ -36,21 +55,14 @@ def _rope_kernel(qk_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_ct, stri
     d = tl.arange(0, BLOCK_HALF)
     dmask = d < HALF
     mask = (heads < NUM_HEADS)[:, None] & dmask[None, :]
-    dtype = qk_ptr.dtype.element_ty
-    # ---- cos/sin of this token, both halves: [1, BLOCK_HALF]
-    c1 = tl.load(cos_ptr + t * stride_ct + d, mask=dmask, other=0.0).to(tl.float32)[None, :]
-    c2 = tl.load(cos_ptr + t * stride_ct + HALF + d, mask=dmask, other=0.0).to(tl.float32)[None, :]
-    s1 = tl.load(sin_ptr + t * stride_st + d, mask=dmask, other=0.0).to(tl.float32)[None, :]
-    s2 = tl.load(sin_ptr + t * stride_st + HALF + d, mask=dmask, other=0.0).to(tl.float32)[None, :]
+    c1, c2, s1, s2 = _cos_sin(cos_ptr, sin_ptr, t, stride_ct, stride_st, d, dmask, HALF)
     # ---- x halves of BLOCK_H heads: [BLOCK_H, BLOCK_HALF]
     ptrs = qk_ptr + t * stride_qt + heads[:, None] * stride_qh + d[None, :]
     x1 = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(ptrs + HALF, mask=mask, other=0.0).to(tl.float32)
-    # ---- every product and the sum rounded to the dtype, as the eager expression does
-    o1 = (x1 * c1).to(dtype).to(tl.float32) - (x2 * s1).to(dtype).to(tl.float32)
-    o2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
-    tl.store(ptrs, o1.to(dtype), mask=mask)
-    tl.store(ptrs + HALF, o2.to(dtype), mask=mask)
+    o1, o2 = _rotate(x1, x2, c1, c2, s1, s2, qk_ptr.dtype.element_ty)
+    tl.store(ptrs, o1.to(qk_ptr.dtype.element_ty), mask=mask)
+    tl.store(ptrs + HALF, o2.to(qk_ptr.dtype.element_ty), mask=mask)
 
 
 def _config(num_heads: int, half: int) -> KernelConfig:

@@ -34,6 +34,7 @@ def load_gpt_fast(folder: Path):
         raise SystemExit(f"no gpt-fast model.py in {folder} (clone github.com/pytorch-labs/gpt-fast there)")
     spec = importlib.util.spec_from_file_location("gpt_fast_model", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dynamo re-imports the model's module by name while tracing
     spec.loader.exec_module(mod)
     return mod
 

@@ -9,7 +9,8 @@ after it (64, 512), Llama-8B heads (32 q, 8 KV, head_dim 128, page 16), bf16 q o
 pages (KVStore's layout: head-major FP8 pages, float16 per-token scales). One decode layer's attention:
   plain    paged_decode over the whole page tables, its default dispatch and the engine's split rule
   cascade  cascade_decode: the shared-prefix kernel once for the group, decode over each row's own pages,
-           the merge (three launches; the plan is built once a step, outside the timing)
+           the merge (three launches; the plan is built once a step, outside the timing); FP8 pages also
+           with the prefix widened to fp16 copies first (widen_max_bytes: the engine's way)
   flashinfer MultiLevelCascadeAttentionWrapper, 2 levels (shared, unique), where `import flashinfer` works
 Each timing is kernel_common.time_fn (median over CUDA-graph replays, L2 flushed before each). Outputs
 are checked first: cascade against plain, and both against fp64 attention on two rows. Prints one line
@@ -147,6 +148,13 @@ def bench_shape(s: Shape, fi, workspace, smoke: bool) -> dict:
     t_plain, t_cascade = time_fn(plain, smoke), time_fn(cascade, smoke)
     parts = launch_fns(s)
     t_parts = {k: round(time_fn(parts[k], smoke).us, 2) for k in ("prefix", "suffix", "merge")}
+    wide_us = wide_err = None
+    if s.k_scale is not None:  # FP8: the prefix over fp16 copies (the engine's default budget) vs in-kernel
+        from radixkv.kernels.dequant_pages import DEQUANT_MAX_BYTES
+
+        wide = cascade_fn(s, widen_max_bytes=DEQUANT_MAX_BYTES)
+        wide_err = check_rows(wide(), s.q, pool, rows, [1] * s.batch, sm, fp8=s.fp8())
+        wide_us = round(time_fn(wide, smoke).us, 2)
     fi_us, fi_err = None, None
     if fi is not None:
         try:
@@ -163,12 +171,14 @@ def bench_shape(s: Shape, fi, workspace, smoke: bool) -> dict:
          "prefix_us": t_parts["prefix"], "suffix_us": t_parts["suffix"], "merge_us": t_parts["merge"],
          "prefix_splits": parts["prefix_splits"], "suffix_splits": parts["suffix_splits"],
          "rel_err_cascade_vs_plain": err_vs_plain, "rel_err_plain": err_plain, "rel_err_cascade": err_cascade,
-         "rel_err_flashinfer_vs_plain": fi_err, "timing": t_cascade.method}
+         "rel_err_flashinfer_vs_plain": fi_err, "attention_us_cascade_widened": wide_us,
+         "rel_err_cascade_widened": wide_err, "timing": t_cascade.method}
     print(f"  {s.batch:4d} x ({s.shared:5d} shared + {s.private:3d}) {s.kv_dtype:9s} plain {t_plain.us:9.1f} us  "
           f"cascade {t_cascade.us:8.1f} us (prefix {t_parts['prefix']:.1f} x{parts['prefix_splits']}, suffix "
           f"{t_parts['suffix']:.1f} x{parts['suffix_splits']}, merge {t_parts['merge']:.1f})  "
           f"{r['attention_speedup']:6.2f}x  flashinfer {fi_us}  err vs plain {err_vs_plain:.1e} "
-          f"(fp64: plain {err_plain:.1e}, cascade {err_cascade:.1e})")
+          f"(fp64: plain {err_plain:.1e}, cascade {err_cascade:.1e})"
+          + (f"\n      FP8 prefix over fp16 copies: cascade {wide_us:8.1f} us (fp64 err {wide_err:.1e})" if wide_us else ""))
     return r
 
 

@@ -1,4 +1,4 @@
-"""Fused layer kernels (rms_norm, silu_and_mul, apply_rope_) on the GPU against eager PyTorch and torch.compile.
+"""Fused layer kernels (rms_norm, silu_and_mul, apply_rope_, rope_store_kv_) on the GPU against eager PyTorch and torch.compile.
 
     python benchmarks/kernels/bench_layer_kernels.py --json benchmarks/results/layer_kernels.json   # H200, one call
     python benchmarks/kernels/bench_layer_kernels.py --smoke     # CPU interpreter, tiny shapes: checks this script
@@ -6,7 +6,7 @@
 Llama-3-8B shapes (hidden 4096, 32 q / 8 KV heads, head_dim 128, intermediate 14336) at T = 1, 64, 256
 tokens, bf16. Phase (1) checks each kernel against its twin in kernels/reference_layers.py (the engine's
 eager math today) in bf16, fp16 and fp32: how many elements differ and by how much. RoPE and the
-residual sum must be bit-identical; silu_and_mul is expected to be (libdevice's expf, contracted as
+residual sum (and RoPE with the K/V store) must be bit-identical; silu_and_mul is expected to be (libdevice's expf, contracted as
 nvcc compiles torch's silu), and is also run with FMA contraction off to show which build matches;
 rms_norm differs in the fp32 sum's order only. Phase (2) times the kernel, the eager twin and
 torch.compile(twin) (mode default) with kernel_common.time_fn: median of CUDA-graph replays, L2
@@ -79,6 +79,16 @@ def make_case(op: str, T: int, s: dict, dtype: torch.dtype, dev: torch.device, g
         return Case(lambda: (ops.apply_rope_(mine[:, :nh], cos, sin), mine),
                     lambda: (ref.apply_rope_ref(theirs[:, :nh], cos, sin), theirs),
                     ref.apply_rope_ref, lambda: (theirs[:, :nh], cos, sin))
+    if op == "rope_store":  # RoPE with the K/V store into pages of 16 (rope_store.py), vs its twin
+        hq, hkv, d = s["hq"], s["hkv"], s["d"]
+        qkv = rnd(T, hq + 2 * hkv, d, scale=2)
+        cos, sin = make_case("rope", T, s, dtype, dev, gen, ops, ref).twin_args()[1:]
+        pages = torch.zeros(2, (2 * T + 15) // 16, 16, hkv, d, dtype=dtype, device=dev)  # [k | v, P, S, Hkv, D]
+        slots = torch.randperm(2 * T, device=dev, generator=gen)[:T]
+        mine, theirs = (qkv.clone(), pages.clone()), (qkv.clone(), pages.clone())
+        return Case(lambda: (ops.rope_store_kv_(mine[0], cos, sin, hq, *mine[1], slots), mine[1]),
+                    lambda: (ref.rope_store_kv_ref(theirs[0], cos, sin, hq, *theirs[1], slots), theirs[1]),
+                    ref.rope_store_kv_ref, lambda: (theirs[0], cos, sin, hq, *theirs[1], slots))
     raise ValueError(op)
 
 
@@ -115,9 +125,9 @@ def compare(a: tuple, b: tuple) -> dict:
 
 
 def correctness(ops, ref, s, dev, gen, smoke) -> list[dict]:
-    exact = {"rope", "add_rms_norm:residual"} | (set() if smoke else {"silu_and_mul"})
+    exact = {"rope", "rope_store", "add_rms_norm:residual"} | (set() if smoke else {"silu_and_mul"})
     dtypes = (torch.float32, torch.float16) if smoke else (torch.bfloat16, torch.float16, torch.float32)
-    names = ["rms_norm", "add_rms_norm", "qk_norm", "silu_and_mul", "rope"] + ([] if smoke else ["silu_no_fma"])
+    names = ["rms_norm", "add_rms_norm", "qk_norm", "silu_and_mul", "rope", "rope_store"] + ([] if smoke else ["silu_no_fma"])
     rows = []
     for dtype in dtypes:
         for op in names:
@@ -142,7 +152,7 @@ def correctness(ops, ref, s, dev, gen, smoke) -> list[dict]:
 def timings(ops, ref, s, dev, gen, smoke, use_compile) -> list[dict]:
     rows = []
     compiled = {}
-    for op in ("rms_norm", "add_rms_norm", "qk_norm", "silu_and_mul", "rope"):
+    for op in ("rms_norm", "add_rms_norm", "qk_norm", "silu_and_mul", "rope", "rope_store"):
         for T in s["tokens"]:
             c = make_case(op, T, s, torch.float16 if smoke else torch.bfloat16, dev, gen, ops, ref)
             row = {"op": op, "tokens": T, "fused_us": time_fn(c.kernel, smoke).us, "eager_us": time_fn(c.twin, smoke).us,

@@ -176,7 +176,7 @@ class PagedAttention:
         self.two_level_steps = 0  # of which eager steps on two levels
         self.cascade_outer_rule: CascadeRule = OUTER_RULE  # when a step's outer level runs (outer_level_pays)
         self.split_mixed = True  # MixedSplit on the Triton kernels (False: every row of a mixed step in paged_prefill)
-        # memory an extend may take for fp16 copies of FP8 / INT4 pages (kernels/dequant_pages.py); the runner
+        # memory an extend or a cascade prefix may take for fp16 copies of FP8 / INT4 pages (dequant_pages.py); the runner
         # sets what its step reserve holds free during attention, None: the kernels' default
         self.widen_max_bytes: int | None = None
 
@@ -352,7 +352,11 @@ class PagedAttention:
         if plan.cascade is not None:
             from radixkv.kernels.cascade import cascade_decode
 
-            o = cascade_decode(q, k_cache, v_cache, plan.cascade, self.sm_scale, k_scale=k_scale, v_scale=v_scale)
+            from radixkv.kernels.dequant_pages import DEQUANT_MAX_BYTES
+
+            budget = DEQUANT_MAX_BYTES if self.widen_max_bytes is None else self.widen_max_bytes
+            o = cascade_decode(q, k_cache, v_cache, plan.cascade, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
+                               widen_max_bytes=budget)
             return o if out is None else out.copy_(o)
         # the step's launch, checked once and reused by every layer (q and out alike, the same cache layout):
         # what a mixed step's eager attention costs the host between its graph pieces. Bound to `out` when one

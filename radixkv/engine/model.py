@@ -73,6 +73,7 @@ class LayerOps(NamedTuple):
     rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]  # (x, w, eps, residual=None, *, out=None)
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]  # [T, 2I] -> [T, I]
     apply_rope_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # in place on [T, N, D]
+    rope_store_kv_: Callable[..., torch.Tensor]  # (qkv, cos, sin, Hq, k_cache, v_cache, slots): RoPE + K/V store
 
 
 def layer_ops(fused: bool) -> LayerOps:
@@ -80,10 +81,10 @@ def layer_ops(fused: bool) -> LayerOps:
     if fused:
         from radixkv import kernels
 
-        return LayerOps(kernels.rms_norm, kernels.silu_and_mul, kernels.apply_rope_)
-    from radixkv.kernels import reference_layers
+        return LayerOps(kernels.rms_norm, kernels.silu_and_mul, kernels.apply_rope_, kernels.rope_store_kv_)
+    from radixkv.kernels import reference_layers as ref
 
-    return LayerOps(reference_layers.rms_norm_ref, reference_layers.silu_and_mul_ref, reference_layers.apply_rope_ref)
+    return LayerOps(ref.rms_norm_ref, ref.silu_and_mul_ref, ref.apply_rope_ref, ref.rope_store_kv_ref)
 
 
 class _Layer:
@@ -197,14 +198,20 @@ class LlamaModel:
         h: [T, H] before the final norm (`logits` turns rows of it into logits).
 
         Built from the pieces piecewise_graphs.py captures (embed, layer_qkv, layer_rest): a step replayed
-        from those graphs runs the same ops, with attention between them."""
+        from those graphs runs the same ops, with attention between them. Decode steps over 16-bit pages
+        take layer_q_stored instead of layer_qkv (RoPE and the K/V store in one kernel: the same q and pages)."""
         if (0 < input_ids.shape[0] <= self.fused_decode_rows and hasattr(attn, "store_target")
                 and attn.decode_only):  # eager decode steps run what their graphs replay
             return self.decode_rows_fused(input_ids, positions, attn)
         h, x, cos, sin = self.embed_tokens(input_ids, positions)
+        stores = hasattr(attn, "store_target") and attn.decode_only  # decode steps: RoPE and K/V store fused
         for i in range(len(self.layers)):
-            q, k, v = self.layer_qkv(i, x, cos, sin)
-            o = attn.run(q, k, v, i)  # o: [T, Hq, D]
+            kv = attn.store_target(i) if stores else None
+            if kv is None:
+                q, k, v = self.layer_qkv(i, x, cos, sin)
+                o = attn.run(q, k, v, i)  # o: [T, Hq, D]
+            else:
+                o = attn.attend(self.layer_q_stored(i, x, cos, sin, kv), i)
             x, h = self.layer_rest(i, o, h)
         return h
 
@@ -253,14 +260,30 @@ class LlamaModel:
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layer i's q, k, v from its normed input x [T, H]: q [T, Hq, D], k, v [T, Hkv, D] (strided views of
         one buffer), q and k rotated (and normed per head, Qwen3)."""
-        s, L = self.shard_spec, self.layers[i]
-        T, Hq, Hkv, D = x.shape[0], s.num_q_heads, s.num_kv_heads, s.head_dim  # this rank's heads
-        qkv = F.linear(x, L.w_qkv, L.b_qkv).view(T, Hq + 2 * Hkv, D)
+        Hq, Hkv = self.shard_spec.num_q_heads, self.shard_spec.num_kv_heads  # this rank's heads
+        qkv = self._qkv(i, x)
         qk, v = qkv[:, :Hq + Hkv], qkv[:, Hq + Hkv:]  # qk: [T, Hq + Hkv, D], v: [T, Hkv, D] (views)
-        if L.qk_norm is not None:
-            self.ops.rms_norm(qk, L.qk_norm, self.spec.rms_norm_eps, out=qk)
         self.ops.apply_rope_(qk, cos, sin)  # q and k rotated together, in place
         return qk[:, :Hq], qk[:, Hq:], v  # q: [T, Hq, D], k: [T, Hkv, D] (strided views)
+
+    def layer_q_stored(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """layer_qkv for a step whose K/V go straight into their pages, kv = (k_cache, v_cache, slots) from
+        attention's store_target: RoPE and the store in one kernel. Returns q [T, Hq, D] (rotated)."""
+        Hq = self.shard_spec.num_q_heads
+        qkv = self._qkv(i, x)
+        self.ops.rope_store_kv_(qkv, cos, sin, Hq, *kv)
+        return qkv[:, :Hq]
+
+    def _qkv(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """Layer i's projection of x [T, H] -> qkv [T, Hq + 2 Hkv, D] (q and k normed per head for Qwen3)."""
+        s, L = self.shard_spec, self.layers[i]
+        T, Hq, Hkv, D = x.shape[0], s.num_q_heads, s.num_kv_heads, s.head_dim
+        qkv = F.linear(x, L.w_qkv, L.b_qkv).view(T, Hq + 2 * Hkv, D)
+        if L.qk_norm is not None:
+            qk = qkv[:, :Hq + Hkv]
+            self.ops.rms_norm(qk, L.qk_norm, self.spec.rms_norm_eps, out=qk)
+        return qkv
 
     def layer_rest(self, i: int, o: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Layer i after attention: o [T, Hq, D] -> o_proj, residual, MLP, residual. Returns (x, h): the next

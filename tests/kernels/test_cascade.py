@@ -18,6 +18,7 @@ from radixkv.kernels.cascade import (
     paged_decode_partial,
 )
 from radixkv.kernels.cascade_plan import CascadePlan, plan_cascade, prefix_num_splits
+from radixkv.kernels.dequant_pages import dequant_pages
 from radixkv.kernels.fp8 import quantize_fp8
 from radixkv.kernels.reference_attention import (
     cascade_decode_ref,
@@ -30,6 +31,7 @@ DTYPES = {  # cache dtype name -> (cache dtype, q dtype, tolerance)
     "fp32": (torch.float32, torch.float32, 1e-5),
     "fp16": (torch.float16, torch.float16, 2e-3),
     "fp8_e4m3": (torch.float8_e4m3fn, torch.float16, 2e-3),
+    "fp8_e5m2": (torch.float8_e5m2, torch.float16, 2e-3),
 }
 I32 = torch.int32
 
@@ -287,6 +289,40 @@ def test_two_level_cascade_equals_paged_decode(page_size, kv_dtype, splits):
     _close(cascade_decode_ref(q, kc, vc, plan), ref, tol)
 
 
+@pytest.mark.parametrize("case, kv_dtype", [("ragged", "fp8_e4m3"), ("page1", "fp8_e5m2"), ("two_levels", "fp8_e4m3")])
+def test_cascade_decode_over_widened_prefix_copies(case, kv_dtype, monkeypatch):
+    """FP8 pages and a budget their fp16 copies fit: each level's prefix pages are widened once
+    (dequant_pages) and read by the 16-bit prefix kernel; == paged_decode and the in-kernel path. A budget a
+    byte short of the copies keeps the in-kernel path."""
+    import radixkv.kernels.cascade as cascade_mod
+    from radixkv.kernels.dequant_pages import scratch_bytes
+
+    gen = _gen("widened", case, kv_dtype)
+    _, q_dt, tol = DTYPES[kv_dtype]
+    if case == "two_levels":
+        tables, lens, groups, outer, num_pages = _nested_batch(4, gen)
+        page_size, hkv, hq, d = 4, 1, 4, 16
+    else:
+        groups, lone, page_size = CASES[case]
+        tables, lens, groups, num_pages = _batch(groups, lone, page_size, gen)
+        outer, hkv, hq, d = None, 2, 8, 32
+    kc, vc, ks, vs = _caches(num_pages, page_size, hkv, d, kv_dtype, gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(q_dt)
+    plan = plan_cascade(tables, lens, groups, page_size, "cpu", outer=outer)
+    levels = [plan.groups] + ([plan.outer] if outer else [])
+    need = max(scratch_bytes(lv.prefix_pages, kc, d) for lv in levels)
+    widened = []
+    monkeypatch.setattr(cascade_mod, "dequant_pages", lambda *a: widened.append(a[4]) or dequant_pages(*a))
+    ref = paged_decode(q, kc, vc, _dense_table(tables), torch.tensor(lens, dtype=I32), k_scale=ks, v_scale=vs)
+    in_kernel = cascade_decode(q, kc, vc, plan, k_scale=ks, v_scale=vs, widen_max_bytes=need - 1)
+    assert len(widened) == (0 if outer is None else 1), "only levels whose copies fit the budget are widened"
+    widened.clear()
+    out = cascade_decode(q, kc, vc, plan, k_scale=ks, v_scale=vs, widen_max_bytes=need)
+    assert len(widened) == len(levels)
+    _close(out, ref, tol)
+    _close(out, in_kernel, tol)
+
+
 def test_two_level_plan_layout_and_empty_states():
     """Inner runs start after their rows' outer run; outer-only rows' suffixes start there too; a row in
     no group of a level gets lse -inf at that level (written into a slice of a wider state buffer)."""
@@ -429,20 +465,24 @@ def build(kv, cfg):
                  plen_ptr="*i32", gstart_ptr="*i32", grows_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32",
                  qk_scale="fp32")
     consts = dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_M=cfg.block_m, BLOCK_D=128, BLOCK_N=cfg.block_n,
-                  IS_FP8=kv != "bf16", DOT_PRECISION="tf32", stride_qd=1, stride_cd=1, stride_od=1, stride_ls=1)
+                  IS_FP8=kv.startswith("fp8"), OP_FP16=kv == "fp16", DOT_PRECISION="tf32", stride_qd=1, stride_cd=1,
+                  stride_od=1, stride_ls=1)
     types.update({c: "constexpr" for c in consts})
     return triton.compile(ASTSource(fn, types, consts, {}), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
 bf16 = build("bf16", plan.PREFIX_GPU)  # checked for wgmma only; k (FP8, the heavier tile) for its resources too
+wide = build("fp16", plan.PREFIX_GPU)  # FP8 prefixes widened to fp16 copies, under bf16 q: fp16 products
 k = build("fp8e4nv", plan.PREFIX_FP8_GPU)
-assert all("wgmma" in x.asm["ptx"] for x in (bf16, k)), "the shared-prefix products must run on wgmma"
+assert all("wgmma" in x.asm["ptx"] for x in (bf16, wide, k)), "the shared-prefix products must run on wgmma"
+assert ".f32.f16.f16" in wide.asm["ptx"], "the widened copies multiply as fp16"
 """
 
 
 def test_prefix_kernel_compiles_for_sm90():
-    """The interpreter cannot show GPU-only failures: the default GPU tiles over bf16 and FP8 pages
-    (Llama-8B heads, page 16) must compile for sm_90 onto wgmma, the FP8 one without spilling (Triton 3.9's
+    """The interpreter cannot show GPU-only failures: the default GPU tiles over bf16, FP8 and widened fp16
+    pages under bf16 q (Llama-8B heads, page 16) must compile for sm_90 onto wgmma (fp16 operands for the
+    widened copies), the FP8 one without spilling (Triton 3.9's
     ptxas; the H200's 3.6 differs)."""
     from sm90_compile import compile_sm90
 

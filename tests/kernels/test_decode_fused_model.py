@@ -64,3 +64,27 @@ def test_fused_decode_matches_unfused(store_in_kernel: bool) -> None:
         torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=2e-2)
     for got, want in zip(attns[0].k + attns[0].v, attns[1].k + attns[1].v):
         torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_unfused_decode_storing_in_the_rope_kernel_is_bit_exact() -> None:
+    """Decode steps over pages the kernels may write (store_target given) take layer_q_stored (RoPE and
+    the K/V store in one kernel): the same logits and pages as layer_qkv + run, bit for bit."""
+    config = tiny_config("llama3", hidden_size=128, intermediate_size=192)
+    ckpt = random_checkpoint(config, seed=0, dtype=torch.float16, device=torch.device("cpu"))
+    spec = ModelSpec.from_hf(config)
+    model = LlamaModel(spec, ckpt.state_dict, torch.float16, torch.device("cpu"), fused=True)
+    assert model.fused_decode_rows == 0
+    attns = [PagedOnePerSlot(spec.num_layers, spec.num_kv_heads, spec.head_dim, s) for s in (True, False)]
+    calls = []
+    model.layer_q_stored = lambda *a, _f=model.layer_q_stored: calls.append(1) or _f(*a)
+    ids = torch.randint(3, config.vocab_size, (13,), generator=torch.Generator().manual_seed(2))
+    for a, b in [(0, 10), (10, 11), (11, 12), (12, 13)]:
+        pos = torch.arange(a, b)
+        outs = []
+        for attn in attns:
+            attn.slots, attn.decode_only = pos, b - a == 1
+            outs.append(model.forward(ids[a:b], pos, attn, torch.tensor([b - a - 1])))
+        assert torch.equal(outs[0], outs[1])
+    assert len(calls) == 3 * spec.num_layers, "every decode layer took the fused store"
+    for got, want in zip(attns[0].k + attns[0].v, attns[1].k + attns[1].v):
+        assert torch.equal(got, want)

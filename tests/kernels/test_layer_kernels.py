@@ -263,12 +263,13 @@ import json, re
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from radixkv.kernels import activation, norm, rope
+from radixkv.kernels import activation, norm, rope, rope_store
 
 cuda = torch.device("cuda")  # options only: nothing runs
 
 
-KERNELS = {"norm": "_rms_norm_kernel", "activation": "_silu_mul_kernel", "rope": "_rope_kernel"}
+KERNELS = {"norm": "_rms_norm_kernel", "activation": "_silu_mul_kernel", "rope": "_rope_kernel",
+           "rope_store": "_rope_store_kernel"}
 
 
 def build(module, cfg, ptrs, consts, scalars=None):
@@ -298,13 +299,17 @@ for dt in ("bf16", "fp16", "fp32"):
     c = rope._config(40, 64)
     res["rope", dt] = build(rope, c, dict(qk_ptr=p, cos_ptr=p, sin_ptr=p), dict(
         NUM_HEADS=40, HALF=64, BLOCK_H=c.block_m, BLOCK_HALF=c.block_n))
+    c = rope._config(48, 64)
+    res["rope_store", dt] = build(rope_store, c, dict(qkv_ptr=p, cos_ptr=p, sin_ptr=p, slots_ptr="*i64", kc_ptr=p,
+                                                      vc_ptr=p), dict(
+        HQ=32, HKV=8, PAGE_SIZE=16, HALF=64, BLOCK_H=c.block_m, BLOCK_HALF=c.block_n))
 print(json.dumps({" ".join(k): v for k, v in res.items()}))
 """
 
 
 def test_layer_kernels_compile_for_sm90():
     """The GPU path (libdevice calls, launch options) compiles for the H200 with this Triton's ptxas;
-    RoPE has no FMA (its bit-exactness needs every product rounded), silu_and_mul calls libdevice's
+    RoPE (and rope_store.py's RoPE with the K/V store) has no FMA (its bit-exactness needs every product rounded), silu_and_mul calls libdevice's
     expf and divides correctly rounded, rms_norm uses rsqrtf."""
     import json
     import os
@@ -318,6 +323,7 @@ def test_layer_kernels_compile_for_sm90():
     assert done.returncode == 0, done.stderr[-3000:]
     res = json.loads(done.stdout.strip().splitlines()[-1])
     for dt in ("bf16", "fp16", "fp32"):
-        assert res[f"rope {dt}"]["fma"] == 0 and not res[f"rope {dt}"]["bf16_fma"], res[f"rope {dt}"]
+        for rope in (f"rope {dt}", f"rope_store {dt}"):
+            assert res[rope]["fma"] == 0 and not res[rope]["bf16_fma"], res[rope]
         assert res[f"silu {dt}"]["ex2"] and res[f"silu {dt}"]["div_rn"], res[f"silu {dt}"]
         assert res[f"norm {dt}"]["rsqrt"] and res[f"norm_heads {dt}"]["rsqrt"]

@@ -30,7 +30,7 @@ def test_trace_error_without_a_field_names_the_file_alone():
 @pytest.mark.parametrize("data, message", [
     (b"", "t.jsonl: the file is empty (no records)"),
     (b"\n \n\t\n", "t.jsonl: the file holds only blank lines (no records)"),
-    (gzip.compress(b'{"tokens": [1]}\n'), "t.jsonl: is gzip-compressed (decompress it first: gunzip -k"),
+    (gzip.compress(b'{"tokens": [1]}\n', mtime=0), "t.jsonl: is gzip-compressed (decompress it first: gunzip -k"),
     (b"\xfd7zXZ\x00\x00rest", "t.jsonl: is xz-compressed"),
     (b"PK\x03\x04rest", "t.jsonl: is a zip archive"),
     (b'{"tokens": [1]}\x00\n', "t.jsonl: is binary (a NUL byte at offset 15)"),
