@@ -60,9 +60,10 @@ def step_times(llm: LLM, shared: list[int], batch: int, private: int, new: int, 
     return statistics.median(times[3:] or times) * 1e3, llm.runner.attention.cascade_steps - before
 
 
-def check_graphs(dev: torch.device, smoke: bool) -> dict:
+def check_graphs(dev: torch.device, smoke: bool, kv_dtype: str = "bf16") -> dict:
     """A small random Llama, 3 groups of rows under 2 few-shot-like prefixes plus lone rows: greedy tokens of
-    cascade steps from CUDA graphs, cascade steps run eagerly, and plain decode (the cascade rule forced on)."""
+    cascade steps from CUDA graphs, cascade steps run eagerly, and plain decode (the cascade rule forced on),
+    over kv_dtype pages (FP8: the graphs' prefixes widened to fp16 copies, eager ones too)."""
     cfg = small_config("llama", smoke)
     g = torch.Generator().manual_seed(2)
     shared = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in (256, 96)]
@@ -72,14 +73,15 @@ def check_graphs(dev: torch.device, smoke: bool) -> dict:
     dtype = "bfloat16" if dev.type == "cuda" else "float32"
     outs, replays = {}, {}
     for name, more in (("graphs", {}), ("eager", {"enforce_eager": True}), ("plain", {"cascade": False})):
-        llm = LLM(cfg, dtype=dtype, device=dev, num_pages=512, **{"cascade": True, **more})
+        llm = LLM(cfg, dtype=dtype, device=dev, num_pages=512, kv_dtype="auto" if kv_dtype == "bf16" else kv_dtype,
+                  **{"cascade": True, **more})
         llm.core.scheduler.cascade_rule = RULE_ALWAYS
         llm.generate([p[:-1] for p in prompts], SamplingParams(temperature=0.0, max_tokens=1))  # cache prefixes
         outs[name] = [o.token_ids for o in llm.generate(prompts, params)]
         replays[name] = (llm.runner.attention.cascade_steps, 0 if llm.runner.graphs is None else llm.runner.graphs.cascade_replays)
         del llm
     same = lambda a, b: sum(x == y for p, q in zip(outs[a], outs[b]) for x, y in zip(p, q)) / (24 * len(prompts))  # noqa: E731
-    row = {"check": "cascade graphs", "tokens_graphs_eq_eager": same("graphs", "eager"),
+    row = {"check": f"cascade graphs ({kv_dtype})", "tokens_graphs_eq_eager": same("graphs", "eager"),
            "tokens_graphs_eq_plain": same("graphs", "plain"), "cascade_steps": replays}
     row["ok"] = (row["tokens_graphs_eq_eager"] >= 0.98 and replays["eager"][0] > 0 and replays["plain"][0] == 0
                  and (dev.type != "cuda" or replays["graphs"][1] > 0))
@@ -101,7 +103,7 @@ def main() -> int:
     if a.smoke:
         a.batch, a.shared, a.private, a.new = [3], [64], [8], 6
     dev = torch.device("cuda" if torch.cuda.is_available() and not a.smoke else "cpu")
-    check = check_graphs(dev, a.smoke)
+    check = check_graphs(dev, a.smoke, a.kv_dtype)
     print(json.dumps(check), flush=True)
     kernels = {}
     if a.kernels and Path(a.kernels).exists():

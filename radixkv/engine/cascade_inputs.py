@@ -15,8 +15,9 @@ The kernels' launch grids and split counts depend only on the key: the prefix ke
 and group rows buckets, its splits on those and the prefix bucket, the suffix decode's splits on the rows
 and suffix buckets. What a graph freezes is only that: grids, split counts (CascadePlan.prefix_splits /
 suffix_splits) and buffer views (the prefix table always MAX_GROUPS x W, read up to each prefix's length),
-so graphs are keyed by (bucket, CascadeGraphKey(groups, prefix splits, suffix splits)): steps of different
-prefix or suffix buckets with the same splits replay one graph, and the keys an engine can reach are few
+so graphs are keyed by (bucket, CascadeGraphKey(groups, prefix splits, suffix splits, prefix width)): steps of
+different prefix or suffix buckets with the same splits replay one graph (over FP8 pages, those whose prefixes
+fit a narrower table, for the fp16 copies kernels/cascade.py widens them into, replay one of their own), and the keys an engine can reach are few
 enough to capture at start-up (cascade_keys lists them; DecodeGraphs.warm_cascade). One int32 buffer holds,
 for R rows, W pages a row and MAX_GROUPS groups (kernels/cascade.py names the tensors):
 
@@ -57,6 +58,8 @@ class CascadeGraphKey(NamedTuple):
     groups: int  # a power of two <= MAX_GROUPS
     prefix_splits: int
     suffix_splits: int
+    prefix_width: int = 0  # pages of the prefix table the graph reads (FP8 prefixes widened to fp16 copies
+                           # take a narrower table, so the copies are small); 0: all W
 
 
 def pow2_at_least(n: int) -> int:
@@ -151,6 +154,6 @@ class CascadeInputs:
         addresses) and the key's split counts."""
         start, rows, plens, slens, ppages, spages = self._parts(self._dev)
         G = key.groups
-        groups = CascadeGroups(start[:G + 1], rows[:bucket], ppages[:G], plens[:G], bucket)
+        groups = CascadeGroups(start[:G + 1], rows[:bucket], ppages[:G, :key.prefix_width or None], plens[:G], bucket)
         return CascadePlan(groups, spages[:bucket], slens[:bucket], self.max_pages * self.page_size, False,
                            all_rows_grouped=False, prefix_splits=key.prefix_splits, suffix_splits=key.suffix_splits)

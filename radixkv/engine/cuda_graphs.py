@@ -21,7 +21,8 @@ and captured on first use (an eager run of the same step first, so Triton has co
 the step's K/V are stored; storing them again on replay writes the same values).
 Cascade steps (Batch.cascade, with cascade=True) read a static cascade plan too (cascade_inputs.py),
 padded to a power-of-two bucket, and are keyed by (bucket, CascadeGraphKey(groups bucket, prefix splits,
-suffix splits)); a step with more than MAX_GROUPS groups runs eagerly. Graphs are one level: a step whose
+suffix splits, prefix width: narrow where FP8 prefixes are widened to fp16 copies, widened_prefix_pages));
+a step with more than MAX_GROUPS groups runs eagerly. Graphs are one level: a step whose
 Batch.cascade has two levels replays its one level (CascadeLevels.plan_groups: exact, one launch fewer);
 only eager steps run two (attention.py, when the outer level pays). warm_cascade, run at start-up
 after capture_all, captures every such key a cascade rule lets a step reach (padding rows only: their
@@ -157,7 +158,27 @@ class DecodeGraphs:
         width = min(key.prefix_pages, self.max_pages) * kv.page_size
         prefix = default_prefix_splits(kv.compute_dtype, kv.k_cache[0], self.attention.num_q_heads, key.groups,
                                        bucket, width)
-        return CascadeGraphKey(key.groups, prefix, self.attention.decode_splits(bucket, key.suffix_len))
+        narrow = self.widened_prefix_pages(key.groups)
+        return CascadeGraphKey(key.groups, prefix, self.attention.decode_splits(bucket, key.suffix_len),
+                               narrow if key.prefix_pages <= narrow else 0)
+
+    def widened_prefix_pages(self, groups: int) -> int:
+        """The prefix table width (pages, a power of two; 0: none) of cascade graphs whose FP8 prefixes
+        kernels/cascade.py widens to fp16 copies: `groups` groups' copies of that many pages fit both the
+        attention's widen budget and the graphs' 16-bit logits [max_rows, V] (their pool holds those at the
+        LM head; during attention, where the copies live, it does not), so the copies add nothing to the
+        pool's peak. A step whose prefixes are longer replays a graph over the whole table (widened only
+        where the whole table's copies fit)."""
+        from radixkv.kernels.dequant_pages import DEQUANT_MAX_BYTES
+
+        kv, att = self.attention.kv, self.attention
+        if not kv.kv_dtype.is_fp8:
+            return 0
+        page16 = 2 * kv.page_size * kv.num_kv_heads * kv.head_dim * 2  # a page's fp16 K and V copies
+        budget = min(self.max_rows * self.model.vocab_rows * kv.compute_dtype.itemsize,
+                     DEQUANT_MAX_BYTES if att.widen_max_bytes is None else att.widen_max_bytes)
+        pages = min(self.max_pages, budget // (groups * page16))
+        return 1 << (pages.bit_length() - 1) if pages else 0
 
     def cascade_warm_keys(self, min_rows: int, min_prefix_tokens: int) -> list[tuple[int, CascadeGraphKey]]:
         """Every (bucket, CascadeGraphKey) a cascade step can reach when a group needs >= min_rows rows

@@ -91,6 +91,7 @@ def test_startup_warm_keys_cover_every_step_and_compile_every_specialisation(mon
     graphs = types.SimpleNamespace(attention=PagedAttention(kv, 4, 16, 0.25, Backend.TRITON), max_pages=W,
                                    cascade_buckets=[1, 2, 4, 8])
     graphs.cascade_graph_key = lambda b, k: DecodeGraphs.cascade_graph_key(graphs, b, k)
+    graphs.widened_prefix_pages = lambda g: DecodeGraphs.widened_prefix_pages(graphs, g)  # fp32 pages: 0
     warm = DecodeGraphs.cascade_warm_keys(graphs, min_rows=2, min_prefix_tokens=2 * ps)
     assert {(k.prefix_splits, k.suffix_splits) for _, k in warm} == {(p, s) for p in (1, 2) for s in (1, 2, 4, 8)}
     assert len(warm) == len(set(warm)) <= 64  # warm_cascade's limit: all captured at start-up
@@ -126,3 +127,49 @@ def test_startup_warm_keys_cover_every_step_and_compile_every_specialisation(mon
         _close(out[:len(lens)], paged_decode(q[:len(lens)], kc, vc, _dense_table(tables),
                                              torch.tensor(lens, dtype=I32)), 1e-5)
     assert rec.seen == warmed  # nothing new to compile
+
+
+def test_fp8_graphs_read_a_narrow_prefix_table_widened_to_copies(monkeypatch):
+    """Over FP8 pages a graph key takes a prefix table as wide as the groups' fp16 copies fit (the graphs'
+    16-bit logits and the widen budget, a power of two of pages); a step whose prefixes fit it replays that
+    graph, which widens the prefixes (dequant_pages) and equals paged_decode; a longer prefix gets width 0
+    (the whole table, whose copies do not fit: in-kernel FP8)."""
+    import types
+
+    import radixkv.kernels.cascade as cascade_mod
+    from radixkv.engine.attention import Backend, PagedAttention
+    from radixkv.engine.cuda_graphs import DecodeGraphs
+    from radixkv.engine.kv_store import KVStore
+
+    ps, num_pages, W, hkv, d = 4, 64, 32, 2, 16
+    kv = KVStore(1, num_pages, ps, hkv, d, "fp8_e4m3", "cpu", compute_dtype=torch.float16)
+    att = PagedAttention(kv, 4, d, 0.25, Backend.TRITON)
+    # copies of a page: 2 x 4 x 2 x 16 x 2 = 512 bytes; logits 8 rows x 256 x 2 = 4 KiB: 8 pages for one group
+    graphs = types.SimpleNamespace(attention=att, max_pages=W, max_rows=8, model=types.SimpleNamespace(vocab_rows=256))
+    assert [DecodeGraphs.widened_prefix_pages(graphs, g) for g in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    att.widen_max_bytes = 1024  # the widen budget bounds it too
+    assert DecodeGraphs.widened_prefix_pages(graphs, 1) == 2
+    att.widen_max_bytes = None
+    graphs.widened_prefix_pages = lambda g: DecodeGraphs.widened_prefix_pages(graphs, g)
+
+    gen = _gen("fp8-narrow")
+    kc, vc, ks, vs = _caches(num_pages, ps, hkv, d, "fp8_e4m3", gen)
+    inputs = CascadeInputs(8, W, ps, num_pages - 1, torch.device("cpu"))
+    widened = []
+    real = cascade_mod.dequant_pages
+    monkeypatch.setattr(cascade_mod, "dequant_pages", lambda *a: widened.append(a[4].shape) or real(*a))
+    for groups, width in (([(3, 3), (2, 4)], 4), ([(3, 9), (2, 2)], 0)):
+        tables, lens, spec, _ = _batch(groups, 1, ps, gen)
+        shape = inputs.fill(0, 8, spec, tables, lens)
+        key = DecodeGraphs.cascade_graph_key(graphs, 8, shape)
+        assert key.prefix_width == width
+        inputs.upload(0, 8)
+        plan = inputs.plan(8, key)
+        assert plan.groups.prefix_pages.shape == (2, width or W)
+        q = torch.randn(8, 4, d, generator=gen).half()
+        widened.clear()
+        out = cascade_decode(q, kc, vc, plan, k_scale=ks, v_scale=vs, widen_max_bytes=2 * width * 512 if width else 0)
+        assert widened == ([(2, width)] if width else [])
+        ref = paged_decode(q[:len(lens)], kc, vc, _dense_table(tables), torch.tensor(lens, dtype=I32), k_scale=ks,
+                           v_scale=vs)
+        _close(out[:len(lens)], ref, 2e-3)
