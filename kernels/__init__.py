@@ -22,7 +22,7 @@ is written. On CUDA tensors those values are the caller's duty (no host syncs in
 checks.py's docstring lists the ranges.
 
 One kernel a file: store.py, decode.py, decode_fp8_gluon.py, decode_int4_gluon.py, prefill.py, prefill_hopper_gluon.py,
-dequant_pages.py (FP8 / INT4 pages widened to fp16 copies for the Hopper extend), window.py (the recent-token window's state), norm.py, activation.py, rope.py, rope_store.py (RoPE with the K/V store), decode_linear.py, sample.py (the sampler's hash +
+dequant_pages.py (FP8 / INT4 pages widened to fp16 copies for the Hopper extend and the cascade prefix), window.py (the recent-token window's state), norm.py, activation.py, rope.py, rope_store.py (RoPE with the K/V store), decode_linear.py, sample.py (the sampler's hash +
 Gumbel-max draw), nucleus.py (top-p / min-p draws by rejection).
 Beside them: dispatch.py (which kernel runs, with how many splits; environment switches read once),
 launch.py (tile configs, launch options), checks.py (argument checks), fp8.py and intq.py (FP8 and INT4/INT2 formats and
