@@ -37,7 +37,8 @@ dtype (GQA group, head_dim, page_size, tiles, FP8 or not), never by a step's row
 int arguments that vary with a step are the split counts and the strides and loop bounds derived from
 them (and, on eager plans, the prefix table's width); the prefix and merge kernels take those unspecialised
 (do_not_specialize: they only scale scattered one-float lse stores, a program_id division and loop
-bounds), so each compiles once per engine. The suffix decode is decode.py's kernel with SPLIT=True,
+bounds), so each compiles once per engine (over FP8 pages, twice: the prefix kernel also over fp16 copies,
+with dequant_pages' kernel, whose table width is unspecialised too). The suffix decode is decode.py's kernel with SPLIT=True,
 specialised on its split count as Triton does for any int (== 1, divisible by 16, other): up to three.
 Engine: LLM(cascade=True) runs cascade_decode on decode steps (radixkv/engine/attention.py), replayed from CUDA
 graphs keyed by group-count buckets (radixkv/engine/cuda_graphs.py) or eagerly when a step does not fit them.
@@ -352,9 +353,11 @@ def cascade_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePla
     Two levels (plan.outer): the outer groups' prefixes once each too (outer_splits, default chosen as
     for prefix_splits), both levels' states written side by side into one buffer [B, Hq, So + Sp, D] and
     merged with the suffix's in the one merge: a launch more than one level, no merge more.
-    FP8 pages: a level whose prefix tables' fp16 copies fit widen_max_bytes (scratch_bytes; 0: never) has its
-    prefix pages widened once (dequant_pages), and the prefix kernel runs its 16-bit path over the copies
-    (fp16 products, q rounded to fp16) instead of dequantising every tile in each of the group's M tiles."""
+    FP8 pages: a level whose prefix tables' fp16 copies fit widen_max_bytes (scratch_bytes; 0: never; the
+    plan's own widen_max_bytes bounds it further) has its prefix pages widened once (dequant_pages; head_dim a
+    power of two), and the prefix kernel runs its 16-bit path over the copies (fp16 products, q rounded to
+    fp16: values past fp16's 65,504 overflow, as in the Hopper extend over copies) instead of dequantising
+    every tile in each of the group's M tiles."""
     if not isinstance(plan, CascadePlan):
         raise ValueError(f"cascade_decode: plan must be a CascadePlan, got {type(plan).__name__}")  # noqa: TRY004
     g = plan.groups
@@ -369,12 +372,16 @@ def cascade_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePla
 
         return paged_decode(q, k_cache, v_cache, plan.suffix_pages, plan.suffix_lens, sm_scale, k_scale, v_scale,
                             num_splits=suffix_splits, config=suffix_config, out=out)
-    widen = fp8 and prefix_config is None and widen_max_bytes > 0
+    if plan.widen_max_bytes is not None:  # a CUDA graph's plan: what its pool may hold (cuda_graphs.py)
+        widen_max_bytes = min(widen_max_bytes, plan.widen_max_bytes)
+    d = q.shape[2]
+    widen = (fp8 and prefix_config is None and widen_max_bytes > 0 and d & (d - 1) == 0
+             and k_cache.stride(3) == 1)  # dequant_pages' rows: a power-of-two head_dim, contiguous
 
     def prefix(lv: CascadeGroups, **kw) -> tuple[Tensor, Tensor]:
         """cascade_prefix_attention of one level, over fp16 copies of its prefix pages where they fit."""
-        if widen and scratch_bytes(lv.prefix_pages, k_cache, q.shape[2]) <= widen_max_bytes:
-            k16, v16 = dequant_pages(k_cache, v_cache, k_scale, v_scale, lv.prefix_pages, lv.prefix_lens, q.shape[2])
+        if widen and scratch_bytes(lv.prefix_pages, k_cache, d) <= widen_max_bytes:
+            k16, v16 = dequant_pages(k_cache, v_cache, k_scale, v_scale, lv.prefix_pages, lv.prefix_lens, d)
             pages, caches = scratch_table(*lv.prefix_pages.shape, q.device), (k16, v16, None, None)
         else:
             pages, caches = lv.prefix_pages, (k_cache, v_cache, k_scale, v_scale)

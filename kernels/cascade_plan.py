@@ -67,6 +67,10 @@ class CascadePlan(NamedTuple):
     # a second level above `groups` (two-level cascade, eager plans only): its runs start at token 0, each
     # group's run where its rows' outer run ends, and suffix tables after both
     outer: CascadeGroups | None = None
+    # host: the most memory cascade_decode may widen FP8 prefix pages into (fp16 copies) for this plan, below
+    # the caller's budget: a CUDA graph's static plan sets what its pool may hold (0 over a whole-context
+    # table); None: the caller's budget alone
+    widen_max_bytes: int | None = None
 
 
 def plan_cascade(page_tables: Sequence[Sequence[int]], seq_lens: Sequence[int],

@@ -60,7 +60,7 @@ def _widen_rows(c_ptr, x_ptr, o_ptr, src, xsrc, dst, ok, HEAD_DIM: tl.constexpr,
         tl.store(o_ptr + dst[:, None] + d[None, :], (x * s[:, None]).to(tl.float16), mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_ptb", "W"])  # table widths vary by step: one compile for all
 def _dequant_kernel(kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, ko_ptr, vo_ptr,
                     stride_cp, stride_cs, stride_ch, stride_xp, stride_xs, stride_xh, stride_ptb, W,
                     PAGE_SIZE: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,

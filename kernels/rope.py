@@ -83,18 +83,18 @@ def _options(cfg: KernelConfig, device: torch.device) -> dict:
     return opts
 
 
-def _cos_rows(name: str, c: Tensor, qk: Tensor) -> int:
-    """The token stride of cos or sin ([T, D] or [T, 1, D]) after checking it."""
+def _cos_rows(name: str, c: Tensor, qk: Tensor, fn: str = "apply_rope_") -> int:
+    """The token stride of cos or sin ([T, D] or [T, 1, D]) after checking it (errors name fn)."""
     T, _, d = qk.shape
     if not isinstance(c, Tensor):
-        raise ValueError(f"apply_rope_: {name} must be a tensor, got {type(c).__name__}")
+        raise ValueError(f"{fn}: {name} must be a tensor, got {type(c).__name__}")
     if tuple(c.shape) not in ((T, d), (T, 1, d)):
-        raise ValueError(f"apply_rope_: {name} must be [{T}, {d}] or [{T}, 1, {d}], got {tuple(c.shape)}")
+        raise ValueError(f"{fn}: {name} must be [{T}, {d}] or [{T}, 1, {d}], got {tuple(c.shape)}")
     if c.dtype != qk.dtype or c.device != qk.device:
-        raise ValueError(f"apply_rope_: {name} must be {qk.dtype} on {qk.device} (cast it as model.py does), "
+        raise ValueError(f"{fn}: {name} must be {qk.dtype} on {qk.device} (cast it as model.py does), "
                          f"got {c.dtype} on {c.device}")
     if c.stride(-1) != 1:
-        raise ValueError(f"apply_rope_: {name}'s last dim must be contiguous, got strides {c.stride()}")
+        raise ValueError(f"{fn}: {name}'s last dim must be contiguous, got strides {c.stride()}")
     return c.stride(0)
 
 

@@ -83,7 +83,7 @@ def rope_store_kv_(qkv: Tensor, cos: Tensor, sin: Tensor, num_q_heads: int, k_ca
         raise ValueError(f"{fn}: k_cache and v_cache must share one shape and layout")
     if not isinstance(slots, Tensor) or slots.shape != (T,) or slots.dtype.is_floating_point or slots.device != qkv.device:
         raise ValueError(f"{fn}: slots must be an integer tensor [{T}] on {qkv.device}")
-    stride_ct, stride_st = _cos_rows("cos", cos, qkv), _cos_rows("sin", sin, qkv)
+    stride_ct, stride_st = _cos_rows("cos", cos, qkv, fn), _cos_rows("sin", sin, qkv, fn)
     check_slots(fn, slots, k_cache)
     if T == 0:
         return qkv

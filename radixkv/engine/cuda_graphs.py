@@ -167,8 +167,8 @@ class DecodeGraphs:
         kernels/cascade.py widens to fp16 copies: `groups` groups' copies of that many pages fit both the
         attention's widen budget and the graphs' 16-bit logits [max_rows, V] (their pool holds those at the
         LM head; during attention, where the copies live, it does not), so the copies add nothing to the
-        pool's peak. A step whose prefixes are longer replays a graph over the whole table (widened only
-        where the whole table's copies fit)."""
+        pool's peak. A step whose prefixes are longer replays a graph over the whole table, which never widens
+        (CascadeInputs.plan: its copies would be the whole context's)."""
         from radixkv.kernels.dequant_pages import DEQUANT_MAX_BYTES
 
         kv, att = self.attention.kv, self.attention

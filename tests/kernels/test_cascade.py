@@ -323,6 +323,21 @@ def test_cascade_decode_over_widened_prefix_copies(case, kv_dtype, monkeypatch):
     _close(out, in_kernel, tol)
 
 
+def test_fp8_prefix_of_head_dim_48_keeps_the_in_kernel_path(monkeypatch):
+    """dequant_pages takes power-of-two head dims: at 48 a budget changes nothing (no copies, no error)."""
+    import radixkv.kernels.cascade as cascade_mod
+
+    gen = _gen("widened-d48")
+    tables, lens, groups, num_pages = _batch([(3, 2), (2, 1)], 1, 16, gen)
+    kc, vc, ks, vs = _caches(num_pages, 16, 2, 48, "fp8_e4m3", gen)
+    q = torch.randn(len(lens), 4, 48, generator=gen).half()
+    plan = plan_cascade(tables, lens, groups, 16, "cpu")
+    monkeypatch.setattr(cascade_mod, "dequant_pages", lambda *a: pytest.fail("widened a head_dim of 48"))
+    out = cascade_decode(q, kc, vc, plan, k_scale=ks, v_scale=vs, widen_max_bytes=1 << 30)
+    _close(out, paged_decode(q, kc, vc, _dense_table(tables), torch.tensor(lens, dtype=I32), k_scale=ks,
+                             v_scale=vs), 2e-3)
+
+
 def test_two_level_plan_layout_and_empty_states():
     """Inner runs start after their rows' outer run; outer-only rows' suffixes start there too; a row in
     no group of a level gets lse -inf at that level (written into a slice of a wider state buffer)."""

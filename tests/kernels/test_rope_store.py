@@ -32,8 +32,8 @@ def _case(dtype, hq, hkv, d, page_size, head_major, T=6, num_pages=8):
 
 @pytest.mark.parametrize("head_major", [False, True])
 @pytest.mark.parametrize("page_size", [1, 16])
-# 8 heads: one block; 24 heads with D/2 = 24: masked dims
-@pytest.mark.parametrize("hq, hkv, d", [(4, 2, 32), (16, 4, 48)])
+# 8 heads: one block; 6 heads: a block of 8 with 2 masked; 24 heads with D/2 = 24: masked dims
+@pytest.mark.parametrize("hq, hkv, d", [(4, 2, 32), (4, 1, 32), (16, 4, 48)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_rope_store_equals_twin_and_the_two_kernels(dtype, hq, hkv, d, page_size, head_major):
     qkv, cos, sin, (kc, vc), slots = _case(dtype, hq, hkv, d, page_size, head_major)
