@@ -30,7 +30,8 @@ decode.py: K scales multiply the score columns, V scales the probabilities; or, 
 memory for it (widen_max_bytes), a level's prefix pages are first widened once into fp16 copies
 (dequant_pages.py) and launch 1 runs its 16-bit path over them, q rounded to fp16 (the in-kernel path widens
 every tile in each of the group's M tiles: 48.6 us against bf16's 25.9 at 256 rows x 1k on the H200).
-INT4/INT2 pages are not supported here yet. bf16 runs on the GPU only (the interpreter mis-computes bf16 dots; tests use fp16/fp32).
+INT4/INT2 pages are not supported here yet. bf16 runs on the GPU only (the interpreter mis-computes bf16
+dots; tests use fp16/fp32).
 Values of the index tensors are checked on CPU only (checks.py's rule); on CUDA they are the caller's.
 Triton specialisations (what a first launch compiles): every constexpr is fixed by the model and the KV
 dtype (GQA group, head_dim, page_size, tiles, FP8 or not), never by a step's rows, groups or lengths. The
@@ -38,8 +39,8 @@ int arguments that vary with a step are the split counts and the strides and loo
 them (and, on eager plans, the prefix table's width); the prefix and merge kernels take those unspecialised
 (do_not_specialize: they only scale scattered one-float lse stores, a program_id division and loop
 bounds), so each compiles once per engine (over FP8 pages, twice: the prefix kernel also over fp16 copies,
-with dequant_pages' kernel, whose table width is unspecialised too). The suffix decode is decode.py's kernel with SPLIT=True,
-specialised on its split count as Triton does for any int (== 1, divisible by 16, other): up to three.
+with dequant_pages' kernel, whose table width is unspecialised too). The suffix decode is decode.py's kernel
+with SPLIT=True, specialised on its split count as Triton does for any int (== 1, divisible by 16, other): up to three.
 Engine: LLM(cascade=True) runs cascade_decode on decode steps (radixkv/engine/attention.py), replayed from CUDA
 graphs keyed by group-count buckets (radixkv/engine/cuda_graphs.py) or eagerly when a step does not fit them.
 """

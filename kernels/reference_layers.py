@@ -1,6 +1,6 @@
 """Plain-PyTorch twins of the fused layer kernels (rms_norm_ref, silu_and_mul_ref, apply_rope_ref,
-rope_store_kv_ref for norm.py, activation.py, rope.py, rope_store.py): exactly radixkv/engine/model.py's eager math in the input dtype,
-rounding included (no fp32 detour beyond what it does)."""
+rope_store_kv_ref for norm.py, activation.py, rope.py, rope_store.py): exactly radixkv/engine/model.py's
+eager math in the input dtype, rounding included (no fp32 detour beyond what it does)."""
 from __future__ import annotations
 
 import torch
@@ -47,7 +47,6 @@ def apply_rope_ref(qk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return qk
 
 
-
 def rope_store_kv_ref(qkv: Tensor, cos: Tensor, sin: Tensor, num_q_heads: int, k_cache: Tensor, v_cache: Tensor,
                       slots: Tensor) -> Tensor:
     """rope_store.rope_store_kv_'s twin: qkv [T, Hq + 2 Hkv, D]'s q heads rotated in place, its k heads rotated
@@ -57,6 +56,7 @@ def rope_store_kv_ref(qkv: Tensor, cos: Tensor, sin: Tensor, num_q_heads: int, k
     store_kv_ref(qk[:, num_q_heads:], qkv[:, num_q_heads + hkv:], k_cache, v_cache, slots)
     qkv[:, :num_q_heads] = qk[:, :num_q_heads]
     return qkv
+
 
 def decode_linear_ref(x: Tensor, w: Tensor, epilogue: str = "store", *, out: Tensor | None = None,
                       norm: tuple[Tensor, float] | None = None, ssq: Tensor | None = None,

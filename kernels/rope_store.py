@@ -81,7 +81,8 @@ def rope_store_kv_(qkv: Tensor, cos: Tensor, sin: Tensor, num_q_heads: int, k_ca
                              f"and store_kv), got {c.dtype} on {c.device}")
     if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
         raise ValueError(f"{fn}: k_cache and v_cache must share one shape and layout")
-    if not isinstance(slots, Tensor) or slots.shape != (T,) or slots.dtype.is_floating_point or slots.device != qkv.device:
+    if (not isinstance(slots, Tensor) or slots.shape != (T,) or slots.dtype.is_floating_point
+            or slots.device != qkv.device):
         raise ValueError(f"{fn}: slots must be an integer tensor [{T}] on {qkv.device}")
     stride_ct, stride_st = _cos_rows("cos", cos, qkv, fn), _cos_rows("sin", sin, qkv, fn)
     check_slots(fn, slots, k_cache)

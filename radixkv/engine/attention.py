@@ -176,8 +176,8 @@ class PagedAttention:
         self.two_level_steps = 0  # of which eager steps on two levels
         self.cascade_outer_rule: CascadeRule = OUTER_RULE  # when a step's outer level runs (outer_level_pays)
         self.split_mixed = True  # MixedSplit on the Triton kernels (False: every row of a mixed step in paged_prefill)
-        # memory an extend or a cascade prefix may take for fp16 copies of FP8 / INT4 pages (dequant_pages.py); the runner
-        # sets what its step reserve holds free during attention, None: the kernels' default
+        # memory an extend or a cascade prefix may take for fp16 copies of FP8 / INT4 pages (dequant_pages.py);
+        # the runner sets what its step reserve holds free during attention, None: the kernels' default
         self.widen_max_bytes: int | None = None
 
     @property
@@ -351,7 +351,6 @@ class PagedAttention:
             return o if out is None else out.copy_(o)
         if plan.cascade is not None:
             from radixkv.kernels.cascade import cascade_decode
-
             from radixkv.kernels.dequant_pages import DEQUANT_MAX_BYTES
 
             budget = DEQUANT_MAX_BYTES if self.widen_max_bytes is None else self.widen_max_bytes

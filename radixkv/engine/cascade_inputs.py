@@ -14,12 +14,13 @@ as its requests finish would otherwise capture a graph a step).
 The kernels' launch grids and split counts depend only on the key: the prefix kernel's grid on the groups
 and group rows buckets, its splits on those and the prefix bucket, the suffix decode's splits on the rows
 and suffix buckets. What a graph freezes is only that: grids, split counts (CascadePlan.prefix_splits /
-suffix_splits) and buffer views (the prefix table MAX_GROUPS x W, or x prefix_width, read up to each prefix's length),
-so graphs are keyed by (bucket, CascadeGraphKey(groups, prefix splits, suffix splits, prefix width)): steps of
-different prefix or suffix buckets with the same splits replay one graph (over FP8 pages, those whose prefixes
-fit a narrower table, for the fp16 copies kernels/cascade.py widens them into, replay one of their own), and the keys an engine can reach are few
-enough to capture at start-up (cascade_keys lists them; DecodeGraphs.warm_cascade). One int32 buffer holds,
-for R rows, W pages a row and MAX_GROUPS groups (kernels/cascade.py names the tensors):
+suffix_splits) and buffer views (the prefix table MAX_GROUPS x W, or x prefix_width, read up to each
+prefix's length), so graphs are keyed by (bucket, CascadeGraphKey(groups, prefix splits, suffix splits, prefix
+width)): steps of different prefix or suffix buckets with the same splits replay one graph (over FP8 pages,
+those whose prefixes fit a narrower table, for the fp16 copies kernels/cascade.py widens them into, replay one
+of their own), and the keys an engine can reach are few enough to capture at start-up (cascade_keys lists
+them; DecodeGraphs.warm_cascade). One int32 buffer holds, for R rows, W pages a row and MAX_GROUPS groups
+(kernels/cascade.py names the tensors):
 
     group_start [MAX_GROUPS + 1]  group_rows [R]  prefix_lens [MAX_GROUPS]  suffix_lens [R]
     prefix_pages [MAX_GROUPS, W]  suffix_pages [R, W]
@@ -154,7 +155,8 @@ class CascadeInputs:
         addresses) and the key's split counts."""
         start, rows, plens, slens, ppages, spages = self._parts(self._dev)
         G = key.groups
-        groups = CascadeGroups(start[:G + 1], rows[:bucket], ppages[:G, :key.prefix_width or None], plens[:G], bucket)
+        groups = CascadeGroups(start[:G + 1], rows[:bucket], ppages[:G, :key.prefix_width or None], plens[:G],
+                               bucket)
         return CascadePlan(groups, spages[:bucket], slens[:bucket], self.max_pages * self.page_size, False,
                            all_rows_grouped=False, prefix_splits=key.prefix_splits, suffix_splits=key.suffix_splits,
                            widen_max_bytes=None if key.prefix_width else 0)  # whole-context copies: never
