@@ -21,14 +21,16 @@ index tensors (slots, page_table, seq_lens, q_start, q_lens) only on CPU tensors
 is written. On CUDA tensors those values are the caller's duty (no host syncs in a launcher);
 checks.py's docstring lists the ranges.
 
-One kernel a file: store.py, decode.py, decode_fp8_gluon.py, decode_int4_gluon.py, prefill.py, prefill_hopper_gluon.py,
-dequant_pages.py (FP8 / INT4 pages widened to fp16 copies for the Hopper extend and the cascade prefix), window.py (the recent-token window's state), norm.py, activation.py, rope.py, rope_store.py (RoPE with the K/V store), decode_linear.py, sample.py (the sampler's hash +
-Gumbel-max draw), nucleus.py (top-p / min-p draws by rejection).
+One kernel a file: store.py, decode.py, decode_fp8_gluon.py, decode_int4_gluon.py, prefill.py,
+prefill_hopper_gluon.py, dequant_pages.py (FP8 / INT4 pages widened to fp16 copies for the Hopper extend and
+the cascade prefix), window.py (the recent-token window's state), norm.py, activation.py, rope.py,
+rope_store.py (RoPE with the K/V store), decode_linear.py, sample.py (the sampler's hash + Gumbel-max draw),
+nucleus.py (top-p / min-p draws by rejection).
 Beside them: dispatch.py (which kernel runs, with how many splits; environment switches read once),
 launch.py (tile configs, launch options), checks.py (argument checks), fp8.py and intq.py (FP8 and INT4/INT2 formats and
 quantisation helpers) and the plain-PyTorch twins, the ground truth: reference_attention.py (store,
-decode, prefill, cascade, window, dequant_pages), reference_layers.py (norm, activation, rope, rope_store), reference_sampling.py
-(the sampler's noise and draws); reference_layers.py also holds decode_linear's twin.
+decode, prefill, cascade, window, dequant_pages), reference_layers.py (norm, activation, rope, rope_store),
+reference_sampling.py (the sampler's noise and draws); reference_layers.py also holds decode_linear's twin.
 The Triton modules load on first access to these names, so importing the package (or
 `radixkv.kernels.reference_*`, `.dispatch`, `.fp8`, `.intq`, which the CPU engine and the attention
 front use) never imports Triton. Tests that run the kernels on CPU must set TRITON_INTERPRET=1 before Triton

@@ -178,7 +178,8 @@ def bench_shape(s: Shape, fi, workspace, smoke: bool) -> dict:
           f"{t_parts['suffix']:.1f} x{parts['suffix_splits']}, merge {t_parts['merge']:.1f})  "
           f"{r['attention_speedup']:6.2f}x  flashinfer {fi_us}  err vs plain {err_vs_plain:.1e} "
           f"(fp64: plain {err_plain:.1e}, cascade {err_cascade:.1e})"
-          + (f"\n      FP8 prefix over fp16 copies: cascade {wide_us:8.1f} us (fp64 err {wide_err:.1e})" if wide_us else ""))
+          + (f"\n      FP8 prefix over fp16 copies: cascade {wide_us:8.1f} us (fp64 err {wide_err:.1e})"
+             if wide_us else ""))
     return r
 
 

@@ -1,13 +1,13 @@
-"""Fused layer kernels (rms_norm, silu_and_mul, apply_rope_, rope_store_kv_) on the GPU against eager PyTorch and torch.compile.
+"""Fused layer kernels (rms_norm, silu_and_mul, apply_rope_, rope_store_kv_) on the GPU vs eager and torch.compile.
 
     python benchmarks/kernels/bench_layer_kernels.py --json benchmarks/results/layer_kernels.json   # H200, one call
     python benchmarks/kernels/bench_layer_kernels.py --smoke     # CPU interpreter, tiny shapes: checks this script
 
 Llama-3-8B shapes (hidden 4096, 32 q / 8 KV heads, head_dim 128, intermediate 14336) at T = 1, 64, 256
 tokens, bf16. Phase (1) checks each kernel against its twin in kernels/reference_layers.py (the engine's
-eager math today) in bf16, fp16 and fp32: how many elements differ and by how much. RoPE and the
-residual sum (and RoPE with the K/V store) must be bit-identical; silu_and_mul is expected to be (libdevice's expf, contracted as
-nvcc compiles torch's silu), and is also run with FMA contraction off to show which build matches;
+eager math today) in bf16, fp16 and fp32: how many elements differ and by how much. RoPE (alone and with
+the K/V store) and the residual sum must be bit-identical; silu_and_mul is expected to be (libdevice's expf,
+contracted as nvcc compiles torch's silu), and is also run with FMA contraction off to show which build matches;
 rms_norm differs in the fp32 sum's order only. Phase (2) times the kernel, the eager twin and
 torch.compile(twin) (mode default) with kernel_common.time_fn: median of CUDA-graph replays, L2
 flushed before each. A torch.compile failure is printed and its column left empty. The last table
@@ -127,7 +127,8 @@ def compare(a: tuple, b: tuple) -> dict:
 def correctness(ops, ref, s, dev, gen, smoke) -> list[dict]:
     exact = {"rope", "rope_store", "add_rms_norm:residual"} | (set() if smoke else {"silu_and_mul"})
     dtypes = (torch.float32, torch.float16) if smoke else (torch.bfloat16, torch.float16, torch.float32)
-    names = ["rms_norm", "add_rms_norm", "qk_norm", "silu_and_mul", "rope", "rope_store"] + ([] if smoke else ["silu_no_fma"])
+    names = ["rms_norm", "add_rms_norm", "qk_norm", "silu_and_mul", "rope", "rope_store"]
+    names += [] if smoke else ["silu_no_fma"]
     rows = []
     for dtype in dtypes:
         for op in names:

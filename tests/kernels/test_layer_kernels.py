@@ -309,7 +309,8 @@ print(json.dumps({" ".join(k): v for k, v in res.items()}))
 
 def test_layer_kernels_compile_for_sm90():
     """The GPU path (libdevice calls, launch options) compiles for the H200 with this Triton's ptxas;
-    RoPE (and rope_store.py's RoPE with the K/V store) has no FMA (its bit-exactness needs every product rounded), silu_and_mul calls libdevice's
+    RoPE (and rope_store.py's RoPE with the K/V store) has no FMA (its bit-exactness needs every product
+    rounded), silu_and_mul calls libdevice's
     expf and divides correctly rounded, rms_norm uses rsqrtf."""
     import json
     import os
