@@ -66,17 +66,24 @@ def _high_mask(log_vec, dbits):
 
 
 @gluon.constexpr_function
+def _k_lane_bits(head_dim):
+    """log2 of the bytes a lane loads of a K row: 16, or 8 for rows of 32 bytes (INT4 rows of 64 values)."""
+    return 4 if head_dim >= 64 else 3
+
+
+@gluon.constexpr_function
 def _k_bits(dbits):
     """Bit i of K's label (the mma contraction index k) is physical head-dim bit _k_bits[i]. Loaded
-    (_k_word_layout), physical bits 0-3 are a lane's 16 bytes, 4-5 its lane bits 0-1, 6+ registers;
-    the mma operand wants k bit 0 in a register (the f16x2 pair), bits 1-2 from lane bits 0-1, 3+
-    in registers."""
-    return [0, 4, 5, 1, 2, 3] + list(range(6, dbits))
+    (_k_word_layout), physical bits 0-3 are a lane's 16 bytes (0-2: 8 bytes in rows of 32), the next
+    two its lane bits 0-1, the rest registers; the mma operand wants k bit 0 in a register (the f16x2
+    pair), bits 1-2 from lane bits 0-1, 3+ in registers."""
+    n = _k_lane_bits(1 << dbits)
+    return [0, n, n + 1] + list(range(1, n)) + list(range(n + 2, dbits))
 
 
 @gluon.constexpr_function
 def _v_log_vec(head_dim):
-    return 4 if head_dim >= 128 else 3
+    return 4 if head_dim >= 128 else 3 if head_dim >= 64 else 2
 
 
 @gluon.constexpr_function
@@ -103,10 +110,12 @@ def _word_layout(regs, lanes, block_n, head_dim):
 @gluon.constexpr_function
 def _k_word_layout(block_n, head_dim):
     """K tile as loaded, in int32 words [BLOCK_N, D / 4]: 16 contiguous bytes per lane (registers
-    1, 2), lanes 0-1 over head-dim chunks, lanes 2-4 over tokens (the mma A operand's rows)."""
-    regs = [[0, 1], [0, 2]] + [[0, 1 << i] for i in range(4, _log2(head_dim // 4))]
+    1, 2; 8 bytes in rows of 32), lanes 0-1 over head-dim chunks, lanes 2-4 over tokens (the mma A
+    operand's rows)."""
+    n = _k_lane_bits(head_dim) - 2  # word bits in a lane's chunk
+    regs = [[0, 1 << i] for i in range(n)] + [[0, 1 << i] for i in range(n + 2, _log2(head_dim // 4))]
     regs += [[1 << i, 0] for i in range(3, _log2(block_n))]
-    return _word_layout(regs, [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], block_n, head_dim)
+    return _word_layout(regs, [[0, 1 << n], [0, 2 << n], [1, 0], [2, 0], [4, 0]], block_n, head_dim)
 
 
 @gluon.constexpr_function
@@ -141,10 +150,12 @@ def _to_f16(w, E5M2: gl.constexpr):
 def _relabel(x, perm: gl.constexpr, N: gl.constexpr, D: gl.constexpr):
     """x: [N, D] -> same registers, head-dim index bits permuted by perm (no data movement)."""
     x = gl.reshape(x, _bit_shape(N, _log2(D)))
-    if D == 64:
+    if D == 32:
+        x = gl.permute(x, [perm[0], perm[1], perm[2], perm[3], perm[4], perm[5]])
+    elif D == 64:
         x = gl.permute(x, [perm[0], perm[1], perm[2], perm[3], perm[4], perm[5], perm[6]])
     else:
-        gl.static_assert(D == 128, "head_dim must be 64 or 128")
+        gl.static_assert(D == 128, "head_dim must be 32, 64 or 128")
         x = gl.permute(x, [perm[0], perm[1], perm[2], perm[3], perm[4], perm[5], perm[6], perm[7]])
     return gl.reshape(x, [N, D])
 
@@ -196,15 +207,23 @@ def _per_token(pages, PAGE_SIZE: gl.constexpr):
 
 
 @gluon.jit
-def _words(c_ptr, pages, start, last, d, stride_cp, stride_cs, kv_off, BL: gl.constexpr, ROW_L: gl.constexpr,
-           PAGE_SIZE: gl.constexpr, OFF_TY: gl.constexpr):
-    """A tile's K or V rows as int32 words [BLOCK_N, D / 4] (d and ROW_L: that cache's load layout),
+def _row_offsets(pages, start, last, stride_cp, stride_cs, kv_off, BL: gl.constexpr, ROW_L: gl.constexpr,
+                 PAGE_SIZE: gl.constexpr, OFF_TY: gl.constexpr):
+    """Offsets [BLOCK_N] (ROW_L) of a tile's token rows in a cache of strides (stride_cp, stride_cs),
     tokens clamped to last (finite data where P will be 0)."""
     blk = gl.arange(0, 8, layout=gl.SliceLayout(1, BL))
     tok = _clamped(start, 4 * blk[:, None] + gl.arange(0, 4, layout=gl.SliceLayout(0, BL))[None, :], last)
     # Relabelled before the strides multiply them, so the compiler still sees 16-byte aligned rows.
     page = _rows_order(gl.broadcast(_per_token(pages, PAGE_SIZE), tok)[0], ROW_L)
-    row = page.to(OFF_TY) * stride_cp + (_rows_order(tok, ROW_L) % PAGE_SIZE) * stride_cs + kv_off
+    return page.to(OFF_TY) * stride_cp + (_rows_order(tok, ROW_L) % PAGE_SIZE) * stride_cs + kv_off
+
+
+@gluon.jit
+def _words(c_ptr, pages, start, last, d, stride_cp, stride_cs, kv_off, BL: gl.constexpr, ROW_L: gl.constexpr,
+           PAGE_SIZE: gl.constexpr, OFF_TY: gl.constexpr):
+    """A tile's K or V rows as int32 words [BLOCK_N, D / 4] (d and ROW_L: that cache's load layout),
+    tokens clamped to last (finite data where P will be 0)."""
+    row = _row_offsets(pages, start, last, stride_cp, stride_cs, kv_off, BL, ROW_L, PAGE_SIZE, OFF_TY)
     return gl.load(c_ptr + row[:, None] + d[None, :])
 
 

@@ -253,10 +253,13 @@ def decode_warps_per_sm(q_dtype: torch.dtype, k_cache: Tensor, v_cache: Tensor, 
                         group: int, head_dim: int = 0) -> int:
     """choose_num_splits' warps_per_sm for decode of q_dtype queries (GQA group `group`) over caches of
     this layout (one layer's; every layer shares it): the one-warp programs of paged_decode_fp8 or
-    paged_decode_int4 resident per SM where paged_decode runs one of them, else 0 (the Triton kernel's
+    the INT4 Gluon kernels resident per SM where paged_decode runs one of them, else 0 (the Triton kernel's
     split rule). head_dim: q's (needed to tell INT4 pages from INT2 ones of the same width)."""
     if _int4_gluon_caches(q_dtype, head_dim, k_cache, v_cache, k_scale, k_scale, group):
         return resident_warps_per_sm(128, group, fp8_offsets_64(k_cache, k_scale.flatten(3).view(torch.int64)),
+                                     k_cache.shape[1])
+    if _int4_groups_caches(q_dtype, head_dim, k_cache, v_cache, k_scale, k_scale, group):
+        return resident_warps_per_sm(head_dim, group, fp8_offsets_64(k_cache, k_scale.view(torch.int32)),
                                      k_cache.shape[1])
     if not _fp8_gluon_caches(q_dtype, k_cache, v_cache, group):
         return 0
@@ -288,6 +291,52 @@ def _int4_gluon_caches(q_dtype: torch.dtype, head_dim: int, k_cache: Tensor, v_c
         if any(st % 4 for st in pairs.stride()[:3]) or pairs.data_ptr() % 8:
             return False
     return _gluon_int4_gpu(_index(k_cache.device))
+
+
+def _int4_groups_caches(q_dtype: torch.dtype, head_dim: int, k_cache: Tensor, v_cache: Tensor,
+                        k_scale: Tensor | None, v_scale: Tensor | None, group: int) -> bool:
+    # INT4 pages of head_dim 64 or 128 read as int32 words, each group's (scale, zero) one int32 word,
+    # groups of a multiple of 4 values; two groups a bit-plane are read as one 8-byte word a token.
+    if head_dim not in (64, 128) or k_cache.dtype != torch.uint8 or k_cache.device.type != "cuda":
+        return False
+    if q_dtype == torch.float32 or k_cache.shape[3] != head_dim // 2 or k_scale is None or v_scale is None:
+        return False
+    if not 1 <= group <= 16:
+        return False
+    for pages in (k_cache, v_cache):
+        if pages.stride(3) != 1 or any(st % 4 for st in pages.stride()[:3]) or pages.data_ptr() % 4:
+            return False
+    for pairs in (k_scale, v_scale):
+        if pairs.dim() != 5 or pairs.shape[4] != 2 or pairs.stride(4) != 1 or pairs.stride(3) != 2:
+            return False
+        align = 8 if pairs.shape[3] == 4 else 4  # bytes: a plane's two groups of four are one 8-byte load
+        if (head_dim // pairs.shape[3]) % 4 or any(2 * st % align for st in pairs.stride()[:3]):
+            return False
+        if pairs.data_ptr() % align:
+            return False
+    return _gluon_int4_gpu(_index(k_cache.device))
+
+
+def int4_decode_kernel(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor,
+                       out: Tensor) -> str:
+    """Which Gluon kernel paged_decode (given no explicit config) runs for these checked INT4 arguments:
+    "planes" (decode_int4_gluon, where int4_decode_gluon holds), "groups" (decode_int4_groups_gluon:
+    head_dim 64 or 128, groups of a multiple of 4 values), or "" (the Triton INT kernel)."""
+    if q.stride(2) != 1 or out.stride(2) != 1:
+        return ""
+    if int4_decode_gluon(q, k_cache, v_cache, k_scale, v_scale, out):
+        return "planes"
+    group = q.shape[1] // k_cache.shape[2]
+    return "groups" if _int4_groups_caches(q.dtype, q.shape[2], k_cache, v_cache, k_scale, v_scale, group) else ""
+
+
+def int4_decode_launch(kernel: str):
+    """The launch function of int4_decode_kernel's answer (imported on first use: Gluon modules)."""
+    if kernel == "planes":
+        from .decode_int4_gluon import launch
+    else:
+        from .decode_int4_groups_gluon import launch
+    return launch
 
 
 def int4_decode_gluon(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor,

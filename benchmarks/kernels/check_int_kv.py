@@ -1,12 +1,14 @@
 """INT4/INT2 KV on the GPU in about a minute: kernel_checks.int_checks, then INT4 / INT2 against bf16 decode at
 64 x 16k and extend at 8 x (4096 + 512), with bench_kernels.py's harness and pools (the full bench_kernels.py
-run times every shape); then INT4 at head_dim 64 (KVStore's groups of 16 values, smaller than a bit-plane: the
-kernels' per-column (scale, zero) path, radixkv.plan.kv_int_groups) against bf16 decode at 64 x 16k.
+run times every shape); then INT4 at head_dim 64 (KVStore's groups of 16 values, two a bit-plane:
+decode_int4_groups_gluon's kernel, and the Triton INT kernel's per-column path beside it) against bf16 decode at
+64 x 16k.
 
 Decode runs at the split count the engine would give it (dispatch.choose_num_splits for the kernel that runs:
-paged_decode_int4's one-warp Gluon programs for INT4 at head_dim 128). INT4 at head_dim 128 is also timed on
-the Triton INT kernel and over a few split counts of the Gluon kernel (--sweep). INT4 extends are checked against
-the fp64 twin before the extend timings (the row's kernel_err is their worst).
+the one-warp Gluon programs for INT4). INT4 at head_dim 128 also runs the groups kernel on the same pages (its
+checks too: int_checks again with dispatch forced to it), and with --sweep the Triton INT kernel and a few split
+counts of the Gluon kernel. INT4 extends are checked against the fp64 twin before the extend timings (the row's
+kernel_err is their worst).
 
 Rows (--json; issue 34's benchmarks/results/int_kv.json): shape, kv, head_dim, us (decode) or tflops (extend),
 vs_bf16, kernel_err (relative, against fp64 attention over the stored values; None where not measured).
@@ -15,6 +17,7 @@ vs_bf16, kernel_err (relative, against fp64 attention over the stored values; No
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from pathlib import Path
@@ -22,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_checks import check_rows_int, int_checks, quantize_pool_int
+from kernel_checks import INT_FORMATS, check_rows_int, int_checks, quantize_pool_int
 from kernel_common import HQ, D, make_extend, make_pool, time_fn
 
 
@@ -37,6 +40,19 @@ def engine_splits(q, kc, vc, ks, ctx: int) -> int:
     hkv = kc.shape[2]
     warps = decode_warps_per_sm(q.dtype, kc, vc, ks, q.shape[1] // hkv, q.shape[2])
     return choose_num_splits(q.shape[0], hkv, ctx, sm_count(q.device), warps_per_sm=warps)
+
+
+@contextlib.contextmanager
+def forced_int4_kernel(kernel: str):
+    """paged_decode's INT4 kernel choice forced to `kernel` ("planes", "groups" or "") where a Gluon one runs."""
+    import radixkv.kernels.decode as decode_mod
+
+    rule = decode_mod.int4_decode_kernel
+    decode_mod.int4_decode_kernel = lambda *args: kernel if rule(*args) else ""
+    try:
+        yield
+    finally:
+        decode_mod.int4_decode_kernel = rule
 
 
 def decode_us(ops, q, pool, caches: tuple[torch.Tensor, ...] | None = None, splits: int | None = None,
@@ -88,6 +104,9 @@ def decode_rows(a, ops, ref, dev: torch.device, gen: torch.Generator, emit) -> N
 
     for row in int_checks(ops, ref, dev, gen, False):
         emit(row)
+    with forced_int4_kernel("groups"):  # the groups kernel on KVStore's head_dim-128 pages too
+        for row in int_checks(ops, ref, dev, gen, False, formats=[f for f in INT_FORMATS if f[0] == "int4"]):
+            emit({**row, "check": f"{row['check']} (groups kernel)"})
     pool = make_pool(64, 16384, dev, gen)
     q = torch.randn(64, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
     t16 = decode_us(ops, q, pool)
@@ -102,6 +121,14 @@ def decode_rows(a, ops, ref, dev: torch.device, gen: torch.Generator, emit) -> N
         err = check_rows_int(out, q, pool, intq, bits, [0, 31, 63], [1] * 64, D ** -0.5)
         emit({"shape": "decode 64x16k", "kv": f"int{bits}", "head_dim": D, "us": round(t, 1),
               "vs_bf16": round(t16 / t, 2), "kernel_err": err, "splits": splits})
+        if bits == 4:
+            with forced_int4_kernel("groups"):
+                tg = decode_us(ops, q, pool, intq)
+                out = ops.paged_decode(q, *intq[:2], pool.page_table, pool.seq_lens, k_scale=intq[2],
+                                       v_scale=intq[3], num_splits=splits)
+            emit({"shape": "decode 64x16k", "kv": "int4, groups kernel", "head_dim": D, "us": round(tg, 1),
+                  "vs_bf16": round(t16 / tg, 2), "splits": splits,
+                  "kernel_err": check_rows_int(out, q, pool, intq, bits, [0, 31, 63], [1] * 64, D ** -0.5)})
         if bits == 4 and a.sweep:
             cfg = default_config(KernelKind.DECODE, q, intq[0])
             for s in (1, splits):
@@ -113,11 +140,21 @@ def decode_rows(a, ops, ref, dev: torch.device, gen: torch.Generator, emit) -> N
     pool = make_pool(64, 16384, dev, gen, head_dim=64)
     q = torch.randn(64, HQ, 64, device=dev, dtype=torch.bfloat16, generator=gen)
     t16 = decode_us(ops, q, pool)
-    t = decode_us(ops, q, pool, quantize_pool_int(pool, 4, ops))
-    emit({"shape": "decode 64x16k", "kv": "bf16", "head_dim": 64, "us": round(t16, 1), "vs_bf16": 1.0, "kernel_err": None})
+    emit({"shape": "decode 64x16k", "kv": "bf16", "head_dim": 64, "us": round(t16, 1), "vs_bf16": 1.0, "kernel_err": None,
+          "splits": engine_splits(q, pool.k, pool.v, None, 16384)})
+    intq = quantize_pool_int(pool, 4, ops)
+    splits = engine_splits(q, intq[0], intq[1], intq[2], 16384)
+    t = decode_us(ops, q, pool, intq)
+    out = ops.paged_decode(q, *intq[:2], pool.page_table, pool.seq_lens, k_scale=intq[2], v_scale=intq[3],
+                           num_splits=splits)
     emit({"shape": "decode 64x16k", "kv": "int4 (groups of 16)", "head_dim": 64, "us": round(t, 1),
+          "vs_bf16": round(t16 / t, 2), "splits": splits,
+          "kernel_err": check_rows_int(out, q, pool, intq, 4, [0, 31, 63], [1] * 64, 64 ** -0.5)})
+    cfg = default_config(KernelKind.DECODE, q, intq[0])  # the Triton INT kernel, at its own split rule
+    t = decode_us(ops, q, pool, intq, engine_splits(q, pool.k, pool.v, None, 16384), cfg)
+    emit({"shape": "decode 64x16k", "kv": "int4 (groups of 16), Triton kernel", "head_dim": 64, "us": round(t, 1),
           "vs_bf16": round(t16 / t, 2), "kernel_err": None})
-    del pool
+    del pool, intq
 
 
 def main() -> None:
@@ -128,6 +165,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="INT4 decode over split counts, code tricks and kernels")
     ap.add_argument("--extend-only", action="store_true",
                     help="INT4 extend checks (long extends: the Hopper kernel's path) and the extend timings only")
+    ap.add_argument("--decode-only", action="store_true", help="the INT checks and the decode timings only")
     ap.add_argument("--json", default=None, help="write the rows here")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -145,6 +183,23 @@ def main() -> None:
 
     if not a.extend_only:
         decode_rows(a, ops, ref, dev, gen, emit)
+    if not a.decode_only:
+        extend_rows(ops, ref, dev, gen, emit)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    print("\n| shape | kv | head_dim | us / TFLOP/s | vs bf16 | splits | kernel err |")
+    for r in rows:
+        if "check" in r:
+            continue
+        print(f"| {r.get('shape') or r.get('sweep')} | {r.get('kv', '')} | {r.get('head_dim', '')} | "
+              f"{r.get('us', r.get('tflops'))} | {r.get('vs_bf16', '')} | {r.get('splits', '')} | "
+              f"{'' if r.get('kernel_err') is None else r['kernel_err']} |")
+    bad = [r["check"] for r in rows if "check" in r and not r["ok"]]
+    print(f"checks: {sum('check' in r for r in rows) - len(bad)} passed, failed: {bad}")
+
+
+def extend_rows(ops, ref, dev: torch.device, gen: torch.Generator, emit) -> None:
+    """int4_extend_checks, then INT4 / INT2 extend against bf16 at 8 x (4096 + 512)."""
     ext_checks = int4_extend_checks(ops, ref, dev, gen)
     for row in ext_checks:
         emit(row)
@@ -166,17 +221,6 @@ def main() -> None:
             t = extend_us(ops, ext, intq, default_config(KernelKind.PREFILL, ext.q, intq[0], int(ext.q_lens[0])))
             emit({"shape": shape, "kv": "int4, Triton kernel", "head_dim": D, "tflops": round(ext.flops / t / 1e6, 1),
                   "vs_bf16": round(te / t, 2), "kernel_err": None})
-    if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=1))
-    print("\n| shape | kv | head_dim | us / TFLOP/s | vs bf16 | splits | kernel err |")
-    for r in rows:
-        if "check" in r:
-            continue
-        print(f"| {r.get('shape') or r.get('sweep')} | {r.get('kv', '')} | {r.get('head_dim', '')} | "
-              f"{r.get('us', r.get('tflops'))} | {r.get('vs_bf16', '')} | {r.get('splits', '')} | "
-              f"{'' if r.get('kernel_err') is None else r['kernel_err']} |")
-    bad = [r["check"] for r in rows if "check" in r and not r["ok"]]
-    print(f"checks: {sum('check' in r for r in rows) - len(bad)} passed, failed: {bad}")
 
 
 if __name__ == "__main__":

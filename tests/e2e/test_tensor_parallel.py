@@ -80,6 +80,7 @@ def _fails_fast(llm: LLM, match: str, within_s: float) -> TensorParallelError:
     return info.value
 
 
+@pytest.mark.alone  # dist_timeout_s=2 and a 5-second bound: no other test loading the cores
 @pytest.mark.parametrize("fault", ["raise", "kill", "hang"])
 def test_a_failing_worker_is_reported_not_a_hang(fault) -> None:
     llm = _llm(tiny_config("llama"), 2, dist_timeout_s=2.0)
@@ -124,6 +125,7 @@ def test_an_interrupt_after_the_step_was_sent_shuts_the_ranks_down() -> None:
     llm.close()
 
 
+@pytest.mark.alone  # dist_timeout_s=2
 def test_a_worker_that_stops_reading_is_reported_not_a_hang() -> None:
     """A step too large for the pipe's buffer, to a worker stopped outside any collective (SIGSTOP): the send
     itself would block forever; it is bounded by dist_timeout_s and blamed on that rank."""

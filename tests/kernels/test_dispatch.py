@@ -189,6 +189,37 @@ def test_int4_decode_gluon_needs_word_pages_and_pair_scales(monkeypatch):
     assert not dispatch.int4_decode_gluon(q, k, v, shifted, shifted, q)
 
 
+def test_int4_decode_kernel_names_the_gluon_kernel(monkeypatch):
+    """int4_decode_kernel: head_dim 128 in two groups -> "planes"; KVStore's head_dim 64 (groups of 16) and
+    other groups of a multiple of 4 values at head_dim 64 / 128 -> "groups"; everything else "" (the Triton
+    INT kernel): groups of 2 values, INT2 pages, fp32 or strided q, GQA groups over 16, pairs that are not
+    int32 words with 8-byte aligned token records, and CPU pages."""
+    monkeypatch.setattr(dispatch, "_gluon_int4_gpu", lambda index: True)
+    q128, q64 = torch.empty(3, 8, 128, dtype=torch.bfloat16), torch.empty(3, 12, 64, dtype=torch.float16)
+    assert dispatch.int4_decode_kernel(q128, *_int_pages(128, "int4"), q128) == "planes"
+    k, v, ks, vs = _int_pages(64, "int4", hkv=4)
+    assert dispatch.int4_decode_kernel(q64, k, v, ks, vs, q64) == "groups"
+    assert ks.view(torch.int32).squeeze(-1).shape == ks.shape[:4]  # group_words' view exists
+    for groups in (1, 4, 32):
+        assert dispatch.int4_decode_kernel(q128, *_int_pages(128, "int4", groups=groups), q128) == "groups"
+    assert dispatch.int4_decode_kernel(q128, *_int_pages(128, "int4", groups=64), q128) == ""  # 2 values a group
+    assert dispatch.int4_decode_kernel(q128, *_int_pages(128, "int2"), q128) == ""
+    assert dispatch.int4_decode_kernel(q64.float(), k, v, ks, vs, q64.float()) == ""
+    strided = torch.empty(3, 12, 128, dtype=torch.float16)[..., ::2]
+    assert dispatch.int4_decode_kernel(strided, k, v, ks, vs, q64) == ""
+    wide = torch.empty(3, 68, 64, dtype=torch.float16)  # a GQA group of 17
+    assert dispatch.int4_decode_kernel(wide, k, v, ks, vs, wide) == ""
+    P, S, H = ks.shape[:3]
+    odd_tokens = _OnGpu(torch.zeros(P, H, S, 5, 2, dtype=torch.float16)[..., :4, :].transpose(1, 2))
+    assert odd_tokens.stride(1) == 10  # tokens 20 bytes apart: a plane's two groups off 8-byte alignment
+    assert dispatch.int4_decode_kernel(q64, k, v, odd_tokens, odd_tokens, q64) == ""
+    shifted = _OnGpu(torch.zeros(P * H * S * 8 + 2, dtype=torch.float16)[2:].view(P, H, S, 4, 2).transpose(1, 2))
+    assert dispatch.int4_decode_kernel(q64, k, v, shifted, shifted, q64) == ""
+    cpu = _int_pages(64, "int4", hkv=4)
+    assert dispatch.int4_decode_kernel(q64, *(t._t for t in cpu), q64) == ""
+    assert dispatch.decode_warps_per_sm(torch.float16, k, v, ks, 3, 64) == 12  # 168 registers, as FP8's
+
+
 def test_int4_decode_warps_per_sm_needs_head_dim(monkeypatch):
     """decode_warps_per_sm gives the INT4 kernel's residency only when told q's head_dim: INT2 pages of
     head_dim 256 in 2 groups have INT4's layout at 128 byte for byte (64-byte rows, (2, 2) pairs)."""

@@ -132,6 +132,7 @@ HOSTILE = [  # (path, body, the 400's param, what its message says)
 ]
 
 
+@pytest.mark.alone  # a 100 ms bound: no other test loading the cores
 @pytest.mark.parametrize("path,body,param,says", HOSTILE, ids=[f"{p.split('/')[-1]}-{len(str(b))}-{q}"
                                                                for p, b, q, _ in HOSTILE])
 def test_health_answers_within_100ms_while_a_hostile_request_is_prepared(trusting, path, body, param, says) -> None:
