@@ -21,8 +21,8 @@ index tensors (slots, page_table, seq_lens, q_start, q_lens) only on CPU tensors
 is written. On CUDA tensors those values are the caller's duty (no host syncs in a launcher);
 checks.py's docstring lists the ranges.
 
-One kernel a file: store.py, decode.py, decode_fp8_gluon.py, decode_int4_gluon.py, decode_int4_groups_gluon.py,
-prefill.py, prefill_hopper_gluon.py, dequant_pages.py (FP8 / INT4 pages widened to fp16 copies for the Hopper extend and
+One kernel a file: store.py, decode.py, decode_fp8_gluon.py, decode_int4_gluon.py, prefill.py,
+prefill_hopper_gluon.py, dequant_pages.py (FP8 / INT4 pages widened to fp16 copies for the Hopper extend and
 the cascade prefix), window.py (the recent-token window's state), norm.py, activation.py, rope.py,
 rope_store.py (RoPE with the K/V store), decode_linear.py, sample.py (the sampler's hash + Gumbel-max draw),
 nucleus.py (top-p / min-p draws by rejection).

@@ -59,7 +59,7 @@ from .checks import IndexValueError, check_paged_args, host_float, host_int
 from .decode import _decode_kernel
 from .dequant_pages import dequant_pages, scratch_bytes, scratch_table
 from .decode_int import launch_int as launch_int_decode
-from .dispatch import fp8_decode_gluon, int4_decode_kernel, int4_decode_launch
+from .dispatch import fp8_decode_gluon, int4_decode_gluon
 from .launch import LOG2E, KernelConfig, KernelKind, default_config, for_device, launch_options
 
 
@@ -280,8 +280,7 @@ def paged_decode_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table
     num_splits = host_int(fn, "num_splits", num_splits, lo=1)
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else host_float(fn, "sm_scale", sm_scale)
     gluon_fp8 = args.fp8 and config is None and fp8_decode_gluon(q, k_cache, v_cache, q)
-    gluon_int4 = int4_decode_kernel(q, k_cache, v_cache, k_scale, v_scale, q) if (
-        args.bits == 4 and config is None) else ""
+    gluon_int4 = args.bits == 4 and config is None and int4_decode_gluon(q, k_cache, v_cache, k_scale, v_scale, q)
     if gluon_fp8 or args.bits:
         num_splits = max(2, num_splits)
     block_d = d if gluon_fp8 or gluon_int4 else max(16, triton.next_power_of_2(d))
@@ -292,10 +291,10 @@ def paged_decode_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table
     fp8, hkv = args.fp8, k_cache.shape[2]
     if gluon_fp8 or gluon_int4:
         from .decode_fp8_gluon import launch as launch_fp8
+        from .decode_int4_gluon import launch as launch_int4
 
-        (int4_decode_launch(gluon_int4) if gluon_int4 else launch_fp8)(
-            q, k_cache, v_cache, k_scale, v_scale, args.page_table, args.seq_lens, sm_scale * LOG2E, num_splits, q,
-            mid_o, mid_lse)
+        (launch_int4 if gluon_int4 else launch_fp8)(q, k_cache, v_cache, k_scale, v_scale, args.page_table,
+                                                    args.seq_lens, sm_scale * LOG2E, num_splits, q, mid_o, mid_lse)
         return mid_o, mid_lse
     config = config or default_config(KernelKind.DECODE, q, k_cache)
     if args.bits:

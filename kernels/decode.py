@@ -13,9 +13,8 @@ INT4/INT2 caches (uint8 bit-planes + float16 (scale, zero) per group, kernels/in
 kernel (the group scales folded into the scores).
 Where dispatch.fp8_decode_gluon holds (FP8 pages on sm_89+ GPUs, shapes it takes), FP8 launches
 without an explicit config go to paged_decode_fp8's Gluon kernel instead (same outputs, faster than
-bf16 decode; figures in benchmarks/RESULTS.md). Likewise INT4 pages go to a Gluon kernel where
-dispatch.int4_decode_kernel names one: head_dim 128 in two groups to decode_int4_gluon.py's, other
-groups of head_dim 64 or 128 (KVStore's head_dim 64 in groups of 16) to decode_int4_groups_gluon.py's.
+bf16 decode; figures in benchmarks/RESULTS.md). Likewise INT4 pages of head_dim 64 or 128 (KVStore's)
+go to paged_decode_int4's (decode_int4_gluon.py) where dispatch.int4_decode_gluon holds.
 """
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ from torch import Tensor
 
 from .checks import check_paged_args, host_float, host_int
 from .decode_int import launch_int
-from .dispatch import fp8_decode_gluon, int4_decode_kernel, int4_decode_launch
+from .dispatch import fp8_decode_gluon, int4_decode_gluon
 from .launch import (LOG2E, KernelConfig, KernelKind, LayerLaunch, default_config, for_device, launch_options,
                      merge_warps)
 
@@ -172,8 +171,8 @@ def decode_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Ten
         return lambda q, k_cache, v_cache, k_scale, v_scale, out=None: (
             out if out is not None else torch.empty_like(q) if given is None else given)
     gluon_fp8 = fp8 and config is None and fp8_decode_gluon(q, k_cache, v_cache, out if out is not None else q)
-    gluon_int4 = int4_decode_kernel(q, k_cache, v_cache, k_scale, v_scale, out if out is not None else q) if (
-        bits == 4 and config is None) else ""
+    gluon_int4 = bits == 4 and config is None and int4_decode_gluon(q, k_cache, v_cache, k_scale, v_scale,
+                                                                   out if out is not None else q)
     config = config or default_config(KernelKind.DECODE, q, k_cache)
     block_d = max(16, triton.next_power_of_2(d))
     mid_o = mid_lse = None
@@ -194,8 +193,10 @@ def decode_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Ten
             out = torch.empty_like(q) if given is None else given
         mo, ml = (mid_o, mid_lse) if mid_o is not None else (out, out)  # placeholders, never touched with one split
         if gluon_int4:
-            int4_decode_launch(gluon_int4)(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, qk_scale,
-                                           num_splits, out, mo, ml)
+            from .decode_int4_gluon import launch as launch_int4
+
+            launch_int4(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, qk_scale, num_splits, out,
+                        mo, ml)
         elif bits:
             launch_int(q, k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, sm_scale, num_splits, out,
                        mo, ml, config, bits)

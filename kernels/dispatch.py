@@ -5,9 +5,9 @@
   fp8_decode_gluon holds, else decode.py's Triton kernel. That kernel's register cap
   (max_registers) and the programs an SM holds (resident_warps_per_sm) are plain arithmetic kept
   here, so this module never imports a Gluon file: decode_fp8_gluon imports from here, never the reverse.
-- INT4 decode at head_dim 128 (KVStore's two groups a row) runs paged_decode_int4's one-warp Gluon kernel
-  (decode_int4_gluon.py) where int4_decode_gluon holds, else decode.py's Triton INT kernel; its register
-  cap and residency follow FP8's (int4_max_registers).
+- INT4 decode (head_dim 64 or 128) runs paged_decode_int4's one-warp Gluon kernel (decode_int4_gluon.py)
+  where int4_decode_gluon holds, else decode.py's Triton INT kernel; its register cap and residency are
+  FP8's at the same head_dim (max_registers).
 - Extends run paged_prefill_hopper's Gluon kernel (prefill_hopper_gluon.py) where
   hopper_prefill_supported holds (16-bit, FP8 and INT4 pages at head_dim 128), else prefill.py's Triton kernel.
 - choose_num_splits: the flash-decoding split count PagedAttention.plan passes to paged_decode,
@@ -253,12 +253,9 @@ def decode_warps_per_sm(q_dtype: torch.dtype, k_cache: Tensor, v_cache: Tensor, 
                         group: int, head_dim: int = 0) -> int:
     """choose_num_splits' warps_per_sm for decode of q_dtype queries (GQA group `group`) over caches of
     this layout (one layer's; every layer shares it): the one-warp programs of paged_decode_fp8 or
-    the INT4 Gluon kernels resident per SM where paged_decode runs one of them, else 0 (the Triton kernel's
+    paged_decode_int4 resident per SM where paged_decode runs one of them, else 0 (the Triton kernel's
     split rule). head_dim: q's (needed to tell INT4 pages from INT2 ones of the same width)."""
     if _int4_gluon_caches(q_dtype, head_dim, k_cache, v_cache, k_scale, k_scale, group):
-        return resident_warps_per_sm(128, group, fp8_offsets_64(k_cache, k_scale.flatten(3).view(torch.int64)),
-                                     k_cache.shape[1])
-    if _int4_groups_caches(q_dtype, head_dim, k_cache, v_cache, k_scale, k_scale, group):
         return resident_warps_per_sm(head_dim, group, fp8_offsets_64(k_cache, k_scale.view(torch.int32)),
                                      k_cache.shape[1])
     if not _fp8_gluon_caches(q_dtype, k_cache, v_cache, group):
@@ -267,36 +264,11 @@ def decode_warps_per_sm(q_dtype: torch.dtype, k_cache: Tensor, v_cache: Tensor, 
 
 
 # ----------------------------------------------------------------------------- INT4 decode
-def int4_max_registers(group: int, off64: bool = False, page_size: int = 16, wide: bool = False) -> int:
-    """Register cap (maxnreg) of a paged_decode_int4 program (decode_int4_gluon.py): FP8's rule
-    (max_registers) at head_dim 128, whose K/V tiles take as many registers as INT4's two planes; wide:
-    an unsplit launch that fills the GPU by itself (fp8_wide_launch, which choose_num_splits leaves unsplit)."""
-    return max_registers(128, group, off64, wide, page_size)
-
-
 def _int4_gluon_caches(q_dtype: torch.dtype, head_dim: int, k_cache: Tensor, v_cache: Tensor,
                        k_scale: Tensor | None, v_scale: Tensor | None, group: int) -> bool:
-    # INT4 pages of head_dim 128 in two (scale, zero) groups, read as int32 words; each token-head's
-    # four fp16 (scale, zero) contiguous and 8-byte aligned, read as one int64 (decode_int4_gluon.pair_words).
-    if head_dim != 128 or k_cache.dtype != torch.uint8 or k_cache.device.type != "cuda" or q_dtype == torch.float32:
-        return False
-    if k_cache.shape[3] != 64 or k_scale is None or v_scale is None or not 1 <= group <= 16:
-        return False
-    for pages in (k_cache, v_cache):
-        if pages.stride(3) != 1 or any(st % 4 for st in pages.stride()[:3]) or pages.data_ptr() % 4:
-            return False
-    for pairs in (k_scale, v_scale):
-        if pairs.dim() != 5 or tuple(pairs.shape[3:]) != (2, 2) or pairs.stride(4) != 1 or pairs.stride(3) != 2:
-            return False
-        if any(st % 4 for st in pairs.stride()[:3]) or pairs.data_ptr() % 8:
-            return False
-    return _gluon_int4_gpu(_index(k_cache.device))
-
-
-def _int4_groups_caches(q_dtype: torch.dtype, head_dim: int, k_cache: Tensor, v_cache: Tensor,
-                        k_scale: Tensor | None, v_scale: Tensor | None, group: int) -> bool:
-    # INT4 pages of head_dim 64 or 128 read as int32 words, each group's (scale, zero) one int32 word,
-    # groups of a multiple of 4 values; two groups a bit-plane are read as one 8-byte word a token.
+    # INT4 pages of head_dim 64 or 128 read as int32 words, each group's (scale, zero) one int32 word
+    # (decode_int4_gluon.group_words), groups of a multiple of 4 values; a plane's two groups (KVStore's
+    # head_dim 64) are read as one 8-byte word a token.
     if head_dim not in (64, 128) or k_cache.dtype != torch.uint8 or k_cache.device.type != "cuda":
         return False
     if q_dtype == torch.float32 or k_cache.shape[3] != head_dim // 2 or k_scale is None or v_scale is None:
@@ -309,7 +281,7 @@ def _int4_groups_caches(q_dtype: torch.dtype, head_dim: int, k_cache: Tensor, v_
     for pairs in (k_scale, v_scale):
         if pairs.dim() != 5 or pairs.shape[4] != 2 or pairs.stride(4) != 1 or pairs.stride(3) != 2:
             return False
-        align = 8 if pairs.shape[3] == 4 else 4  # bytes: a plane's two groups of four are one 8-byte load
+        align = 8 if pairs.shape[3] == 4 else 4  # bytes
         if (head_dim // pairs.shape[3]) % 4 or any(2 * st % align for st in pairs.stride()[:3]):
             return False
         if pairs.data_ptr() % align:
@@ -317,32 +289,11 @@ def _int4_groups_caches(q_dtype: torch.dtype, head_dim: int, k_cache: Tensor, v_
     return _gluon_int4_gpu(_index(k_cache.device))
 
 
-def int4_decode_kernel(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor,
-                       out: Tensor) -> str:
-    """Which Gluon kernel paged_decode (given no explicit config) runs for these checked INT4 arguments:
-    "planes" (decode_int4_gluon, where int4_decode_gluon holds), "groups" (decode_int4_groups_gluon:
-    head_dim 64 or 128, groups of a multiple of 4 values), or "" (the Triton INT kernel)."""
-    if q.stride(2) != 1 or out.stride(2) != 1:
-        return ""
-    if int4_decode_gluon(q, k_cache, v_cache, k_scale, v_scale, out):
-        return "planes"
-    group = q.shape[1] // k_cache.shape[2]
-    return "groups" if _int4_groups_caches(q.dtype, q.shape[2], k_cache, v_cache, k_scale, v_scale, group) else ""
-
-
-def int4_decode_launch(kernel: str):
-    """The launch function of int4_decode_kernel's answer (imported on first use: Gluon modules)."""
-    if kernel == "planes":
-        from .decode_int4_gluon import launch
-    else:
-        from .decode_int4_groups_gluon import launch
-    return launch
-
-
 def int4_decode_gluon(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor,
                       out: Tensor) -> bool:
     """Whether paged_decode (given no explicit config) runs paged_decode_int4's Gluon kernel for these
-    checked INT arguments: INT4 pages of head_dim 128 in two groups (KVStore's), fp16/bf16 q, unit
+    checked INT arguments: INT4 pages of head_dim 64 or 128 in groups of a multiple of 4 values (KVStore's:
+    16 at head_dim 64, 64 at 128) whose (scale, zero) pairs read as int32 words, fp16/bf16 q, unit
     head-dim strides of q and out, a GQA group of at most 16, an sm_80+ GPU and a Triton with the
     Gluon API it was written for."""
     if q.stride(2) != 1 or out.stride(2) != 1:

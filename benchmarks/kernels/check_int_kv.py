@@ -1,14 +1,12 @@
 """INT4/INT2 KV on the GPU in about a minute: kernel_checks.int_checks, then INT4 / INT2 against bf16 decode at
 64 x 16k and extend at 8 x (4096 + 512), with bench_kernels.py's harness and pools (the full bench_kernels.py
-run times every shape); then INT4 at head_dim 64 (KVStore's groups of 16 values, two a bit-plane:
-decode_int4_groups_gluon's kernel, and the Triton INT kernel's per-column path beside it) against bf16 decode at
-64 x 16k.
+run times every shape); then INT4 at head_dim 64 (KVStore's groups of 16 values, two a bit-plane; and the Triton
+INT kernel's per-column path on the same pages) against bf16 decode at 64 x 16k.
 
 Decode runs at the split count the engine would give it (dispatch.choose_num_splits for the kernel that runs:
-the one-warp Gluon programs for INT4). INT4 at head_dim 128 also runs the groups kernel on the same pages (its
-checks too: int_checks again with dispatch forced to it), and with --sweep the Triton INT kernel and a few split
-counts of the Gluon kernel. INT4 extends are checked against the fp64 twin before the extend timings (the row's
-kernel_err is their worst).
+paged_decode_int4's one-warp Gluon programs for INT4). With --sweep INT4 at head_dim 128 is also timed on the
+Triton INT kernel and over a few split counts of the Gluon kernel. INT4 extends are checked against the fp64 twin
+before the extend timings (the row's kernel_err is their worst).
 
 Rows (--json; issue 34's benchmarks/results/int_kv.json): shape, kv, head_dim, us (decode) or tflops (extend),
 vs_bf16, kernel_err (relative, against fp64 attention over the stored values; None where not measured).
@@ -17,7 +15,6 @@ vs_bf16, kernel_err (relative, against fp64 attention over the stored values; No
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 from pathlib import Path
@@ -25,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_checks import INT_FORMATS, check_rows_int, int_checks, quantize_pool_int
+from kernel_checks import check_rows_int, int_checks, quantize_pool_int
 from kernel_common import HQ, D, make_extend, make_pool, time_fn
 
 
@@ -40,19 +37,6 @@ def engine_splits(q, kc, vc, ks, ctx: int) -> int:
     hkv = kc.shape[2]
     warps = decode_warps_per_sm(q.dtype, kc, vc, ks, q.shape[1] // hkv, q.shape[2])
     return choose_num_splits(q.shape[0], hkv, ctx, sm_count(q.device), warps_per_sm=warps)
-
-
-@contextlib.contextmanager
-def forced_int4_kernel(kernel: str):
-    """paged_decode's INT4 kernel choice forced to `kernel` ("planes", "groups" or "") where a Gluon one runs."""
-    import radixkv.kernels.decode as decode_mod
-
-    rule = decode_mod.int4_decode_kernel
-    decode_mod.int4_decode_kernel = lambda *args: kernel if rule(*args) else ""
-    try:
-        yield
-    finally:
-        decode_mod.int4_decode_kernel = rule
 
 
 def decode_us(ops, q, pool, caches: tuple[torch.Tensor, ...] | None = None, splits: int | None = None,
@@ -104,9 +88,6 @@ def decode_rows(a, ops, ref, dev: torch.device, gen: torch.Generator, emit) -> N
 
     for row in int_checks(ops, ref, dev, gen, False):
         emit(row)
-    with forced_int4_kernel("groups"):  # the groups kernel on KVStore's head_dim-128 pages too
-        for row in int_checks(ops, ref, dev, gen, False, formats=[f for f in INT_FORMATS if f[0] == "int4"]):
-            emit({**row, "check": f"{row['check']} (groups kernel)"})
     pool = make_pool(64, 16384, dev, gen)
     q = torch.randn(64, HQ, D, device=dev, dtype=torch.bfloat16, generator=gen)
     t16 = decode_us(ops, q, pool)
@@ -121,14 +102,6 @@ def decode_rows(a, ops, ref, dev: torch.device, gen: torch.Generator, emit) -> N
         err = check_rows_int(out, q, pool, intq, bits, [0, 31, 63], [1] * 64, D ** -0.5)
         emit({"shape": "decode 64x16k", "kv": f"int{bits}", "head_dim": D, "us": round(t, 1),
               "vs_bf16": round(t16 / t, 2), "kernel_err": err, "splits": splits})
-        if bits == 4:
-            with forced_int4_kernel("groups"):
-                tg = decode_us(ops, q, pool, intq)
-                out = ops.paged_decode(q, *intq[:2], pool.page_table, pool.seq_lens, k_scale=intq[2],
-                                       v_scale=intq[3], num_splits=splits)
-            emit({"shape": "decode 64x16k", "kv": "int4, groups kernel", "head_dim": D, "us": round(tg, 1),
-                  "vs_bf16": round(t16 / tg, 2), "splits": splits,
-                  "kernel_err": check_rows_int(out, q, pool, intq, bits, [0, 31, 63], [1] * 64, D ** -0.5)})
         if bits == 4 and a.sweep:
             cfg = default_config(KernelKind.DECODE, q, intq[0])
             for s in (1, splits):

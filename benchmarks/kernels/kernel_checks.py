@@ -70,17 +70,15 @@ def check_rows_int(out: torch.Tensor, q: torch.Tensor, pool: Pool, intq: tuple[t
     return rel_err(torch.cat(outs), torch.cat(refs))
 
 
-def int_checks(ops, ref, dev: torch.device, gen: torch.Generator, smoke: bool,
-               formats: list[tuple[str, int, int]] | None = None) -> list[dict]:
+def int_checks(ops, ref, dev: torch.device, gen: torch.Generator, smoke: bool) -> list[dict]:
     """INT4 / INT2: store_kv bit-exact against store_kv_ref (codes, scales and zeros; bf16 and fp16
     sources, KVStore's layout); paged_prefill / paged_decode against the twins over the same pages
     (bf16 and fp16 q, page sizes 1 / 16 / 32, splits 1 / 5 / 32, GQA groups 1 / 4 / 16), NaN-poisoned; at
-    head_dim D and, for int4, 64 (formats: INT_FORMATS' (name, bits, head_dim), or a subset)."""
+    head_dim D and, for int4, 64 (INT_FORMATS)."""
     results = []
     hgen = torch.Generator().manual_seed(2)
     max_len, max_new, n_rows = (40, 12, 2) if smoke else (700, 200, 5)
-    formats = INT_FORMATS if formats is None else formats
-    for name, bits, d in formats:
+    for name, bits, d in INT_FORMATS:
         for src_dt in ((torch.float16,) if smoke else (torch.bfloat16, torch.float16)):
             T, P = (20, 4) if smoke else (300, 64)
             k = (torch.randn(T, HKV, d, device=dev, generator=gen) * 4 + 1).to(src_dt)
@@ -94,7 +92,7 @@ def int_checks(ops, ref, dev: torch.device, gen: torch.Generator, smoke: bool,
                        for a, b in zip(mine, twin))
             results.append({"check": f"store_kv {name} {str(src_dt)[6:]}", "ok": diff == 0.0, "mismatch_frac": diff})
     for page_size in ((16,) if smoke else (1, 16, 32)):
-        for name, bits, d in formats:
+        for name, bits, d in INT_FORMATS:
             lens = torch.randint(1, max_len, (n_rows,), generator=hgen).tolist()
             q_lens = [min(n, int(x)) for n, x in zip(lens, torch.randint(1, max_new, (n_rows,), generator=hgen))]
             kq, vq, ks, vs, table, seq = ragged_kv_int(lens, page_size, bits, 7, dev, gen, d)

@@ -112,14 +112,6 @@ def _int_pages(head_dim: int, kv_dtype: str, pages: int = 4, page_size: int = 16
     return k, v, ks, vs
 
 
-def test_int4_register_caps():
-    assert dispatch.int4_max_registers(4) == 168  # FP8's rule at head_dim 128: 12 programs per SM
-    assert dispatch.int4_max_registers(8) == 168
-    assert dispatch.int4_max_registers(4, off64=True) == 200
-    assert dispatch.int4_max_registers(4, page_size=3) == 200  # a page id per token
-    assert dispatch.int4_max_registers(16) == 255
-
-
 def test_int4_decode_gluon_needs_a_cuda_gpu(monkeypatch):
     """On CPU the INT4 Gluon kernel is never taken, even with a capable GPU check: the device decides."""
     from radixkv.engine.kv_store import head_major_int_scales, head_major_pages
@@ -133,42 +125,41 @@ def test_int4_decode_gluon_needs_a_cuda_gpu(monkeypatch):
 
 
 def test_int4_decode_gluon_rule_with_a_capable_gpu(monkeypatch):
-    """With the GPU check forced true (CPU tensors that report a CUDA device stand in for the layout),
-    the INT4 Gluon kernel is taken for KVStore's INT4 pages at head_dim 128 (two groups, one a bit-plane)
-    and 16-bit q, and only then."""
+    """With the GPU check forced true (CPU tensors that report a CUDA device stand in for the layout), the
+    INT4 Gluon kernel is taken for KVStore's INT4 pages at head_dim 128 (two groups of 64) and 64 (four of
+    16), and other groups of a multiple of 4 values, with 16-bit q; not for groups of 2 values, INT2 pages,
+    fp32 or strided q, or GQA groups over 16."""
     monkeypatch.setattr(dispatch, "_gluon_int4_gpu", lambda index: True)
+    q = torch.empty(3, 8, 128, dtype=torch.bfloat16)
     k, v, ks, vs = _int_pages(128, "int4")
     assert tuple(ks.shape[3:]) == (2, 2)  # radixkv.plan.kv_int_groups: 2 groups of 64 values
-    q = torch.empty(3, 8, 128, dtype=torch.bfloat16)
     assert dispatch.int4_decode_gluon(q, k, v, ks, vs, q)
     assert dispatch.int4_decode_gluon(q.half(), k, v, ks, vs, q.half())
-    assert ks.flatten(3).view(torch.int64).shape == (*ks.shape[:3], 1)  # pair_words' view exists
+    assert ks.view(torch.int32).squeeze(-1).shape == ks.shape[:4]  # group_words' view exists
     assert not dispatch.int4_decode_gluon(q.float(), k, v, ks, vs, q.float())  # fp32 q: the Triton kernel
     strided = torch.empty(3, 8, 256, dtype=torch.bfloat16)[..., ::2]
     assert not dispatch.int4_decode_gluon(strided, k, v, ks, vs, q)  # q's head dim strided
     assert not dispatch.int4_decode_gluon(q, k, v, ks, vs, strided)  # out's
     wide = torch.empty(3, 34, 128, dtype=torch.bfloat16)  # a GQA group of 17
     assert not dispatch.int4_decode_gluon(wide, k, v, ks, vs, wide)
-    # other INT layouts: int2 pages (32 bytes a row at head_dim 128), head_dim 64 (4 groups of 16)
-    k2, v2, ks2, vs2 = _int_pages(128, "int2")
+    k64, v64, ks64, vs64 = _int_pages(64, "int4", hkv=4)
+    assert tuple(ks64.shape[3:]) == (4, 2)  # 4 groups of 16 values: two a bit-plane
+    q64 = torch.empty(3, 12, 64, dtype=torch.float16)  # SmolLM2's GQA group of 3
+    assert dispatch.int4_decode_gluon(q64, k64, v64, ks64, vs64, q64)
+    for groups in (1, 4, 32):  # other valid formats at head_dim 128: 128, 32 and 4 values a group
+        assert dispatch.int4_decode_gluon(q, *_int_pages(128, "int4", groups=groups), q)
+    assert not dispatch.int4_decode_gluon(q, *_int_pages(128, "int4", groups=64), q)  # 2 values a group
+    k2, v2, ks2, vs2 = _int_pages(128, "int2")  # 32 bytes a row at head_dim 128
     assert not dispatch.int4_decode_gluon(q, k2, v2, ks2, vs2, q)
-    k64, v64, ks64, vs64 = _int_pages(64, "int4")
-    assert tuple(ks64.shape[3:]) == (4, 2)
-    q64 = torch.empty(3, 8, 64, dtype=torch.bfloat16)
-    assert not dispatch.int4_decode_gluon(q64, k64, v64, ks64, vs64, q64)
-    # INT4 at head_dim 128 in 1 or 4 groups (valid formats, not one group a plane): the Triton kernel
-    for groups in (1, 4):
-        kg, vg, ksg, vsg = _int_pages(128, "int4", groups=groups)
-        assert not dispatch.int4_decode_gluon(q, kg, vg, ksg, vsg, q)
 
 
-def test_int4_decode_gluon_needs_word_pages_and_pair_scales(monkeypatch):
-    """The kernel reads pages as int32 words and each token-head's (s0, z0, s1, z1) as one aligned int64:
-    pages with unaligned rows and pairs not contiguous in their last two dims (or not 8-byte aligned)
-    take the Triton kernel."""
+def test_int4_decode_gluon_needs_word_pages_and_word_pairs(monkeypatch):
+    """The kernel reads pages as int32 words and each group's (s, z) as one int32 word, a bit-plane's two
+    groups of 16 (head_dim 64) as one aligned 8-byte word: pages with unaligned rows, pairs that are not
+    contiguous (s, z) words, or token records off that alignment take the Triton kernel."""
     monkeypatch.setattr(dispatch, "_gluon_int4_gpu", lambda index: True)
-    k, v, ks, vs = _int_pages(128, "int4")
     q = torch.empty(3, 8, 128, dtype=torch.bfloat16)
+    k, v, ks, vs = _int_pages(128, "int4")
     P, S, H = ks.shape[:3]
     odd = _OnGpu(torch.zeros(P, H, S, 66, dtype=torch.uint8)[..., 1:65].transpose(1, 2))  # rows off words
     assert not dispatch.int4_decode_gluon(q, odd, odd, ks, vs, q)
@@ -176,48 +167,24 @@ def test_int4_decode_gluon_needs_word_pages_and_pair_scales(monkeypatch):
     assert tuple(swapped.shape) == tuple(ks.shape) and swapped.stride(3) == 1  # (g, s/z) stored zero-major
     assert not dispatch.int4_decode_gluon(q, k, v, swapped, swapped, q)
     padded = _OnGpu(torch.zeros(P, H, S, 4, 2, dtype=torch.float16)[..., :2, :].transpose(1, 2))
-    assert padded.stride()[3:] == (2, 1)  # contiguous pairs, 16 bytes a token: still one aligned int64
+    assert padded.stride()[3:] == (2, 1)  # contiguous (s, z) words, 16 bytes a token: still words
     assert dispatch.int4_decode_gluon(q, k, v, padded, padded, q)
     sparse = _OnGpu(torch.zeros(P, H, S, 2, 4, dtype=torch.float16)[..., :2].transpose(1, 2))
-    assert sparse.stride()[3:] == (4, 1)  # (s, z) contiguous, the groups 8 bytes apart: not one word
+    assert sparse.stride()[3:] == (4, 1)  # (s, z) contiguous, groups 8 bytes apart: not group_words' view
     assert not dispatch.int4_decode_gluon(q, k, v, sparse, sparse, q)
-    odd_tokens = _OnGpu(torch.zeros(P, H, S, 3, 2, dtype=torch.float16)[..., :2, :].transpose(1, 2))
-    assert odd_tokens.stride(1) == 6  # tokens 12 bytes apart: words off 8-byte alignment
-    assert not dispatch.int4_decode_gluon(q, k, v, odd_tokens, odd_tokens, q)
-    shifted = _OnGpu(torch.zeros(P * H * S * 4 + 2, dtype=torch.float16)[2:].view(P, H, S, 2, 2).transpose(1, 2))
-    assert shifted.data_ptr() % 8 == 4
+    shifted = _OnGpu(torch.zeros(P * H * S * 4 + 1, dtype=torch.float16)[1:].view(P, H, S, 2, 2).transpose(1, 2))
+    assert shifted.data_ptr() % 4 == 2  # pairs off word alignment
     assert not dispatch.int4_decode_gluon(q, k, v, shifted, shifted, q)
-
-
-def test_int4_decode_kernel_names_the_gluon_kernel(monkeypatch):
-    """int4_decode_kernel: head_dim 128 in two groups -> "planes"; KVStore's head_dim 64 (groups of 16) and
-    other groups of a multiple of 4 values at head_dim 64 / 128 -> "groups"; everything else "" (the Triton
-    INT kernel): groups of 2 values, INT2 pages, fp32 or strided q, GQA groups over 16, pairs that are not
-    int32 words with 8-byte aligned token records, and CPU pages."""
-    monkeypatch.setattr(dispatch, "_gluon_int4_gpu", lambda index: True)
-    q128, q64 = torch.empty(3, 8, 128, dtype=torch.bfloat16), torch.empty(3, 12, 64, dtype=torch.float16)
-    assert dispatch.int4_decode_kernel(q128, *_int_pages(128, "int4"), q128) == "planes"
-    k, v, ks, vs = _int_pages(64, "int4", hkv=4)
-    assert dispatch.int4_decode_kernel(q64, k, v, ks, vs, q64) == "groups"
-    assert ks.view(torch.int32).squeeze(-1).shape == ks.shape[:4]  # group_words' view exists
-    for groups in (1, 4, 32):
-        assert dispatch.int4_decode_kernel(q128, *_int_pages(128, "int4", groups=groups), q128) == "groups"
-    assert dispatch.int4_decode_kernel(q128, *_int_pages(128, "int4", groups=64), q128) == ""  # 2 values a group
-    assert dispatch.int4_decode_kernel(q128, *_int_pages(128, "int2"), q128) == ""
-    assert dispatch.int4_decode_kernel(q64.float(), k, v, ks, vs, q64.float()) == ""
-    strided = torch.empty(3, 12, 128, dtype=torch.float16)[..., ::2]
-    assert dispatch.int4_decode_kernel(strided, k, v, ks, vs, q64) == ""
-    wide = torch.empty(3, 68, 64, dtype=torch.float16)  # a GQA group of 17
-    assert dispatch.int4_decode_kernel(wide, k, v, ks, vs, wide) == ""
-    P, S, H = ks.shape[:3]
+    q64 = torch.empty(3, 12, 64, dtype=torch.float16)
+    k64, v64, ks64, vs64 = _int_pages(64, "int4", hkv=4)
+    P, S, H = ks64.shape[:3]
     odd_tokens = _OnGpu(torch.zeros(P, H, S, 5, 2, dtype=torch.float16)[..., :4, :].transpose(1, 2))
     assert odd_tokens.stride(1) == 10  # tokens 20 bytes apart: a plane's two groups off 8-byte alignment
-    assert dispatch.int4_decode_kernel(q64, k, v, odd_tokens, odd_tokens, q64) == ""
+    assert not dispatch.int4_decode_gluon(q64, k64, v64, odd_tokens, odd_tokens, q64)
     shifted = _OnGpu(torch.zeros(P * H * S * 8 + 2, dtype=torch.float16)[2:].view(P, H, S, 4, 2).transpose(1, 2))
-    assert dispatch.int4_decode_kernel(q64, k, v, shifted, shifted, q64) == ""
-    cpu = _int_pages(64, "int4", hkv=4)
-    assert dispatch.int4_decode_kernel(q64, *(t._t for t in cpu), q64) == ""
-    assert dispatch.decode_warps_per_sm(torch.float16, k, v, ks, 3, 64) == 12  # 168 registers, as FP8's
+    assert shifted.data_ptr() % 8 == 4
+    assert not dispatch.int4_decode_gluon(q64, k64, v64, shifted, shifted, q64)
+    assert dispatch.decode_warps_per_sm(torch.float16, k64, v64, ks64, 3, 64) == 12  # 168 registers, as FP8's
 
 
 def test_int4_decode_warps_per_sm_needs_head_dim(monkeypatch):

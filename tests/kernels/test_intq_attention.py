@@ -126,13 +126,13 @@ def test_integer_pages_on_cpu_never_take_a_gluon_kernel(monkeypatch):
         kv = IntKV([9, 4], 4, 2, d, bits, 2, gen)
         q = torch.randn(2, 4, d, generator=gen).to(torch.float16)
         if bits == 4:
-            assert not dispatch.int4_decode_kernel(q, kv.k, kv.v, kv.ks, kv.vs, q)
+            assert not dispatch.int4_decode_gluon(q, kv.k, kv.v, kv.ks, kv.vs, q)
             assert not dispatch.hopper_prefill_supported(q, kv.k, kv.v, q, 100, kv.ks)
             assert dispatch.decode_warps_per_sm(torch.float16, kv.k, kv.v, kv.ks, 2, d) == 0
         else:
             monkeypatch.setattr(prefill_mod, "hopper_prefill_supported", lambda *a: True)
             monkeypatch.setattr(decode_mod, "fp8_decode_gluon", lambda *a: True)
-            monkeypatch.setattr(decode_mod, "int4_decode_kernel", lambda *a: "groups")
+            monkeypatch.setattr(decode_mod, "int4_decode_gluon", lambda *a: True)
         want = paged_decode_ref(q, **kv.caches(), k_scale=kv.ks, v_scale=kv.vs).float()
         got = paged_prefill(q, **kv.caches(), q_start=qs, q_lens=ql, k_scale=kv.ks, v_scale=kv.vs)
         torch.testing.assert_close(got.float(), want, atol=3e-3, rtol=3e-3)
