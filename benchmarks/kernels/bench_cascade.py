@@ -10,7 +10,8 @@ pages (KVStore's layout: head-major FP8 pages, float16 per-token scales). One de
   plain    paged_decode over the whole page tables, its default dispatch and the engine's split rule
   cascade  cascade_decode: the shared-prefix kernel once for the group, decode over each row's own pages,
            the merge (three launches; the plan is built once a step, outside the timing); FP8 pages also
-           with the prefix widened to fp16 copies first (widen_max_bytes: the engine's way)
+           with the prefix widened to fp16 copies first (widen_max_bytes: the engine's way), and FP8 suffixes
+           also timed on the Triton decode kernel (suffix_us_triton) beside the Gluon one
   flashinfer MultiLevelCascadeAttentionWrapper, 2 levels (shared, unique), where `import flashinfer` works
 Each timing is kernel_common.time_fn (median over CUDA-graph replays, L2 flushed before each). Outputs
 are checked first: cascade against plain, and both against fp64 attention on two rows. Prints one line
@@ -111,9 +112,18 @@ def launch_fns(s: Shape) -> dict:
     suffix = (lambda: paged_decode_partial(s.q, s.k, s.v, p.suffix_pages, p.suffix_lens, **s.scales(),
                                            num_splits=splits))
     (o_p, l_p), (o_s, l_s) = prefix(), suffix()
-    return {"prefix": prefix, "suffix": suffix, "merge": lambda: merge_attention_states(o_p, l_p, o_s, l_s,
-                                                                                        out_dtype=s.q.dtype),
-            "prefix_splits": o_p.shape[2], "suffix_splits": o_s.shape[2]}
+    fns = {"prefix": prefix, "suffix": suffix, "merge": lambda: merge_attention_states(o_p, l_p, o_s, l_s,
+                                                                                       out_dtype=s.q.dtype),
+           "prefix_splits": o_p.shape[2], "suffix_splits": o_s.shape[2]}
+    if s.k_scale is not None:  # FP8 suffixes also on the Triton kernel (an explicit config), at its split rule
+        from radixkv.kernels.dispatch import choose_num_splits, sm_count
+        from radixkv.kernels.launch import KernelKind, default_config
+
+        config = default_config(KernelKind.DECODE, s.q, s.k)
+        n = choose_num_splits(s.batch, HKV, p.max_suffix_len, sm_count(s.q.device))
+        fns["suffix_triton"] = lambda: paged_decode_partial(s.q, s.k, s.v, p.suffix_pages, p.suffix_lens,
+                                                            **s.scales(), num_splits=n, config=config)
+    return fns
 
 
 def flashinfer_fn(fi, s: Shape, workspace: torch.Tensor):
@@ -147,7 +157,8 @@ def bench_shape(s: Shape, fi, workspace, smoke: bool) -> dict:
     err_cascade = check_rows(out_cascade, s.q, pool, rows, [1] * s.batch, sm, fp8=s.fp8())
     t_plain, t_cascade = time_fn(plain, smoke), time_fn(cascade, smoke)
     parts = launch_fns(s)
-    t_parts = {k: round(time_fn(parts[k], smoke).us, 2) for k in ("prefix", "suffix", "merge")}
+    t_parts = {k: round(time_fn(parts[k], smoke).us, 2) for k in ("prefix", "suffix", "merge", "suffix_triton")
+               if k in parts}
     wide_us = wide_err = None
     if s.k_scale is not None:  # FP8: the prefix over fp16 copies (the engine's default budget) vs in-kernel
         from radixkv.kernels.dequant_pages import DEQUANT_MAX_BYTES
@@ -169,6 +180,7 @@ def bench_shape(s: Shape, fi, workspace, smoke: bool) -> dict:
          "attention_us_plain": round(t_plain.us, 2), "attention_us_cascade": round(t_cascade.us, 2),
          "attention_speedup": round(t_plain.us / t_cascade.us, 3), "flashinfer_us": fi_us,
          "prefix_us": t_parts["prefix"], "suffix_us": t_parts["suffix"], "merge_us": t_parts["merge"],
+         "suffix_us_triton": t_parts.get("suffix_triton"),
          "prefix_splits": parts["prefix_splits"], "suffix_splits": parts["suffix_splits"],
          "rel_err_cascade_vs_plain": err_vs_plain, "rel_err_plain": err_plain, "rel_err_cascade": err_cascade,
          "rel_err_flashinfer_vs_plain": fi_err, "attention_us_cascade_widened": wide_us,
@@ -178,8 +190,8 @@ def bench_shape(s: Shape, fi, workspace, smoke: bool) -> dict:
           f"{t_parts['suffix']:.1f} x{parts['suffix_splits']}, merge {t_parts['merge']:.1f})  "
           f"{r['attention_speedup']:6.2f}x  flashinfer {fi_us}  err vs plain {err_vs_plain:.1e} "
           f"(fp64: plain {err_plain:.1e}, cascade {err_cascade:.1e})"
-          + (f"\n      FP8 prefix over fp16 copies: cascade {wide_us:8.1f} us (fp64 err {wide_err:.1e})"
-             if wide_us else ""))
+          + (f"\n      FP8 prefix over fp16 copies: cascade {wide_us:8.1f} us (fp64 err {wide_err:.1e}); "
+             f"suffix on the Triton kernel {t_parts['suffix_triton']:.1f} us" if wide_us else ""))
     return r
 
 
