@@ -11,10 +11,10 @@ the H200. This kernel is decode_fp8_gluon's one-warp kernel with another widenin
   in byte order and plane 1 (high nibbles) the rest (intq.py), so each plane is an FP8-like row of
   head_dim / 2 values. At head_dim 64 that row is 32 bytes, which decode_fp8_gluon's layouts load
   8 bytes a lane.
-- A word of 4 packed bytes gives 4 values of each plane, all in one group (groups are a multiple
-  of 4 values). Its group's (scale, zero), one int32 (fp16 s low, z high), is loaded beside it:
-  once a token when a group spans the plane, one 8-byte load for a plane's two groups, else a
-  load a word. `_dequant` turns a byte pair's low nibbles into fp16 (1024 + c) pairs with one
+- A word of 4 packed bytes gives 4 values of each plane, all in one group. Its group's (scale,
+  zero), one int32 (fp16 s low, z high), is loaded beside it: once a token where a group spans the
+  plane (head_dim 128, two groups), one 8-byte load for a plane's two groups (head_dim 64, four of
+  16). `_dequant` turns a byte pair's low nibbles into fp16 (1024 + c) pairs with one
   masked OR, less 1024 exactly, and the high nibbles into 1024 + 16 c, times 1/16 less 64
   exactly (one fma); then one f16x2 fma c * s + z each (a single rounding to fp16).
 - S^T = K0.q0^T + K1.q1^T (one score tile) and O^T's two planes are two accumulators over the same
@@ -24,8 +24,8 @@ the H200. This kernel is decode_fp8_gluon's one-warp kernel with another widenin
 - Limits of the fp16 values: a stored value within one group step of +-65504 may round to inf
   (intq.py saturates the scale and zero there, not the values between).
 
-Runs where dispatch.int4_decode_gluon holds (sm_80+, head_dim 64 or 128, groups of a multiple of 4
-values, GQA group <= 16); paged_decode checks and dispatches. Outputs as paged_decode's kernel: the
+Runs where dispatch.int4_decode_gluon holds (sm_80+, KVStore's groups at head_dim 64 or 128, GQA
+group <= 16); paged_decode checks and dispatches. Outputs as paged_decode's kernel: the
 result with one split, else mid_o/mid_lse for its merge kernel.
 """
 from __future__ import annotations
@@ -92,17 +92,16 @@ def _dequant(w, sz0, sz1):
 def _group_pairs(x_ptr, row, words, w, PLANE: gl.constexpr, HALF: gl.constexpr, GS: gl.constexpr):
     """The (scale, zero) int32 of each word's group in bit-plane PLANE, [N, W] like `words`; row: the
     tile's token offsets in the pair words [N] (words' row layout), w: word indices [W] (its columns).
-    Groups of GS values. A group spanning the plane is one load a token; two a plane (KVStore's head_dim
-    64) one 8-byte load a token, each word selecting its half; more, a load a word."""
+    A group spanning the plane (head_dim 128) is one load a token; a plane's two groups (head_dim 64) one
+    8-byte load a token, each word selecting its half."""
+    gl.static_assert(GS == HALF or 2 * GS == HALF, "one or two (scale, zero) groups a bit-plane")
     first: gl.constexpr = (PLANE * HALF) // GS
-    if GS >= HALF:
+    if GS == HALF:
         return gl.broadcast(gl.load(x_ptr + row + first)[:, None], words)[0]
-    elif GS * 2 == HALF:
+    else:
         both = gl.load((x_ptr + row + first).to(gl.pointer_type(gl.int64), bitcast=True))
         high = gl.broadcast((both >> 32).to(gl.int32)[:, None], words)[0]
         return gl.where((((4 * w) // GS) == 1)[None, :], high, both.to(gl.int32)[:, None])
-    else:
-        return gl.load(x_ptr + row[:, None] + ((PLANE * HALF + 4 * w) // GS)[None, :])
 
 
 @gluon.jit
@@ -142,7 +141,6 @@ def _int4_decode_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr,
     LVW: gl.constexpr = _v_word_layout(BLOCK_N, HALF)
     OFF_TY: gl.constexpr = gl.int64 if OFF_64 else gl.int32
     gl.static_assert(BLOCK_N == 32, "tiles are 8 blocks of 4 tokens")
-    gl.static_assert(GS % 4 == 0, "a word's four values share one group")
     K_ROWS: gl.constexpr = gl.SliceLayout(1, LKW)
     V_ROWS: gl.constexpr = gl.SliceLayout(1, LVW)
     KB: gl.constexpr = _block_layout([3, 4], [-1, -1, 0, 1, 2])

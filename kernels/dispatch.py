@@ -5,7 +5,7 @@
   fp8_decode_gluon holds, else decode.py's Triton kernel. That kernel's register cap
   (max_registers) and the programs an SM holds (resident_warps_per_sm) are plain arithmetic kept
   here, so this module never imports a Gluon file: decode_fp8_gluon imports from here, never the reverse.
-- INT4 decode (head_dim 64 or 128) runs paged_decode_int4's one-warp Gluon kernel (decode_int4_gluon.py)
+- INT4 decode (KVStore's groups at head_dim 64 or 128) runs paged_decode_int4's one-warp Gluon kernel (decode_int4_gluon.py)
   where int4_decode_gluon holds, else decode.py's Triton INT kernel; its register cap and residency are
   FP8's at the same head_dim (max_registers).
 - Extends run paged_prefill_hopper's Gluon kernel (prefill_hopper_gluon.py) where
@@ -266,9 +266,9 @@ def decode_warps_per_sm(q_dtype: torch.dtype, k_cache: Tensor, v_cache: Tensor, 
 # ----------------------------------------------------------------------------- INT4 decode
 def _int4_gluon_caches(q_dtype: torch.dtype, head_dim: int, k_cache: Tensor, v_cache: Tensor,
                        k_scale: Tensor | None, v_scale: Tensor | None, group: int) -> bool:
-    # INT4 pages of head_dim 64 or 128 read as int32 words, each group's (scale, zero) one int32 word
-    # (decode_int4_gluon.group_words), groups of a multiple of 4 values; a plane's two groups (KVStore's
-    # head_dim 64) are read as one 8-byte word a token.
+    # INT4 pages in KVStore's groups (radixkv.plan.kv_int_groups: 4 of 16 values at head_dim 64, 2 of 64 at
+    # 128; the formats the GPU checks cover) read as int32 words, each group's (scale, zero) one int32 word
+    # (decode_int4_gluon.group_words); at head_dim 64 a bit-plane's two groups are one 8-byte word a token.
     if head_dim not in (64, 128) or k_cache.dtype != torch.uint8 or k_cache.device.type != "cuda":
         return False
     if q_dtype == torch.float32 or k_cache.shape[3] != head_dim // 2 or k_scale is None or v_scale is None:
@@ -278,13 +278,12 @@ def _int4_gluon_caches(q_dtype: torch.dtype, head_dim: int, k_cache: Tensor, v_c
     for pages in (k_cache, v_cache):
         if pages.stride(3) != 1 or any(st % 4 for st in pages.stride()[:3]) or pages.data_ptr() % 4:
             return False
+    groups = {64: 4, 128: 2}[head_dim]
     for pairs in (k_scale, v_scale):
-        if pairs.dim() != 5 or pairs.shape[4] != 2 or pairs.stride(4) != 1 or pairs.stride(3) != 2:
+        if pairs.dim() != 5 or tuple(pairs.shape[3:]) != (groups, 2) or pairs.stride(4) != 1 or pairs.stride(3) != 2:
             return False
-        align = 8 if pairs.shape[3] == 4 else 4  # bytes
-        if (head_dim // pairs.shape[3]) % 4 or any(2 * st % align for st in pairs.stride()[:3]):
-            return False
-        if pairs.data_ptr() % align:
+        align = 8 if groups == 4 else 4  # bytes
+        if any(2 * st % align for st in pairs.stride()[:3]) or pairs.data_ptr() % align:
             return False
     return _gluon_int4_gpu(_index(k_cache.device))
 
@@ -292,10 +291,10 @@ def _int4_gluon_caches(q_dtype: torch.dtype, head_dim: int, k_cache: Tensor, v_c
 def int4_decode_gluon(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor,
                       out: Tensor) -> bool:
     """Whether paged_decode (given no explicit config) runs paged_decode_int4's Gluon kernel for these
-    checked INT arguments: INT4 pages of head_dim 64 or 128 in groups of a multiple of 4 values (KVStore's:
-    16 at head_dim 64, 64 at 128) whose (scale, zero) pairs read as int32 words, fp16/bf16 q, unit
-    head-dim strides of q and out, a GQA group of at most 16, an sm_80+ GPU and a Triton with the
-    Gluon API it was written for."""
+    checked INT arguments: INT4 pages of head_dim 64 or 128 in KVStore's groups (16 values at head_dim 64,
+    64 at 128; other group sizes take the Triton INT kernel) whose (scale, zero) pairs read as int32 words,
+    fp16/bf16 q, unit head-dim strides of q and out, a GQA group of at most 16, an sm_80+ GPU and a Triton
+    with the Gluon API it was written for."""
     if q.stride(2) != 1 or out.stride(2) != 1:
         return False
     return _int4_gluon_caches(q.dtype, q.shape[2], k_cache, v_cache, k_scale, v_scale, q.shape[1] // k_cache.shape[2])

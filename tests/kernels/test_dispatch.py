@@ -127,7 +127,7 @@ def test_int4_decode_gluon_needs_a_cuda_gpu(monkeypatch):
 def test_int4_decode_gluon_rule_with_a_capable_gpu(monkeypatch):
     """With the GPU check forced true (CPU tensors that report a CUDA device stand in for the layout), the
     INT4 Gluon kernel is taken for KVStore's INT4 pages at head_dim 128 (two groups of 64) and 64 (four of
-    16), and other groups of a multiple of 4 values, with 16-bit q; not for groups of 2 values, INT2 pages,
+    16) with 16-bit q; not for other group sizes (valid formats the GPU checks do not cover), INT2 pages,
     fp32 or strided q, or GQA groups over 16."""
     monkeypatch.setattr(dispatch, "_gluon_int4_gpu", lambda index: True)
     q = torch.empty(3, 8, 128, dtype=torch.bfloat16)
@@ -147,8 +147,9 @@ def test_int4_decode_gluon_rule_with_a_capable_gpu(monkeypatch):
     q64 = torch.empty(3, 12, 64, dtype=torch.float16)  # SmolLM2's GQA group of 3
     assert dispatch.int4_decode_gluon(q64, k64, v64, ks64, vs64, q64)
     for groups in (1, 4, 32):  # other valid formats at head_dim 128: 128, 32 and 4 values a group
-        assert dispatch.int4_decode_gluon(q, *_int_pages(128, "int4", groups=groups), q)
-    assert not dispatch.int4_decode_gluon(q, *_int_pages(128, "int4", groups=64), q)  # 2 values a group
+        assert not dispatch.int4_decode_gluon(q, *_int_pages(128, "int4", groups=groups), q)
+    for groups in (2, 8):
+        assert not dispatch.int4_decode_gluon(q64, *_int_pages(64, "int4", hkv=4, groups=groups), q64)
     k2, v2, ks2, vs2 = _int_pages(128, "int2")  # 32 bytes a row at head_dim 128
     assert not dispatch.int4_decode_gluon(q, k2, v2, ks2, vs2, q)
 
