@@ -4,7 +4,7 @@ The Triton INT kernel (decode_int.py `_int_kernel`) rebuilds 16-bit operands fro
 shared memory and float converts, and where a (scale, zero) group is smaller than a bit-plane
 (KVStore's head_dim 64, groups of 16) it gathers each column's pair: 0.57x and 0.21x bf16's speed on
 the H200. This kernel is decode_fp8_gluon's one-warp kernel with another widening
-(benchmarks/RESULTS.md, "INT4 decode for any groups"):
+(benchmarks/RESULTS.md, "INT4 decode, every value dequantised in its operands"):
 
 - Layouts, token order, relabelling and register pipeline are decode_fp8_gluon's. A packed row of
   head_dim values is head_dim / 2 bytes: bit-plane 0 (low nibbles) holds values 0 .. head_dim/2 - 1

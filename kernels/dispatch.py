@@ -5,9 +5,9 @@
   fp8_decode_gluon holds, else decode.py's Triton kernel. That kernel's register cap
   (max_registers) and the programs an SM holds (resident_warps_per_sm) are plain arithmetic kept
   here, so this module never imports a Gluon file: decode_fp8_gluon imports from here, never the reverse.
-- INT4 decode (KVStore's groups at head_dim 64 or 128) runs paged_decode_int4's one-warp Gluon kernel (decode_int4_gluon.py)
-  where int4_decode_gluon holds, else decode.py's Triton INT kernel; its register cap and residency are
-  FP8's at the same head_dim (max_registers).
+- INT4 decode (KVStore's groups at head_dim 64 or 128) runs paged_decode_int4's one-warp Gluon kernel
+  (decode_int4_gluon.py) where int4_decode_gluon holds, else decode.py's Triton INT kernel; its register
+  cap and residency are FP8's at the same head_dim (max_registers).
 - Extends run paged_prefill_hopper's Gluon kernel (prefill_hopper_gluon.py) where
   hopper_prefill_supported holds (16-bit, FP8 and INT4 pages at head_dim 128), else prefill.py's Triton kernel.
 - choose_num_splits: the flash-decoding split count PagedAttention.plan passes to paged_decode,
