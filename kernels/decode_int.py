@@ -1,5 +1,7 @@
 """paged_decode over INT4/INT2 pages (uint8 bit-planes + float16 (scale, zero) per group, kernels/intq.py):
-`_int_kernel`, launched by decode.paged_decode (and cascade.paged_decode_partial) through launch_int.
+`_int_kernel`, launched by decode.paged_decode (and cascade.paged_decode_partial) through launch_int: every INT2
+launch, INT4 on the CPU, with fp32 q or an explicit config, and INT4 layouts other than KVStore's (on a GPU,
+KVStore's INT4 pages take decode_int4_gluon.py's kernel, dispatch.int4_decode_gluon).
 
 Each program loads whole packed rows [BLOCK_N, D * bits / 8] of K and V once, unpacks every bit-plane
 with one shift and mask (planes are the batch dimension of 3-D dots, so no shuffles), and folds the
