@@ -1,7 +1,8 @@
 """paged_decode_int4 (Gluon) has no CPU interpreter path; its numbers are checked on the GPU by
 benchmarks/kernels/check_int_kv.py (kernel_checks.int_checks: head_dim 64 and 128).
 Here it is compiled for sm_90 with the installed Triton's own ptxas, which runs its compile-time checks (K's
-relabelled planes must be trivial layout conversions) and reports registers: at the launcher's cap, no spill."""
+relabelled planes must be trivial layout conversions) and reports registers: at the launcher's cap, no spill
+in the engine's configurations."""
 from __future__ import annotations
 
 import pytest
@@ -50,6 +51,7 @@ def _compile(**cfg) -> dict:
     ({"q": "bf16", "GROUP": 4, "HEAD_DIM": 128, "GROUPS": 2, "PAGE_SIZE": 16, "SPLIT": True, "OFF_64": False}, 0),
     # a page id per token, 64-bit offsets, 16 heads, fp16 q, one split: a small spill allowed
     ({"q": "fp16", "GROUP": 16, "HEAD_DIM": 64, "GROUPS": 4, "PAGE_SIZE": 3, "SPLIT": False, "OFF_64": True}, 96),
+    # 16 heads at head_dim 128 (255 registers), 32-token pages
     ({"q": "bf16", "GROUP": 16, "HEAD_DIM": 128, "GROUPS": 2, "PAGE_SIZE": 32, "SPLIT": True, "OFF_64": False}, 96),
 ])
 def test_compiles_within_the_register_cap(cfg, max_stack):
