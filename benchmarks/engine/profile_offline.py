@@ -107,7 +107,8 @@ class StepClock:
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 out = [d for _ in range(self.n) for d in self._one()]  # every step's deltas, in order
                 torch.cuda.synchronize()
-            self.tables[kind] = top_kernels(prof, self.n)
+            rows = [n for _, n, *_ in self.log[-self.n:]]
+            self.tables[kind] = [f"      running rows {min(rows)}-{max(rows)}"] + top_kernels(prof, self.n)
             return out
         return self._one()
 
