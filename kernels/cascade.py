@@ -57,7 +57,7 @@ from .cascade_checks import as_states, check_attention_args, check_groups, check
 from .cascade_plan import CascadeGroups, CascadePlan, default_prefix_config, default_prefix_splits, suffix_num_splits
 from .checks import IndexValueError, check_paged_args, host_float, host_int
 from .decode import _decode_kernel
-from .dequant_pages import dequant_pages, scratch_bytes, scratch_table
+from .dequant_pages import dequant_pages, scratch_bytes, scratch_table, widen_budget
 from .decode_int import launch_int as launch_int_decode
 from .dispatch import fp8_decode_gluon, int4_decode_gluon
 from .launch import LOG2E, KernelConfig, KernelKind, default_config, for_device, launch_options
@@ -346,7 +346,7 @@ def cascade_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePla
                    k_scale: Tensor | None = None, v_scale: Tensor | None = None, *, prefix_splits: int | None = None,
                    suffix_splits: int | None = None, prefix_config: KernelConfig | None = None,
                    suffix_config: KernelConfig | None = None, out: Tensor | None = None,
-                   outer_splits: int | None = None, widen_max_bytes: int = 0) -> Tensor:
+                   outer_splits: int | None = None, widen_max_bytes: int | None = 0) -> Tensor:
     """paged_decode of q [B, Hq, D] over each row's whole sequence, computed as the plan's shared prefixes
     (once per group) + each row's suffix + the merge. Returns [B, Hq, D] in q's dtype (or `out`).
     A plan with no groups is plain paged_decode over the suffix tables (the whole sequences). Split counts:
@@ -354,11 +354,11 @@ def cascade_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePla
     Two levels (plan.outer): the outer groups' prefixes once each too (outer_splits, default chosen as
     for prefix_splits), both levels' states written side by side into one buffer [B, Hq, So + Sp, D] and
     merged with the suffix's in the one merge: a launch more than one level, no merge more.
-    FP8 pages: a level whose prefix tables' fp16 copies fit widen_max_bytes (scratch_bytes; 0: never; the
-    plan's own widen_max_bytes bounds it further) has its prefix pages widened once (dequant_pages; head_dim a
-    power of two), and the prefix kernel runs its 16-bit path over the copies (fp16 products, q rounded to
-    fp16: values past fp16's 65,504 overflow, as in the Hopper extend over copies) instead of dequantising
-    every tile in each of the group's M tiles."""
+    FP8 pages: a level whose prefix tables' fp16 copies fit widen_max_bytes (scratch_bytes; 0: never; None:
+    dequant_pages' default; the plan's own widen_max_bytes bounds it further) has its prefix pages widened
+    once (dequant_pages; head_dim a power of two), and the prefix kernel runs its 16-bit path over the
+    copies (fp16 products, q rounded to fp16: values past fp16's 65,504 overflow, as in the Hopper extend over
+    copies) instead of dequantising every tile in each of the group's M tiles."""
     if not isinstance(plan, CascadePlan):
         raise ValueError(f"cascade_decode: plan must be a CascadePlan, got {type(plan).__name__}")  # noqa: TRY004
     g = plan.groups
@@ -373,6 +373,7 @@ def cascade_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePla
 
         return paged_decode(q, k_cache, v_cache, plan.suffix_pages, plan.suffix_lens, sm_scale, k_scale, v_scale,
                             num_splits=suffix_splits, config=suffix_config, out=out)
+    widen_max_bytes = widen_budget(widen_max_bytes)
     if plan.widen_max_bytes is not None:  # a CUDA graph's plan: what its pool may hold (cuda_graphs.py)
         widen_max_bytes = min(widen_max_bytes, plan.widen_max_bytes)
     d = q.shape[2]

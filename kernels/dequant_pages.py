@@ -35,6 +35,11 @@ DEQUANT_MAX_BYTES = 256 << 20
 WIDEN_MIN_NEW_PER_ROW = 64  # a launch's new tokens a row, on average, for the copies to pay
 
 
+def widen_budget(widen_max_bytes: int | None) -> int:
+    """The memory dequant_pages' copies may take: widen_max_bytes, or DEQUANT_MAX_BYTES where it is None."""
+    return DEQUANT_MAX_BYTES if widen_max_bytes is None else widen_max_bytes
+
+
 @triton.jit
 def _widen_rows(c_ptr, x_ptr, o_ptr, src, xsrc, dst, ok, HEAD_DIM: tl.constexpr, IS_INT4: tl.constexpr):
     """Rows [ROWS] of one cache (src: their offsets; xsrc: their scales'; dst: their fp16 copies')."""

@@ -26,7 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .checks import check_paged_args, check_ragged_rows, host_float
-from .dequant_pages import DEQUANT_MAX_BYTES, WIDEN_MIN_NEW_PER_ROW, dequant_pages, scratch_bytes, scratch_table
+from .dequant_pages import WIDEN_MIN_NEW_PER_ROW, dequant_pages, scratch_bytes, scratch_table, widen_budget
 from .dispatch import hopper_prefill_supported, widen_first
 from .launch import LOG2E, KernelConfig, KernelKind, LayerLaunch, default_config, for_device, launch_options
 from .prefill_int import launch_int
@@ -194,7 +194,7 @@ def prefill_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Te
                        max_q_len, out, lse, config, bits)
             return out
         return launch_bits
-    budget = DEQUANT_MAX_BYTES if widen_max_bytes is None else widen_max_bytes
+    budget = widen_budget(widen_max_bytes)
     if (hopper and (fp8 or bits) and widen_first(bool(bits), max_q_len) and T >= WIDEN_MIN_NEW_PER_ROW * B
             and scratch_bytes(page_table, k_cache, d) <= budget):
         from .prefill_hopper_gluon import launch as launch_hopper

@@ -161,9 +161,7 @@ def bench_shape(s: Shape, fi, workspace, smoke: bool) -> dict:
                if k in parts}
     wide_us = wide_err = None
     if s.k_scale is not None:  # FP8: the prefix over fp16 copies (the engine's default budget) vs in-kernel
-        from radixkv.kernels.dequant_pages import DEQUANT_MAX_BYTES
-
-        wide = cascade_fn(s, widen_max_bytes=DEQUANT_MAX_BYTES)
+        wide = cascade_fn(s, widen_max_bytes=None)
         wide_err = check_rows(wide(), s.q, pool, rows, [1] * s.batch, sm, fp8=s.fp8())
         wide_us = round(time_fn(wide, smoke).us, 2)
     fi_us, fi_err = None, None

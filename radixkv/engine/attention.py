@@ -351,11 +351,9 @@ class PagedAttention:
             return o if out is None else out.copy_(o)
         if plan.cascade is not None:
             from radixkv.kernels.cascade import cascade_decode
-            from radixkv.kernels.dequant_pages import DEQUANT_MAX_BYTES
 
-            budget = DEQUANT_MAX_BYTES if self.widen_max_bytes is None else self.widen_max_bytes
             o = cascade_decode(q, k_cache, v_cache, plan.cascade, self.sm_scale, k_scale=k_scale, v_scale=v_scale,
-                               widen_max_bytes=budget)
+                               widen_max_bytes=self.widen_max_bytes)
             return o if out is None else out.copy_(o)
         # the step's launch, checked once and reused by every layer (q and out alike, the same cache layout):
         # what a mixed step's eager attention costs the host between its graph pieces. Bound to `out` when one

@@ -169,14 +169,14 @@ class DecodeGraphs:
         LM head; during attention, where the copies live, it does not), so the copies add nothing to the
         pool's peak. A step whose prefixes are longer replays a graph over the whole table, which never widens
         (CascadeInputs.plan: its copies would be the whole context's)."""
-        from radixkv.kernels.dequant_pages import DEQUANT_MAX_BYTES
+        from radixkv.kernels.dequant_pages import widen_budget
 
         kv, att = self.attention.kv, self.attention
         if not kv.kv_dtype.is_fp8:
             return 0
         page16 = 2 * kv.page_size * kv.num_kv_heads * kv.head_dim * 2  # a page's fp16 K and V copies
         budget = min(self.max_rows * self.model.vocab_rows * kv.compute_dtype.itemsize,
-                     DEQUANT_MAX_BYTES if att.widen_max_bytes is None else att.widen_max_bytes)
+                     widen_budget(att.widen_max_bytes))
         pages = min(self.max_pages, budget // (groups * page16))
         return 1 << (pages.bit_length() - 1) if pages else 0
 
