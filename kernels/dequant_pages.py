@@ -21,8 +21,14 @@ fma: the same up to the last bit in rare ties). Shared prefix pages are widened 
 (scratch_bytes): W is the step's widest row, so prefill.py takes this path only within a budget
 (DEQUANT_MAX_BYTES unless the caller gives one) and for launches of extend rows (>= 64 new tokens a row on
 average: decode rows in the launch would have their whole contexts widened for one query each).
+
+    dequant_page_list(k_cache, v_cache, k_scale, v_scale, pages, head_dim) -> (k16, v16)
+        pages [U] int32: distinct pages (radixkv/engine/page_copies.py deduplicates a step's tables on the
+        host) -> fp16 [U, S, Hkv, D], page pages[u] widened whole into u: rows sharing a prefix widen it once
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -33,6 +39,15 @@ from torch import Tensor
 # step reserve holds free during attention: radixkv/engine/runner.py); above it the extend widens in-kernel
 DEQUANT_MAX_BYTES = 256 << 20
 WIDEN_MIN_NEW_PER_ROW = 64  # a launch's new tokens a row, on average, for the copies to pay
+
+
+class PageCopies(NamedTuple):
+    """A launch's distinct pages on the device (radixkv/engine/page_copies.py deduplicates them on the host):
+    dequant_page_list widens `pages` and the extend reads the copies through `table`."""
+
+    pages: Tensor  # int32 [U]
+    table: Tensor  # int32 [B, W]: the launch's rows' slots -> indices into pages
+    reads: int  # slots the rows read: reads / U is how often a copy is read
 
 
 def widen_budget(widen_max_bytes: int | None) -> int:
@@ -69,13 +84,14 @@ def _widen_rows(c_ptr, x_ptr, o_ptr, src, xsrc, dst, ok, HEAD_DIM: tl.constexpr,
 def _dequant_kernel(kc_ptr, vc_ptr, ks_ptr, vs_ptr, pt_ptr, lens_ptr, ko_ptr, vo_ptr,
                     stride_cp, stride_cs, stride_ch, stride_xp, stride_xs, stride_xh, stride_ptb, W,
                     PAGE_SIZE: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
-                    IS_INT4: tl.constexpr):
+                    IS_INT4: tl.constexpr, WHOLE: tl.constexpr):
     """Program (b * W + w, i): rows i * ROWS.. of slot w of row b's page table (a row: one token's head),
-    widened into page b * W + w (one grid axis for both: W alone may pass CUDA's 65,535 of the others)."""
+    widened into page b * W + w (one grid axis for both: W alone may pass CUDA's 65,535 of the others).
+    WHOLE: every slot is read (a page list: lens_ptr unused)."""
     slot = tl.program_id(0)
     b = slot // W
     w = slot % W
-    if w * PAGE_SIZE < tl.load(lens_ptr + b):
+    if WHOLE or w * PAGE_SIZE < tl.load(lens_ptr + b):
         page = tl.load(pt_ptr + b * stride_ptb + w).to(tl.int64)
         r = tl.program_id(1) * ROWS + tl.arange(0, ROWS)  # token-head rows: token r // HKV, head r % HKV
         ok = r < PAGE_SIZE * HKV
@@ -95,6 +111,12 @@ def scratch_bytes(page_table: Tensor, k_cache: Tensor, head_dim: int) -> int:
     return 2 * B * W * S * hkv * head_dim * 2
 
 
+def page_list_bytes(pages: int, k_cache: Tensor, head_dim: int) -> int:
+    """Bytes of dequant_page_list's fp16 K and V copies of `pages` pages."""
+    _, S, hkv, _ = k_cache.shape
+    return 2 * pages * S * hkv * head_dim * 2
+
+
 def scratch_table(batch: int, width: int, device: torch.device) -> Tensor:
     """The page table over dequant_pages' copies: int32 [batch, width], row b's slot w at b * width + w."""
     return torch.arange(batch * width, dtype=torch.int32, device=device).view(batch, width)
@@ -105,6 +127,18 @@ def dequant_pages(k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Te
                   ) -> tuple[Tensor, Tensor]:
     """The module docstring's widening; out: (k16, v16) to write instead of new tensors. Arguments as
     paged_prefill checked them (same caches, scales, table)."""
+    return _widen(k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, head_dim, out)
+
+
+def dequant_page_list(k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor, pages: Tensor,
+                      head_dim: int, out: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    """The module docstring's list form: pages int32 [U] (in range: the caller's duty) -> fp16 [U, S, Hkv, D]."""
+    return _widen(k_cache, v_cache, k_scale, v_scale, pages.view(-1, 1), None, head_dim, out)
+
+
+def _widen(k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Tensor, page_table: Tensor,
+           seq_lens: Tensor | None, head_dim: int, out: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+    """dequant_pages over page_table [B, W] (seq_lens None: every slot read whole)."""
     B, W = page_table.shape
     P, S, hkv, row = k_cache.shape
     int4 = k_cache.dtype == torch.uint8
@@ -125,9 +159,13 @@ def dequant_pages(k_cache: Tensor, v_cache: Tensor, k_scale: Tensor, v_scale: Te
         raise ValueError(f"dequant_pages: out must be two contiguous fp16 {shape}")
     if v_cache.stride() != k_cache.stride() or v_scale.stride() != k_scale.stride():
         raise ValueError("dequant_pages: K and V (and their scales) must share strides")
+    if B * W == 0:
+        return k16, v16
     rows = min(triton.next_power_of_2(S * hkv), max(1, 4096 // head_dim))  # 4k values a program
     grid = (B * W, triton.cdiv(S * hkv, rows))
-    _dequant_kernel[grid](k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, k16, v16,
+    _dequant_kernel[grid](k_cache, v_cache, k_scale, v_scale, page_table,
+                          page_table if seq_lens is None else seq_lens, k16, v16,
                           *k_cache.stride()[:3], *k_scale.stride()[:3], page_table.stride(0), W,
-                          PAGE_SIZE=S, HKV=hkv, HEAD_DIM=head_dim, ROWS=rows, IS_INT4=int4, num_warps=4)
+                          PAGE_SIZE=S, HKV=hkv, HEAD_DIM=head_dim, ROWS=rows, IS_INT4=int4,
+                          WHOLE=seq_lens is None, num_warps=4)
     return k16, v16

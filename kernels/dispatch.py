@@ -53,6 +53,9 @@ EXTEND_DEQUANT_ENV = "RADIXKV_EXTEND_DEQUANT"
 # FP8 extends of at most this many new tokens a row widen their tiles in-kernel (one 128-row query block a
 # head: few widenings a tile to save); measured on the H200, benchmarks/RESULTS.md "Extends over widened copies"
 EXTEND_DEQUANT_MIN_NEW_FP8 = 128
+# ... or where each copy is read by this many rows on average (a shared prefix: dequant_page_list widens a
+# page once for every row that reads it, where the kernel would widen it in each of their programs)
+EXTEND_DEQUANT_MIN_REUSE = 2
 
 
 @functools.cache
@@ -62,11 +65,13 @@ def extend_dequant_enabled() -> bool:
     return switch_on(os.environ.get(EXTEND_DEQUANT_ENV))
 
 
-def widen_first(int4: bool, max_q_len: int) -> bool:
+def widen_first(int4: bool, max_q_len: int, reuse: float = 1.0) -> bool:
     """Whether the Hopper extend over FP8 (int4 False) or INT4 pages reads fp16 copies that dequant_pages
     widened once a layer: INT4 always (its in-kernel widening costs 274 instructions a tile a thread), FP8
-    above EXTEND_DEQUANT_MIN_NEW_FP8 new tokens a row; never with RADIXKV_EXTEND_DEQUANT=0."""
-    return extend_dequant_enabled() and (int4 or max_q_len > EXTEND_DEQUANT_MIN_NEW_FP8)
+    above EXTEND_DEQUANT_MIN_NEW_FP8 new tokens a row or where a copy is read EXTEND_DEQUANT_MIN_REUSE times
+    (reuse: the launch's page reads over its distinct pages); never with RADIXKV_EXTEND_DEQUANT=0."""
+    return extend_dequant_enabled() and (int4 or max_q_len > EXTEND_DEQUANT_MIN_NEW_FP8
+                                         or reuse >= EXTEND_DEQUANT_MIN_REUSE)
 
 
 FUSED_DECODE_ROWS_ENV = "RADIXKV_FUSED_DECODE_ROWS"

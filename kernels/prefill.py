@@ -14,7 +14,9 @@ explicit config go to paged_prefill_hopper's Gluon kernel instead
 RADIXKV_HOPPER_PREFILL=0 keeps them here). Over INT4 pages, and FP8 ones under more than 128 new tokens a
 row, that kernel reads fp16 copies of the rows' pages, widened once a layer by dequant_pages.py
 (dispatch.widen_first), when the launch's rows are extends (on average) and the copies fit the caller's
-budget; else it widens each tile itself.
+budget; else it widens each tile itself. A caller that lists the rows' distinct pages (`copies`: the
+engine does, radixkv/engine/page_copies.py) has each shared page widened once, and FP8 rows sharing
+pages take the copies at any length.
 """
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ import triton.language as tl
 from torch import Tensor
 
 from .checks import check_paged_args, check_ragged_rows, host_float
-from .dequant_pages import WIDEN_MIN_NEW_PER_ROW, dequant_pages, scratch_bytes, scratch_table, widen_budget
-from .dispatch import hopper_prefill_supported, widen_first
+from .dequant_pages import (WIDEN_MIN_NEW_PER_ROW, PageCopies, dequant_page_list, dequant_pages, page_list_bytes,
+                            scratch_bytes, scratch_table, widen_budget)
+from .dispatch import EXTEND_DEQUANT_MIN_REUSE, hopper_prefill_supported, widen_first
 from .launch import LOG2E, KernelConfig, KernelKind, LayerLaunch, default_config, for_device, launch_options
 from .prefill_int import launch_int
 from .prefill_lse import check_lse, lse_strides, store_lse
@@ -127,7 +130,7 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
                   k_scale: Tensor | None = None, v_scale: Tensor | None = None,
                   max_q_len: int | None = None, config: KernelConfig | None = None,
                   out: Tensor | None = None, lse: Tensor | None = None,
-                  widen_max_bytes: int | None = None) -> Tensor:
+                  widen_max_bytes: int | None = None, copies: PageCopies | None = None) -> Tensor:
     """q: [T, Hq, D] ragged rows (see module doc) -> [T, Hq, D] in q's dtype.
 
     q_start, q_lens: int32 [B]. max_q_len (host int) sizes the grid; without it the launcher reads
@@ -146,7 +149,8 @@ def paged_prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Tenso
     tensors; a max_q_len below max(q_lens) leaves rows unwritten.
     """
     return prefill_launcher(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, sm_scale, k_scale, v_scale,
-                            max_q_len, config, out, lse, widen_max_bytes)(q, k_cache, v_cache, k_scale, v_scale)
+                            max_q_len, config, out, lse, widen_max_bytes, copies)(q, k_cache, v_cache, k_scale,
+                                                                                  v_scale)
 
 
 
@@ -155,12 +159,13 @@ def prefill_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Te
                      k_scale: Tensor | None = None, v_scale: Tensor | None = None,
                      max_q_len: int | None = None, config: KernelConfig | None = None,
                      out: Tensor | None = None, lse: Tensor | None = None,
-                     widen_max_bytes: int | None = None) -> LayerLaunch:
+                     widen_max_bytes: int | None = None, copies: PageCopies | None = None) -> LayerLaunch:
     """paged_prefill with its checks and choices made once: returns launch(q, k_cache, v_cache, k_scale, v_scale,
     out=None) -> out, to call with tensors like the ones checked here (the same shapes, dtypes, strides and
     device: each layer's caches of one KVStore, a step's q buffer), e.g. once a layer for a step
     (PagedAttention). The output: the call's `out` (like q), else the launcher's, else a new one each call.
-    widen_max_bytes: the most memory dequant_pages' copies may take (default DEQUANT_MAX_BYTES)."""
+    widen_max_bytes: the most memory dequant_pages' copies may take (default DEQUANT_MAX_BYTES). copies: the
+    rows' distinct pages and page_table over them (its shape; used only where the rows' pages are widened)."""
     page_table, seq_lens, fp8, bits = check_paged_args("paged_prefill", q, k_cache, v_cache, page_table, seq_lens,
                                                         k_scale, v_scale)
     T, hq, d = q.shape
@@ -194,17 +199,27 @@ def prefill_launcher(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Te
                        max_q_len, out, lse, config, bits)
             return out
         return launch_bits
-    budget = widen_budget(widen_max_bytes)
-    if (hopper and (fp8 or bits) and widen_first(bool(bits), max_q_len) and T >= WIDEN_MIN_NEW_PER_ROW * B
-            and scratch_bytes(page_table, k_cache, d) <= budget):
+    if copies is not None and copies.table.shape != page_table.shape:
+        raise ValueError(f"paged_prefill: copies.table is {tuple(copies.table.shape)}, page_table "
+                         f"{tuple(page_table.shape)}")
+    # the copies: the rows' distinct pages (each read `reuse` times) where listed, else each row's table
+    reuse = copies.reads / max(1, copies.pages.numel()) if copies is not None else 1.0
+    copy_bytes = (scratch_bytes(page_table, k_cache, d) if copies is None
+                  else page_list_bytes(copies.pages.numel(), k_cache, d))
+    widen = (widen_first(bool(bits), max_q_len, reuse) and copy_bytes <= widen_budget(widen_max_bytes)
+             and (T >= WIDEN_MIN_NEW_PER_ROW * B or reuse >= EXTEND_DEQUANT_MIN_REUSE))
+    if hopper and (fp8 or bits) and widen:
         from .prefill_hopper_gluon import launch as launch_hopper
 
-        table = scratch_table(B, page_table.shape[1], q.device)
+        table = scratch_table(B, page_table.shape[1], q.device) if copies is None else copies.table
 
         def launch_widened(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,
                            v_scale: Tensor | None, out: Tensor | None = None) -> Tensor:
             out = result(q, out)
-            k16, v16 = dequant_pages(k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, d)
+            if copies is None:
+                k16, v16 = dequant_pages(k_cache, v_cache, k_scale, v_scale, page_table, seq_lens, d)
+            else:
+                k16, v16 = dequant_page_list(k_cache, v_cache, k_scale, v_scale, copies.pages, d)
             launch_hopper(q, k16, v16, table, seq_lens, q_start, q_lens, sm_scale * LOG2E, max_q_len, out, lse=lse)
             return out
         return launch_widened

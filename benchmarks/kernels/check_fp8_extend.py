@@ -1,14 +1,16 @@
 """Extend over FP8 pages on the Hopper path (paged_prefill_hopper's Gluon kernel, FP8 tiles widened in
 shared memory) against the Triton kernel and fp64 attention, then TFLOP/s beside bf16's Gluon kernel.
 
-    python benchmarks/kernels/check_fp8_extend.py [--json OUT] [--variants]
+    python benchmarks/kernels/check_fp8_extend.py [--json OUT] [--variants] [--shared-only]
 
 Checks: random ragged batches over KVStore's FP8 layout (head-major pages, float16 per-token scales;
 page sizes 1-64, GQA groups 1-8, e4m3 and e5m2, bf16 and fp16 q): paged_prefill's own dispatch must
 take the Gluon kernel (on sm_90), match the Triton kernel within bf16 rounding and the fp64 oracle on
 the dequantised values as closely as the Triton kernel does. Timing: the extend benchmark's shapes
 (kernel_common.EXTEND and shorter extends), bf16 and FP8 pages, each kernel in one run.
---variants also times the FP8 kernel with 32-key tiles.
+--variants also times the FP8 kernel with 32-key tiles. Shared prefixes (SHARED: few-shot's mixed steps,
+rows of 80-600 new tokens over one cached prompt): bf16, FP8 widened in-kernel, and FP8 over copies of the
+rows' distinct pages (the engine's path: radixkv/engine/page_copies.py), each with paged_prefill's dispatch.
 Needs a CUDA GPU (sm_90 for the Gluon kernel)."""
 from __future__ import annotations
 
@@ -111,7 +113,40 @@ def time_shape(ops, dev: torch.device, gen: torch.Generator, shape: tuple[int, i
     return rows
 
 
+def time_shared(ops, dev: torch.device, gen: torch.Generator, shape: tuple[int, int, int]) -> list[dict]:
+    """(rows, shared, new): every row's first `shared` tokens are row 0's pages; bf16 against FP8 e4m3 without
+    and with the distinct-page copies (kernel time includes the copies' pass), and the FP8 outputs' difference."""
+    from radixkv.engine.page_copies import distinct_pages
+    from radixkv.kernels.dequant_pages import PageCopies
+    from kernel_common import PAGE
+
+    seqs, shared, new = shape
+    pool, q, qs, ql, flops = make_extend(seqs, shared, new, dev, gen)
+    pool.page_table[:, :shared // PAGE] = pool.page_table[0, :shared // PAGE]
+    d = distinct_pages(pool.page_table.cpu().numpy(), pool.seq_lens.tolist(), PAGE, pool.k.shape[0])
+    copies = PageCopies(torch.from_numpy(d.pages).to(dev), torch.from_numpy(d.table).to(dev), d.reads)
+    kq, vq, ks, vs = quantize_pool(pool, FP8["e4m3"], ops)
+    runs = {"bf16": (pool.k, pool.v, None, None, None), "fp8 in-kernel": (kq, vq, ks, vs, None),
+            "fp8 copies": (kq, vq, ks, vs, copies)}
+    rows, outs = [], {}
+    for name, (kc, vc, xk, xv, cp) in runs.items():
+        def fn(kc=kc, vc=vc, xk=xk, xv=xv, cp=cp):
+            return ops.paged_prefill(q, kc, vc, pool.page_table, pool.seq_lens, qs, ql, k_scale=xk, v_scale=xv,
+                                     max_q_len=new, copies=cp)
+        outs[name] = fn()
+        t = time_fn(fn, False)
+        rows.append({"seqs": seqs, "shared": shared, "new": new, "path": name, "us": round(t.us, 2),
+                     "tflops": round(flops / t.us / 1e6, 1), "distinct_pages": len(d.pages), "page_reads": d.reads})
+        print(f"  {seqs} x ({shared} shared + {new}) {name:14s} {t.us:9.1f} us {flops / t.us / 1e6:6.1f} TFLOP/s")
+    diff = rel_err(outs["fp8 copies"], outs["fp8 in-kernel"].double())
+    for r in rows:
+        r["vs_bf16"] = round(rows[0]["us"] / r["us"], 3)
+        r["fp8_copies_vs_in_kernel_rel_err"] = diff
+    return rows
+
+
 EXTENDS = ((8, 4096, 512), (8, 4096, 128), (4, 0, 2048), (32, 1024, 96))
+SHARED = ((64, 4096, 256), (128, 4096, 96), (256, 1024, 80))
 
 
 def main() -> None:
@@ -119,6 +154,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--cases", type=int, default=24)
     ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--shared-only", action="store_true", help="only the shared-prefix timings")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("check_fp8_extend: needs a CUDA GPU")
@@ -128,13 +164,20 @@ def main() -> None:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     print(f"{torch.cuda.get_device_name()}, HQ {HQ}, HKV {HKV}, D {D}")
-    checks = ragged_cases(ops, ref, dev, gen, args.cases)
-    times = []
-    for shape in EXTENDS:
+    checks = [] if args.shared_only else ragged_cases(ops, ref, dev, gen, args.cases)
+    times, shared = [], []
+    for shape in () if args.shared_only else EXTENDS:
         times += time_shape(ops, dev, gen, shape, args.variants)
         torch.cuda.empty_cache()
+    for shape in SHARED:
+        shared += time_shared(ops, dev, gen, shape)
+        torch.cuda.empty_cache()
     if args.json:
-        args.json.write_text(json.dumps({"checks": checks, "timings": times}, indent=1))
+        args.json.write_text(json.dumps({"checks": checks, "timings": times, "shared": shared}, indent=1))
+    print(f"\n{'shared prefix':>28s} {'path':14s} {'us':>9s} {'TFLOP/s':>8s} {'x bf16':>7s} {'copies vs in-kernel':>20s}")
+    for r in shared:
+        print(f"{r['seqs']:>6d} x ({r['shared']} + {r['new']}) pages {r['distinct_pages']:>5d} {r['path']:14s} "
+              f"{r['us']:9.1f} {r['tflops']:8.1f} {r['vs_bf16']:7.2f} {r['fp8_copies_vs_in_kernel_rel_err']:20.1e}")
     print(f"\nchecks: {sum(c['ok'] for c in checks)}/{len(checks)} ok")
     print(f"{'shape':>22s} {'kernel':16s} {'kv':9s} {'TFLOP/s':>8s} {'of bf16':>8s}")
     bf16 = {(r["seqs"], r["cached"], r["new"]): r["tflops"] for r in times if r["kv_dtype"] == "bf16"}

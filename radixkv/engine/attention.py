@@ -44,8 +44,10 @@ from radixkv.scheduler.cascade_groups import OUTER_RULE, CascadeRule, outer_leve
 
 from .device import host_to_device
 from .kv_store import KVStore
+from .page_copies import distinct_pages
 
 if TYPE_CHECKING:
+    from radixkv.kernels.dequant_pages import PageCopies
     from radixkv.kernels.launch import LayerLaunch
 
     from .kv_window import KVWindow
@@ -78,6 +80,7 @@ class AttentionPlan(NamedTuple):
     cascade: CascadePlan | None = None  # decode path: groups [G], suffix tables [B, max_suffix_pages]
     window: WindowPlan | None = None  # with a KVWindow: the rows of the page attention
     split: MixedSplit | None = None  # prefill path on the Triton kernels: its leading decode rows apart
+    copies: PageCopies | None = None  # prefill path over FP8 / INT4 pages: the prefill launch's distinct pages
 
 
 class MixedSplit(NamedTuple):
@@ -203,21 +206,31 @@ class PagedAttention:
         # starts 16-byte aligned and W is a multiple of 16, so the kernels see one pointer and stride
         # specialisation whatever the step's shape (none compiles mid-run: the warm-up covered it)
         W = -(-max(1, max(len(p) for p in batch.page_tables)) // 16) * 16
-        sizes = [B * W, B, B, B] + ([B - D] * 3 if D else [])
+        table = np.zeros((B, W), dtype=np.int32)
+        for b, p in enumerate(batch.page_tables):
+            table[b, :len(p)] = p
+        if table.min() < 0 or table.max() >= self.kv.num_pages:
+            bad = next(p for p in batch.page_tables if p and (min(p) < 0 or max(p) >= self.kv.num_pages))
+            raise ValueError(f"page id out of range [0, {self.kv.num_pages}) in page table {bad}")
+        kd = self.kv.kv_dtype
+        # an extend over FP8 / INT4 pages may widen them to fp16 copies: each distinct page of its rows once
+        distinct = (distinct_pages(table[D:], batch.seq_lens[D:], self.kv.page_size, self.kv.num_pages)
+                    if not decode and self._ops is not None and self.window is None and (kd.is_fp8 or kd.bits == 4)
+                    else None)
+        sizes = ([B * W, B, B, B] + ([B - D] * 3 if D else [])
+                 + ([len(distinct.pages), (B - D) * W] if distinct is not None else []))
         cut = [0]
         for n in sizes:
             cut.append(cut[-1] + _round4(n))
         ints = np.zeros(cut[-1], dtype=np.int32)
-        table = ints[:B * W].reshape(B, W)
-        for b, p in enumerate(batch.page_tables):
-            table[b, :len(p)] = p
+        ints[:B * W] = table.ravel()
         for k, values in enumerate((batch.seq_lens, batch.q_start, batch.q_lens), 1):
             ints[cut[k]:cut[k] + B] = values
             if D:
                 ints[cut[k + 3]:cut[k + 3] + B - D] = values[D:]
-        if table.min() < 0 or table.max() >= self.kv.num_pages:
-            bad = next(p for p in batch.page_tables if p and (min(p) < 0 or max(p) >= self.kv.num_pages))
-            raise ValueError(f"page id out of range [0, {self.kv.num_pages}) in page table {bad}")
+        if distinct is not None:
+            ints[cut[-3]:cut[-3] + len(distinct.pages)] = distinct.pages
+            ints[cut[-2]:cut[-2] + (B - D) * W] = distinct.table.ravel()
         dev = self.kv.device
         max_seq = max(batch.seq_lens)
         cascade = (self._cascade_plan(batch) if decode and batch.cascade is not None and self.window is None
@@ -241,7 +254,11 @@ class PagedAttention:
         )
         if D:
             plan = plan._replace(split=MixedSplit(D, plan.page_table[:D], plan.seq_lens[:D], plan.page_table[D:],
-                                                  *part[4:]))
+                                                  *part[4:7]))
+        if distinct is not None:
+            from radixkv.kernels.dequant_pages import PageCopies
+
+            plan = plan._replace(copies=PageCopies(part[-2], part[-1].view(B - D, W), distinct.reads))
         if self.window is not None:
             self.window.prepare(batch)
             rows = np.repeat(np.arange(B, dtype=np.int32), batch.q_lens)
@@ -376,13 +393,13 @@ class PagedAttention:
         if sp is None:
             return ops.prefill_launcher(q, k_cache, v_cache, plan.page_table, plan.seq_lens, plan.q_start,
                                         plan.q_lens, self.sm_scale, k_scale, v_scale, max_q_len=plan.max_q_len,
-                                        out=out, widen_max_bytes=self.widen_max_bytes)
+                                        out=out, widen_max_bytes=self.widen_max_bytes, copies=plan.copies)
         D = sp.rows
         decode = ops.decode_launcher(q[:D], k_cache, v_cache, sp.page_table, sp.seq_lens, self.sm_scale, k_scale,
                                      v_scale, num_splits=plan.num_splits)
         rest = ops.prefill_launcher(q, k_cache, v_cache, sp.rest_page_table, sp.rest_seq_lens, sp.rest_q_start,
                                     sp.rest_q_lens, self.sm_scale, k_scale, v_scale, max_q_len=plan.max_q_len,
-                                    widen_max_bytes=self.widen_max_bytes)
+                                    widen_max_bytes=self.widen_max_bytes, copies=plan.copies)
         given = out
 
         def launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_scale: Tensor | None,

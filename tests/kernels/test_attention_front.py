@@ -158,3 +158,52 @@ def test_a_mixed_step_checks_its_launch_once_and_every_layer_reuses_it(static_ou
             want = dense_attention(q_buf[lo:hi], keys, vals, 1 / math.sqrt(d))
             torch.testing.assert_close(got[lo:hi].double(), want, atol=1e-5, rtol=1e-5)
     assert len(attn._launches) == 1
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "int4"])
+def test_a_quantised_mixed_step_lists_its_extend_rows_distinct_pages(kv_dtype, monkeypatch):
+    """plan() of a mixed step over FP8 / INT4 pages lists the distinct pages of the rows paged_prefill runs (not
+    the leading decode row's) for dequant_page_list, with the table over them; on a stand-in Hopper kernel the
+    step reads the fp16 copies, and every layer's output equals the in-kernel widening's (plan without copies)."""
+    import sys
+    import types
+
+    from radixkv.kernels import prefill
+    from radixkv.kernels.launch import LOG2E
+    from radixkv.kernels.reference_attention import paged_prefill_ref
+
+    handed = []
+
+    def fake_launch(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, qk_scale, max_q_len, out,
+                    k_scale=None, v_scale=None, lse=None):
+        handed.append(k_cache.dtype)
+        out.copy_(paged_prefill_ref(q, k_cache, v_cache, page_table, seq_lens, q_start, q_lens, qk_scale / LOG2E,
+                                    k_scale=k_scale, v_scale=v_scale))
+
+    monkeypatch.setitem(sys.modules, "radixkv.kernels.prefill_hopper_gluon", types.SimpleNamespace(launch=fake_launch))
+    monkeypatch.setattr(prefill, "hopper_prefill_supported", lambda *a, **k: True)
+    gen = torch.Generator().manual_seed(4)
+    page_size, hkv, hq, d, layers = 4, 2, 4, 32, 2
+    kv = KVStore(layers, 24, page_size, hkv, d, kv_dtype, "cpu")
+    attn = PagedAttention(kv, hq, d, 1 / math.sqrt(d), backend=Backend.TRITON)
+    tables = [[20, 21], [9, 2, 14, 5, 1], [9, 2, 14, 5, 3], [9, 2, 14, 5, 6]]  # rows 1-3 share 4 pages
+    attn.plan(make_batch(tables, [0] * 4, [5, 16, 16, 16], page_size))
+    for layer in range(layers):
+        attn.store(torch.randn(53, hkv, d, generator=gen), torch.randn(53, hkv, d, generator=gen), layer,
+                   attn.current_plan.slots)
+    attn.plan(make_batch(tables, [5, 16, 16, 16], [1, 4, 4, 4], page_size))  # row 0 decodes, rows 1-3 extend
+    plan = attn.current_plan
+    assert plan.split is not None and plan.split.rows == 1
+    assert plan.copies.pages.tolist() == [1, 2, 3, 5, 6, 9, 14] and plan.copies.reads == 15
+    assert plan.copies.pages[plan.copies.table.long()][:, :5].tolist() == tables[1:]
+    for layer in range(layers):
+        attn.store(torch.randn(13, hkv, d, generator=gen), torch.randn(13, hkv, d, generator=gen), layer,
+                   plan.slots)
+    q = torch.randn(13, hq, d, generator=gen)
+    handed.clear()
+    got = [attn.attend(q, layer) for layer in range(layers)]
+    assert handed == [torch.float16] * layers  # each layer's copies, read by the 16-bit kernel
+    attn.install(plan._replace(copies=None))
+    for layer in range(layers):
+        torch.testing.assert_close(got[layer], attn.attend(q, layer), rtol=2e-3, atol=2e-3)
+    assert handed[-1] == kv.k_cache[0].dtype  # without the list: 4 new tokens a row widen in-kernel

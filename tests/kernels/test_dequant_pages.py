@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radixkv.kernels.dequant_pages import dequant_pages, scratch_table
 from radixkv.kernels.fp8 import quantize_fp8
@@ -95,11 +97,10 @@ def test_kv_store_pages_and_empty_rows(kind: str, S: int) -> None:
     assert torch.isnan(k16[6:12]).all()  # the empty row's slots: untouched
 
 
-@pytest.mark.parametrize("kind", ["fp8_e4m3", "int4"])
-def test_launcher_runs_the_16bit_kernel_over_the_copies(kind: str, monkeypatch) -> None:
-    """prefill_launcher's wiring on a stand-in Hopper kernel (the reference over the pages it is handed): the
-    extend over the widened copies equals the reference over the quantised pages, output and lse; a launch of
-    mostly decode rows keeps the in-kernel widening (the pages it is handed stay the quantised ones)."""
+@pytest.fixture
+def stand_in_hopper(monkeypatch) -> list:
+    """prefill_launcher on a stand-in Hopper kernel (the reference over the pages it is handed): returns the
+    dtypes of the pages each launch was handed."""
     import sys
     import types
 
@@ -120,6 +121,17 @@ def test_launcher_runs_the_16bit_kernel_over_the_copies(kind: str, monkeypatch) 
 
     monkeypatch.setitem(sys.modules, "radixkv.kernels.prefill_hopper_gluon", types.SimpleNamespace(launch=fake_launch))
     monkeypatch.setattr(prefill, "hopper_prefill_supported", lambda *a, **k: True)
+    return handed
+
+
+@pytest.mark.parametrize("kind", ["fp8_e4m3", "int4"])
+def test_launcher_runs_the_16bit_kernel_over_the_copies(kind: str, stand_in_hopper) -> None:
+    """The extend over the widened copies equals the reference over the quantised pages, output and lse; a
+    launch of mostly decode rows keeps the in-kernel widening (the pages it is handed stay the quantised ones)."""
+    from radixkv.kernels import prefill
+    from radixkv.kernels.reference_attention import paged_prefill_ref
+
+    handed = stand_in_hopper
     gen = torch.Generator().manual_seed(5)
     D, hkv, hq, S, P = 32, 2, 4, 4, 64
     kc, vc, ks, vs = _store(kind, P, S, hkv, D, gen)
@@ -143,3 +155,93 @@ def test_launcher_runs_the_16bit_kernel_over_the_copies(kind: str, monkeypatch) 
     ql20 = torch.cat([q_lens, torch.zeros(18, dtype=torch.int32)])
     prefill.paged_prefill(q, kc, vc, table20, lens20, qs20, ql20, k_scale=ks, v_scale=vs, max_q_len=130)
     assert handed[-1] == kc.dtype
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_distinct_pages_lists_each_page_read_once(data) -> None:
+    """page_copies.distinct_pages: every page a row reads listed once, ascending; the new table reaches the
+    same page through the list on every slot read; reads counts the slots read."""
+    import numpy as np
+
+    from radixkv.engine.page_copies import distinct_pages
+
+    S, P = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 12))
+    B, W = data.draw(st.integers(0, 5)), data.draw(st.integers(1, 6))
+    table = np.array(data.draw(st.lists(st.lists(st.integers(0, P - 1), min_size=W, max_size=W), min_size=B,
+                                        max_size=B)), dtype=np.int32).reshape(B, W)
+    lens = data.draw(st.lists(st.integers(0, W * S), min_size=B, max_size=B))
+    got = distinct_pages(table, lens, S, P)
+    n = [-(-s // S) for s in lens]
+    read = {int(p) for b in range(B) for p in table[b, :n[b]]}
+    assert got.pages.tolist() == sorted(read) and got.reads == sum(n)
+    for b in range(B):
+        assert got.pages[got.table[b, :n[b]]].tolist() == table[b, :n[b]].tolist()
+        assert not got.table[b, n[b]:].any()
+
+
+def test_distinct_pages_refuses_rows_past_their_table() -> None:
+    import numpy as np
+
+    from radixkv.engine.page_copies import distinct_pages
+
+    with pytest.raises(ValueError, match="rows read 0..2 pages"):
+        distinct_pages(np.zeros((1, 2), dtype=np.int32), [9], 4, 8)
+
+
+@pytest.mark.parametrize("kind", ["fp8_e4m3", "int4"])
+def test_page_list_widens_each_listed_page_whole(kind: str) -> None:
+    """dequant_page_list: page pages[u] into copy u, every token of it, as the per-row form widens it."""
+    from radixkv.kernels.dequant_pages import dequant_page_list
+
+    gen = torch.Generator().manual_seed(11)
+    D, hkv, S, P = 32, 2, 4, 16
+    kc, vc, ks, vs = _store(kind, P, S, hkv, D, gen)
+    pages = torch.tensor([3, 0, 15, 7], dtype=torch.int32)
+    k16, v16 = dequant_page_list(kc, vc, ks, vs, pages, D)
+    want_k, want_v = dequant_pages_ref(kc, vc, ks, vs, pages.view(-1, 1), torch.full((4,), S, dtype=torch.int32), D)
+    assert k16.shape == (4, S, hkv, D) and torch.equal(k16, want_k) and torch.equal(v16, want_v)
+    empty = dequant_page_list(kc, vc, ks, vs, pages[:0], D)
+    assert empty[0].shape == (0, S, hkv, D)
+
+
+@pytest.mark.parametrize("kind", ["fp8_e4m3", "int4"])
+def test_launcher_widens_shared_pages_once_through_the_distinct_list(kind: str, stand_in_hopper) -> None:
+    """With `copies` (the rows' distinct pages), short FP8 extends over a shared prefix take the copies too
+    (each copy read by 3 rows), and the result is the reference's over the quantised pages; short rows sharing
+    nothing keep the in-kernel widening; a copies table of another shape is refused by name."""
+    import numpy as np
+
+    from radixkv.engine.page_copies import distinct_pages
+    from radixkv.kernels import prefill
+    from radixkv.kernels.dequant_pages import PageCopies
+    from radixkv.kernels.reference_attention import paged_prefill_ref
+
+    handed = stand_in_hopper
+    gen = torch.Generator().manual_seed(9)
+    D, hkv, hq, S, P = 32, 2, 4, 4, 80
+    kc, vc, ks, vs = _store(kind, P, S, hkv, D, gen)
+    shared = torch.randperm(P, generator=gen)[:20].to(torch.int32)  # a 20-page prefix, then 4 pages of each row
+    own = torch.randperm(P, generator=gen)[:12].view(3, 4).to(torch.int32)
+    table = torch.cat([shared.expand(3, -1), own], dim=1)  # [3, 24]
+    lens, q_lens = torch.tensor([90, 85, 96], dtype=torch.int32), torch.tensor([10, 5, 16], dtype=torch.int32)
+    q_start = torch.tensor([0, 10, 15], dtype=torch.int32)
+    q = torch.randn(31, hq, D, generator=gen)
+
+    def run(page_table: torch.Tensor) -> torch.Tensor:
+        distinct = distinct_pages(page_table.numpy(), lens.tolist(), S, P)
+        copies = PageCopies(torch.from_numpy(distinct.pages), torch.from_numpy(distinct.table), distinct.reads)
+        out = prefill.paged_prefill(q, kc, vc, page_table, lens, q_start, q_lens, k_scale=ks, v_scale=vs,
+                                    max_q_len=16, copies=copies)
+        want = paged_prefill_ref(q, kc, vc, page_table, lens, q_start, q_lens, k_scale=ks, v_scale=vs)
+        torch.testing.assert_close(out, want, rtol=3e-3, atol=3e-3)
+        return copies
+
+    copies = run(table)
+    assert handed == [torch.float16] and copies.pages.numel() < copies.reads / 2
+    apart = torch.randperm(P, generator=gen)[:72].view(3, 24).to(torch.int32)  # no page shared
+    run(apart)
+    assert handed[-1] == kc.dtype  # ~10 new tokens a row, nothing shared: the tiles widen in-kernel
+    with pytest.raises(ValueError, match="copies.table is"):
+        prefill.paged_prefill(q, kc, vc, table, lens, q_start, q_lens, k_scale=ks, v_scale=vs, max_q_len=16,
+                              copies=copies._replace(table=copies.table[:2]))

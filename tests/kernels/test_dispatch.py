@@ -300,9 +300,10 @@ def test_fused_decode_rows_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_widen_first(fresh_switches):
-    """Extends over INT4 pages always read dequant_pages' copies, FP8 ones only past one query block of new
-    tokens; RADIXKV_EXTEND_DEQUANT=0 turns both off."""
+    """Extends over INT4 pages always read dequant_pages' copies, FP8 ones past one query block of new
+    tokens or where each copy is read by 2 rows (a shared prefix); RADIXKV_EXTEND_DEQUANT=0 turns all off."""
     assert widen_first(True, 65) and widen_first(False, 129) and not widen_first(False, 128)
+    assert widen_first(False, 16, reuse=2.0) and not widen_first(False, 16, reuse=1.9)
     extend_dequant_enabled.cache_clear()
     fresh_switches.setenv("RADIXKV_EXTEND_DEQUANT", "0")
-    assert not widen_first(True, 4096) and not widen_first(False, 4096)
+    assert not widen_first(True, 4096) and not widen_first(False, 4096) and not widen_first(False, 16, reuse=50)
