@@ -35,13 +35,12 @@ from radixkv.config import KVDtype, canonical_kv_dtype_name
 # 1.63-2.82x; 4k and 16k: 2.3-8.6x). Nothing below 64 rows or 1k tokens was measured, so that is the floor.
 CASCADE_MIN_ROWS_16BIT = 64
 CASCADE_MIN_SHARED_TOKENS_16BIT = 1024
-# FP8 pages: the prefix kernel dequantises on the Triton path (about 1/3 of its bf16 speed) and plain
-# decode is the fast Gluon kernel, so 64 rows x 1k LOSES (0.75-0.80x); 64 x 4k wins 1.24-1.37x,
-# 64 x 16k 1.63-1.73x, and 256 rows win from 1k on (1.12-1.23x at 1k, 1.5-1.9x beyond).
+# FP8 pages: the prefix kernel reads fp16 copies of a group's prefix, widened once a layer (kernels/cascade.py;
+# before those, 64 rows x 1k lost 0.75-0.80x to plain decode and the rule asked 64 x 4k or 256 x 1k). Over the
+# copies FP8 beats FP8 plain decode 1.42-1.63x at 256 x 1k and 1.78-2.05x at 1,024 x 1k, and bf16's cascade by
+# 2-30% (RESULTS.md 2026-12-03); 64 rows: see RESULTS.md "FP8 cascades at 64 rows". So FP8 takes the 16-bit floor.
 CASCADE_MIN_ROWS_FP8 = 64
-CASCADE_MIN_SHARED_TOKENS_FP8 = 4096
-CASCADE_MIN_ROWS_FP8_SHORT = 256  # ... or this many rows over a shorter run:
-CASCADE_MIN_SHARED_TOKENS_FP8_SHORT = 1024
+CASCADE_MIN_SHARED_TOKENS_FP8 = 1024
 
 
 # When an outer level (max_levels=2) is worth it. It costs one more shared-prefix launch a layer (the kernels
@@ -75,8 +74,7 @@ class CascadeRule:
 
 
 RULE_16BIT = CascadeRule(((CASCADE_MIN_ROWS_16BIT, CASCADE_MIN_SHARED_TOKENS_16BIT),))
-RULE_FP8 = CascadeRule(((CASCADE_MIN_ROWS_FP8, CASCADE_MIN_SHARED_TOKENS_FP8),
-                        (CASCADE_MIN_ROWS_FP8_SHORT, CASCADE_MIN_SHARED_TOKENS_FP8_SHORT)))
+RULE_FP8 = CascadeRule(((CASCADE_MIN_ROWS_FP8, CASCADE_MIN_SHARED_TOKENS_FP8),))
 RULE_NEVER = CascadeRule(())
 RULE_ALWAYS = CascadeRule(((2, 1),))  # any shared page of any 2 rows (tests, experiments)
 OUTER_RULE = CascadeRule(((CASCADE_OUTER_MIN_UNITS, CASCADE_OUTER_MIN_SHARED_TOKENS),))
