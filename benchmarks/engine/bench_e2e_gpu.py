@@ -16,7 +16,11 @@
    compute_floor_ms: compute is the larger only for a big enough batch). Sampled decoding (temperature
    0.8, top_p 0.95) at batch 64 beside greedy. On the GPU each
    row also has `kernels_per_step` and `idle_us_per_step` (issue 35): a torch.profiler window of 12 decode
-   steps (left out of the timed median), the device ops a step and the GPU's idle time between them.
+   steps (left out of the timed median), the device ops a step and the GPU's idle time between them; and
+   the device time a step by phase (`gemm_us_per_step`, `attention_us_per_step`, `other_us_per_step`)
+   beside each phase's own floor (`gemm_floor_ms`: max(weight bytes / bw, linear FLOPs / GEMM rate);
+   `attention_floor_ms`: KV bytes / bw) and their sum `serial_floor_ms`, the floor of a step that runs
+   the phases one after the other, as a layer does (floor_ms assumes they overlap).
 3. Workloads (Part B), each with cache on / off (bf16), cache on with fp8_e4m3 KV at the same KV
    byte budget, and transformers' batched generate (few-shot, no-sharing: a timed subset); config
    `default` is LLM(model, dtype="bfloat16") and nothing else (the pool from gpu_memory_utilization,
@@ -50,7 +54,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_floor import dense_gemm_rate, kv_bytes_per_token, read_bandwidth, step_flops, weight_bytes  # noqa: E402
+from decode_floor import (  # noqa: E402
+    dense_gemm_rate,
+    kv_bytes_per_token,
+    linear_flops,
+    read_bandwidth,
+    step_flops,
+    weight_bytes,
+)
 from gpu_engine_check import llama3_8b_config, small_config  # noqa: E402
 
 from radixkv import LLM, SamplingParams  # noqa: E402
@@ -156,6 +167,25 @@ def device_gaps(prof: Any, steps: int) -> tuple[float | None, float | None]:
     return round(len(spans) / steps, 1), round((max(b for _, b in spans) - spans[0][0] - busy) / steps, 1)
 
 
+# kernel names by phase (phase_times): the projections and LM head (cuBLAS, the fused decode kernels) and
+# attention (decode, split merges, cascade); the rest (norms, activations, RoPE, stores, sampling) is "other"
+GEMM_NAMES = ("nvjet", "gemm", "cutlass", "xmma", "splitkreduce", "_decode_linear_kernel")
+ATTENTION_NAMES = ("_decode_kernel", "_merge_kernel", "_prefix_kernel", "_window")
+
+
+def phase_times(prof: Any, steps: int) -> dict:
+    """Device microseconds a step by phase (GEMM_NAMES, ATTENTION_NAMES, other) of a profiler window."""
+    us = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    for e in prof.events():
+        if getattr(e, "device_type", None) is None or e.device_type.name != "CUDA":
+            continue
+        name = e.name.lower()
+        kind = ("gemm" if any(k in name for k in GEMM_NAMES) else
+                "attention" if any(k in name for k in ATTENTION_NAMES) else "other")
+        us[kind] += e.time_range.end - e.time_range.start
+    return {f"{k}_us_per_step": round(v / steps, 1) for k, v in us.items()}
+
+
 PROFILED = 12  # decode steps of the profiled window (decode_sweep)
 
 
@@ -203,6 +233,10 @@ def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, grap
     bytes_floor_ms = (weight_bytes(llm) + cached * kv_bytes_per_token(llm)) / bw * 1e3
     compute_floor_ms = step_flops(llm, batch, cached) / gemm_rate * 1e3 if gemm_rate else None
     floor_ms = max(bytes_floor_ms, compute_floor_ms or 0.0)
+    # each phase's own floor: the projections' max(weight bytes, their FLOPs at the GEMM rate), attention's
+    # KV bytes; one after the other, as a layer runs them, they sum to the serial floor (>= floor_ms)
+    gemm_floor_ms = max(weight_bytes(llm) / bw, linear_flops(llm, batch) / gemm_rate if gemm_rate else 0.0) * 1e3
+    attention_floor_ms = cached * kv_bytes_per_token(llm) / bw * 1e3
     config = "cache-on-fp8" if llm.runner.kv_dtype.value.startswith("fp8") else f"cache-on-{llm.runner.kv_dtype.value}"
     return full_row(dict(workload="decode-sweep", config=config, batch=batch,
                 graphs=graphs, sampled=not params.greedy, async_scheduling=overlap,
@@ -212,8 +246,11 @@ def decode_sweep(llm: LLM, batch: int, prompt: int, params: SamplingParams, grap
                 fraction_of_floor=round(floor_ms / ms, 3), output_tokens_per_s=round(batch / ms * 1e3, 1),
                 steps_timed=len(steps), max_concurrency=batch, pool_pages=llm.num_pages,
                 fused_decode_rows=llm.runner.model.fused_decode_rows,
+                gemm_floor_ms=round(gemm_floor_ms, 3), attention_floor_ms=round(attention_floor_ms, 3),
+                serial_floor_ms=round(gemm_floor_ms + attention_floor_ms, 3),
                 **dict(zip(("kernels_per_step", "idle_us_per_step"),
-                           device_gaps(prof, profiled) if prof is not None else (None, None)))))
+                           device_gaps(prof, profiled) if prof is not None else (None, None))),
+                **(phase_times(prof, profiled) if prof is not None else {})))
 
 
 # ---------------------------------------------------------------- Part B: workloads
@@ -704,13 +741,19 @@ def _f(v: Any, fmt: str) -> str:
 
 def summary(rows: list[dict]) -> str:
     lines = [f"{'batch':>5} {'config':>14} {'graphs':>6} {'sampled':>7} {'async':>5} {'step ms':>8} {'floor ms':>8} "
-             f"{'of floor':>8} {'kernels':>7} {'idle us':>7}"]
+             f"{'of floor':>8} {'kernels':>7} {'idle us':>7} {'gemm ms/floor':>13} {'attn ms/floor':>13} "
+             f"{'other ms':>8} {'serial floor':>12}"]
     for r in rows:
         if r.get("workload") in ("decode-sweep", "decode-long"):
+            phase = [f"{_f(r.get(f'{k}_us_per_step') and r[f'{k}_us_per_step'] / 1e3, '.2f')}/"
+                     f"{_f(r.get(f'{k}_floor_ms'), '.2f')}" for k in ("gemm", "attention")]
             lines.append(f"{r['batch']:>5} {r['config']:>14} {str(r['graphs']):>6} {str(r['sampled']):>7} "
                          f"{str(r.get('async_scheduling', False)):>5} "
                          f"{r['step_ms']:>8.2f} {r['floor_ms']:>8.2f} {r['fraction_of_floor']:>8.2f} "
-                         f"{_f(r.get('kernels_per_step'), '.1f'):>7} {_f(r.get('idle_us_per_step'), '.0f'):>7}")
+                         f"{_f(r.get('kernels_per_step'), '.1f'):>7} {_f(r.get('idle_us_per_step'), '.0f'):>7} "
+                         f"{phase[0]:>13} {phase[1]:>13} "
+                         f"{_f(r.get('other_us_per_step') and r['other_us_per_step'] / 1e3, '.2f'):>8} "
+                         f"{_f(r.get('serial_floor_ms'), '.2f'):>12}")
     lines.append(f"\n{'workload':>10} {'config':>14} {'reqs':>5} {'out tok/s':>10} {'req/s':>7} {'ttft p50':>8} "
                  f"{'ttft p99':>8} {'hit':>6} {'peak/pool':>13} {'cpu frac':>8} {'max conc':>8} {'step ms':>8}")
     order = {w: i for i, w in enumerate(WORKLOADS)}

@@ -57,6 +57,12 @@ def step_flops(llm: LLM, rows: int, cached_tokens: float) -> float:
     """Matrix FLOPs of a decode step of `rows` rows reading `cached_tokens` tokens in all: 2 x every
     linear layer's weights (the LM head's too) a row, and attention's 4 x q heads x head_dim a cached
     token a layer."""
-    m, s = llm.runner.model, llm.runner.spec
+    s = llm.runner.spec
+    return linear_flops(llm, rows) + 4 * s.num_layers * s.num_q_heads * s.head_dim * cached_tokens
+
+
+def linear_flops(llm: LLM, rows: int) -> float:
+    """Matrix FLOPs of a decode step's linear layers (the LM head's too) for `rows` rows."""
+    m = llm.runner.model
     linear = sum(t.numel() for L in m.layers for t in vars(L).values() if isinstance(t, torch.Tensor) and t.dim() == 2)
-    return 2 * (linear + m.lm_head.numel()) * rows + 4 * s.num_layers * s.num_q_heads * s.head_dim * cached_tokens
+    return 2 * (linear + m.lm_head.numel()) * rows
