@@ -29,17 +29,21 @@ class PageList(NamedTuple):
 
 
 def distinct_pages(table: np.ndarray, seq_lens: Sequence[int], page_size: int, num_pages: int) -> PageList:
-    """The module docstring's deduplication: O(B * W + num_pages), no sort (a mark array over the pool)."""
+    """The module docstring's deduplication: a sort of the ids read, or where they are many against the pool
+    a mark array over it (O(B * W + num_pages): 1.3 ms for 160 rows x 336 pages in a pool of 100k)."""
     B, W = table.shape
     n = -(-np.asarray(seq_lens, dtype=np.int64) // page_size)
     if B and (n.min() < 0 or n.max() > W):
         raise ValueError(f"distinct_pages: rows read 0..{W} pages, got {n.min()}..{n.max()}")
     read = np.arange(W)[None, :] < n[:, None]  # [B, W]
     ids = table[read]
+    out = np.zeros((B, W), dtype=np.int32)
+    if ids.size * 16 < num_pages:
+        pages, out[read] = np.unique(ids, return_inverse=True)
+        return PageList(pages.astype(np.int32), out, int(ids.size))
     index = np.zeros(num_pages, dtype=np.int32)
     index[ids] = 1
     pages = np.flatnonzero(index).astype(np.int32)
     index[pages] = np.arange(len(pages), dtype=np.int32)
-    out = np.zeros((B, W), dtype=np.int32)
     out[read] = index[ids]
     return PageList(pages, out, int(ids.size))
