@@ -346,6 +346,14 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
 HOPPER_PREFILL_MIN_NEW = 64
 
 
+def extend_copies_wanted(device: torch.device, head_dim: int, max_q_len: int) -> bool:
+    """Host-only: whether an extend over FP8 / INT4 pages on `device` may read dequant_pages' fp16 copies (the
+    Hopper kernel's device, head_dim and length conditions, and the switches), so the engine lists a step's
+    distinct pages (radixkv/engine/page_copies.py) only where they can be used."""
+    return (device.type == "cuda" and head_dim == 128 and max_q_len > HOPPER_PREFILL_MIN_NEW
+            and extend_dequant_enabled() and hopper_prefill_enabled() and _gluon_hopper_gpu(_index(device)))
+
+
 def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor, max_q_len: int,
                              k_scale: Tensor | None = None) -> bool:
     """Whether paged_prefill (given no explicit config) runs paged_prefill_hopper's kernel: an sm_90 GPU,

@@ -216,6 +216,7 @@ class PagedAttention:
         # an extend over FP8 / INT4 pages may widen them to fp16 copies: each distinct page of its rows once
         distinct = (distinct_pages(table[D:], batch.seq_lens[D:], self.kv.page_size, self.kv.num_pages)
                     if not decode and self._ops is not None and self.window is None and (kd.is_fp8 or kd.bits == 4)
+                    and dispatch.extend_copies_wanted(self.kv.device, self.head_dim, max(batch.q_lens[D:]))
                     else None)
         sizes = ([B * W, B, B, B] + ([B - D] * 3 if D else [])
                  + ([len(distinct.pages), (B - D) * W] if distinct is not None else []))

@@ -12,7 +12,9 @@ deduplicated instead:
         table [B, W]   row b's slot w -> the index of its page in `pages` (slots past a row's pages: 0)
         reads          slots read over all rows (>= U; reads / U is how often a copy is read)
 
-so dequant_pages widens U pages and the 16-bit kernel reads them through `table`.
+so kernels/dequant_pages.py's dequant_page_list widens U pages and the 16-bit kernel reads them through
+`table`. PagedAttention.plan lists them for mixed steps where dispatch.extend_copies_wanted says copies may be
+read.
 """
 from __future__ import annotations
 

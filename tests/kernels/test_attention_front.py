@@ -168,7 +168,7 @@ def test_a_quantised_mixed_step_lists_its_extend_rows_distinct_pages(kv_dtype, m
     import sys
     import types
 
-    from radixkv.kernels import prefill
+    from radixkv.kernels import dispatch, prefill
     from radixkv.kernels.launch import LOG2E
     from radixkv.kernels.reference_attention import paged_prefill_ref
 
@@ -182,6 +182,7 @@ def test_a_quantised_mixed_step_lists_its_extend_rows_distinct_pages(kv_dtype, m
 
     monkeypatch.setitem(sys.modules, "radixkv.kernels.prefill_hopper_gluon", types.SimpleNamespace(launch=fake_launch))
     monkeypatch.setattr(prefill, "hopper_prefill_supported", lambda *a, **k: True)
+    monkeypatch.setattr(dispatch, "extend_copies_wanted", lambda *a: True)
     gen = torch.Generator().manual_seed(4)
     page_size, hkv, hq, d, layers = 4, 2, 4, 32, 2
     kv = KVStore(layers, 24, page_size, hkv, d, kv_dtype, "cpu")
@@ -207,3 +208,6 @@ def test_a_quantised_mixed_step_lists_its_extend_rows_distinct_pages(kv_dtype, m
     for layer in range(layers):
         torch.testing.assert_close(got[layer], attn.attend(q, layer), rtol=2e-3, atol=2e-3)
     assert handed[-1] == kv.k_cache[0].dtype  # without the list: 4 new tokens a row widen in-kernel
+    monkeypatch.undo()
+    attn.plan(make_batch(tables, [5, 16, 16, 16], [1, 4, 4, 4], page_size))
+    assert attn.current_plan.copies is None  # a CPU (no Hopper kernel to read copies): no list
