@@ -115,7 +115,7 @@ class ModelRunner:
         # KIVI's recent-token window (INT pages by default): shadow pages for every running row's latest tokens
         self.kv_window = kv_window_for(self.kv_dtype, cfg.kv_window)
         # the KV dtype's rule says when a cascade group is worth it (INT4/INT2 or a window: never)
-        self.cascade_rule: CascadeRule = RULE_NEVER if self.kv_window else rule_for(self.kv_dtype)
+        self.cascade_rule: CascadeRule = RULE_NEVER if self.kv_window else rule_for(self.kv_dtype, s.head_dim)
         # what the user left to the engine (max_num_seqs, cascade, the step budget: config.py), decided now the pool
         # is sized; this config is what everything below, the EngineCore's scheduler and the warm-up read
         cascade_pays = triton and self.cascade_rule is not RULE_NEVER  # (the reference backend gains nothing)

@@ -35,12 +35,15 @@ from radixkv.config import KVDtype, canonical_kv_dtype_name
 # 1.63-2.82x; 4k and 16k: 2.3-8.6x). Nothing below 64 rows or 1k tokens was measured, so that is the floor.
 CASCADE_MIN_ROWS_16BIT = 64
 CASCADE_MIN_SHARED_TOKENS_16BIT = 1024
-# FP8 pages: the prefix kernel reads fp16 copies of a group's prefix, widened once a layer (kernels/cascade.py;
-# before those, 64 rows x 1k lost 0.75-0.80x to plain decode and the rule asked 64 x 4k or 256 x 1k). Over the
-# copies FP8 beats FP8 plain decode 1.42-1.63x at 256 x 1k and 1.78-2.05x at 1,024 x 1k, and bf16's cascade by
-# 2-30% (RESULTS.md 2026-12-03); 64 rows: see RESULTS.md "FP8 cascades at 64 rows". So FP8 takes the 16-bit floor.
+# FP8 pages: the prefix kernel reads fp16 copies of a group's prefix, widened once a layer (kernels/cascade.py).
+# Over the copies FP8 beats FP8 plain decode 1.42-1.63x at 256 x 1k and 1.78-2.05x at 1,024 x 1k, and bf16's
+# cascade by 2-30% (RESULTS.md 2026-12-03); 64 rows: RESULTS.md "FP8 cascades at 64 rows". So FP8 takes the
+# 16-bit floor where its prefixes can be widened (a power-of-two head_dim: dequant_pages' rows).
 CASCADE_MIN_ROWS_FP8 = 64
 CASCADE_MIN_SHARED_TOKENS_FP8 = 1024
+# Prefixes dequantised in-kernel (other head_dims): 64 rows x 1k LOSES to the Gluon FP8 plain decode
+# (0.75-0.80x); 64 x 4k wins 1.24-1.37x, 64 x 16k 1.63-1.73x, and 256 rows win from 1k on (1.12-1.23x).
+CASCADE_IN_KERNEL_FP8 = ((64, 4096), (256, 1024))
 
 
 # When an outer level (max_levels=2) is worth it. It costs one more shared-prefix launch a layer (the kernels
@@ -75,21 +78,25 @@ class CascadeRule:
 
 RULE_16BIT = CascadeRule(((CASCADE_MIN_ROWS_16BIT, CASCADE_MIN_SHARED_TOKENS_16BIT),))
 RULE_FP8 = CascadeRule(((CASCADE_MIN_ROWS_FP8, CASCADE_MIN_SHARED_TOKENS_FP8),))
+RULE_FP8_IN_KERNEL = CascadeRule(CASCADE_IN_KERNEL_FP8)
 RULE_NEVER = CascadeRule(())
 RULE_ALWAYS = CascadeRule(((2, 1),))  # any shared page of any 2 rows (tests, experiments)
 OUTER_RULE = CascadeRule(((CASCADE_OUTER_MIN_UNITS, CASCADE_OUTER_MIN_SHARED_TOKENS),))
 
 
-def rule_for(kv_dtype: object) -> CascadeRule:
+def rule_for(kv_dtype: object, head_dim: int | None = None) -> CascadeRule:
     """The rule of a KV dtype (a KVDtype, its name or an alias). fp32 takes the 16-bit rule (not measured:
     it reads twice the bytes a token, so the cascade saves at least as much); INT4/INT2 never (the cascade
-    kernels do not read integer pages yet); 'auto' (the compute dtype: 16 or 32 bits) the 16-bit rule."""
+    kernels do not read integer pages yet); 'auto' (the compute dtype: 16 or 32 bits) the 16-bit rule; FP8
+    RULE_FP8, or RULE_FP8_IN_KERNEL for a head_dim whose prefixes are not widened (not a power of two)."""
     if canonical_kv_dtype_name(kv_dtype) == "auto":
         return RULE_16BIT
     kv = KVDtype.parse(kv_dtype)
     if kv.is_int:
         return RULE_NEVER
-    return RULE_FP8 if kv.is_fp8 else RULE_16BIT
+    if not kv.is_fp8:
+        return RULE_16BIT
+    return RULE_FP8_IN_KERNEL if head_dim is not None and head_dim & (head_dim - 1) else RULE_FP8
 
 
 def outer_level_pays(levels: CascadeLevels | None, rule: CascadeRule = OUTER_RULE) -> bool:

@@ -209,8 +209,9 @@ def test_page_list_widens_each_listed_page_whole(kind: str) -> None:
 @pytest.mark.parametrize("kind", ["fp8_e4m3", "int4"])
 def test_launcher_widens_shared_pages_once_through_the_distinct_list(kind: str, stand_in_hopper) -> None:
     """With `copies` (the rows' distinct pages), short FP8 extends over a shared prefix take the copies too
-    (each copy read by 3 rows), and the result is the reference's over the quantised pages; short rows sharing
-    nothing keep the in-kernel widening; a copies table of another shape is refused by name."""
+    (each copy read by 3 rows), and the result is the reference's over the quantised pages; copies over the
+    budget and short rows sharing nothing keep the in-kernel widening; a copies table of another shape is
+    refused by name."""
     import numpy as np
 
     from radixkv.engine.page_copies import distinct_pages
@@ -240,6 +241,9 @@ def test_launcher_widens_shared_pages_once_through_the_distinct_list(kind: str, 
 
     copies = run(table)
     assert handed == [torch.float16] and copies.pages.numel() < copies.reads / 2
+    prefill.paged_prefill(q, kc, vc, table, lens, q_start, q_lens, k_scale=ks, v_scale=vs, max_q_len=16,
+                          copies=copies, widen_max_bytes=copies.pages.numel() * S * hkv * D * 4 - 1)
+    assert handed[-1] == kc.dtype  # copies one byte over the budget: the tiles widen in-kernel
     apart = torch.randperm(P, generator=gen)[:72].view(3, 24).to(torch.int32)  # no page shared
     run(apart)
     assert handed[-1] == kc.dtype  # ~10 new tokens a row, nothing shared: the tiles widen in-kernel

@@ -18,6 +18,7 @@ from radixkv.scheduler.cascade_groups import (
     RULE_16BIT,
     RULE_ALWAYS,
     RULE_FP8,
+    RULE_FP8_IN_KERNEL,
     RULE_NEVER,
     CascadeRule,
     cascade_levels,
@@ -163,8 +164,12 @@ def test_rule_thresholds_and_dtypes() -> None:
     assert not RULE_16BIT.worth_it(CASCADE_MIN_ROWS_16BIT - 1, 1 << 20)
     assert not RULE_16BIT.worth_it(1 << 10, CASCADE_MIN_SHARED_TOKENS_16BIT - 1)
     assert RULE_16BIT.worth_it(256, 4096)
-    # FP8 (its prefixes over fp16 copies): the 16-bit floor (RESULTS.md)
+    # FP8 (its prefixes over fp16 copies): the 16-bit floor (RESULTS.md); dequantised in-kernel (a head_dim
+    # not a power of two): 64 x 1k loses, 64 x 4k and 256 x 1k win
     assert RULE_FP8.worth_it(64, 1024) and not RULE_FP8.worth_it(63, 4096) and not RULE_FP8.worth_it(256, 1023)
+    assert not RULE_FP8_IN_KERNEL.worth_it(64, 1024)
+    assert RULE_FP8_IN_KERNEL.worth_it(64, 4096) and RULE_FP8_IN_KERNEL.worth_it(256, 1024)
+    assert rule_for("fp8_e4m3", 96) is RULE_FP8_IN_KERNEL and rule_for("fp8_e4m3", 128) is RULE_FP8
     assert not RULE_NEVER.worth_it(1 << 12, 1 << 20)
     assert not RULE_ALWAYS.worth_it(1, 100) and RULE_ALWAYS.worth_it(2, 1)
     for name in ("bf16", "fp16", "fp32", "bfloat16", "auto"):
