@@ -125,7 +125,7 @@ def time_shared(ops, dev: torch.device, gen: torch.Generator, shape: tuple[int, 
     pool.page_table[:, :shared // PAGE] = pool.page_table[0, :shared // PAGE]
     d = distinct_pages(pool.page_table.cpu().numpy(), pool.seq_lens.tolist(), PAGE, pool.k.shape[0])
     copies = PageCopies(torch.from_numpy(d.pages).to(dev), torch.from_numpy(d.table).to(dev), d.reads)
-    kq, vq, ks, vs = quantize_pool(pool, FP8["e4m3"], ops)
+    kq, vq, ks, vs = quantize_pool(pool, FP8["fp8_e4m3"], ops)
     runs = {"bf16": (pool.k, pool.v, None, None, None), "fp8 in-kernel": (kq, vq, ks, vs, None),
             "fp8 copies": (kq, vq, ks, vs, copies)}
     rows, outs = [], {}
