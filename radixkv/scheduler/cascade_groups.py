@@ -36,11 +36,11 @@ from radixkv.config import KVDtype, canonical_kv_dtype_name
 CASCADE_MIN_ROWS_16BIT = 64
 CASCADE_MIN_SHARED_TOKENS_16BIT = 1024
 # FP8 pages: the prefix kernel reads fp16 copies of a group's prefix, widened once a layer (kernels/cascade.py).
-# Over the copies FP8 beats FP8 plain decode 1.42-1.63x at 256 x 1k and 1.78-2.05x at 1,024 x 1k, and bf16's
-# cascade by 2-30% (RESULTS.md 2026-12-03); 64 rows: RESULTS.md "FP8 cascades at 64 rows". So FP8 takes the
-# 16-bit floor where its prefixes can be widened (a power-of-two head_dim: dequant_pages' rows).
-CASCADE_MIN_ROWS_FP8 = 64
-CASCADE_MIN_SHARED_TOKENS_FP8 = 1024
+# Over the copies (RESULTS.md "FP8 cascades at 64 rows", 2026-12-03): 64 rows x 1k still LOSES to the Gluon FP8
+# plain decode (0.92x with 64 own tokens, 0.87x with 256: the widening pass and the merge cost more than the
+# reads saved), 64 x 2k wins 1.24-1.27x, 64 x 4k 1.65-1.77x, 128 x 2k 1.52-1.85x; 256 x 1k wins 1.42-1.63x.
+# That holds where prefixes can be widened (a power-of-two head_dim: dequant_pages' rows).
+CASCADE_FP8 = ((64, 2048), (256, 1024))
 # Prefixes dequantised in-kernel (other head_dims): 64 rows x 1k LOSES to the Gluon FP8 plain decode
 # (0.75-0.80x); 64 x 4k wins 1.24-1.37x, 64 x 16k 1.63-1.73x, and 256 rows win from 1k on (1.12-1.23x).
 CASCADE_IN_KERNEL_FP8 = ((64, 4096), (256, 1024))
@@ -77,7 +77,7 @@ class CascadeRule:
 
 
 RULE_16BIT = CascadeRule(((CASCADE_MIN_ROWS_16BIT, CASCADE_MIN_SHARED_TOKENS_16BIT),))
-RULE_FP8 = CascadeRule(((CASCADE_MIN_ROWS_FP8, CASCADE_MIN_SHARED_TOKENS_FP8),))
+RULE_FP8 = CascadeRule(CASCADE_FP8)
 RULE_FP8_IN_KERNEL = CascadeRule(CASCADE_IN_KERNEL_FP8)
 RULE_NEVER = CascadeRule(())
 RULE_ALWAYS = CascadeRule(((2, 1),))  # any shared page of any 2 rows (tests, experiments)
