@@ -17,10 +17,10 @@ kernel then runs its 16-bit path over the copy (fp16 operands, as its widening p
 The values are the widening path's: FP8 x * scale as one fp16 product (exact convert, rounded once); INT4
 (c - 8) s + (z + 8 s) with s and z + 8 s rounded to fp16 first, rounded once more to fp16 (the kernel's fp16
 fma: the same up to the last bit in rare ties). Shared prefix pages are widened once per row that reads them
-(the table stays a static arange; dequant_page_list below widens each distinct page once). The scratch is 2 * B * W * S * Hkv * D * 2 bytes
-(scratch_bytes): W is the step's widest row, so prefill.py takes this path only within a budget
-(DEQUANT_MAX_BYTES unless the caller gives one) and for launches of extend rows (>= 64 new tokens a row on
-average: decode rows in the launch would have their whole contexts widened for one query each).
+(the table stays a static arange; dequant_page_list below widens each distinct page once). The scratch is
+2 * B * W * S * Hkv * D * 2 bytes (scratch_bytes): W is the step's widest row, so prefill.py takes this path
+only within a budget (DEQUANT_MAX_BYTES unless the caller gives one) and for launches of extend rows (>= 64 new
+tokens a row on average: decode rows in the launch would have their whole contexts widened for one query each).
 
     dequant_page_list(k_cache, v_cache, k_scale, v_scale, pages, head_dim) -> (k16, v16)
         pages [U] int32: distinct pages (radixkv/engine/page_copies.py deduplicates a step's tables on the

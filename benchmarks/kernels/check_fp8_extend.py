@@ -174,10 +174,13 @@ def main() -> None:
         torch.cuda.empty_cache()
     if args.json:
         args.json.write_text(json.dumps({"checks": checks, "timings": times, "shared": shared}, indent=1))
-    print(f"\n{'shared prefix':>28s} {'path':14s} {'us':>9s} {'TFLOP/s':>8s} {'x bf16':>7s} {'copies vs in-kernel':>20s}")
+    print(f"\n{'shared prefix':>28s} {'path':14s} {'us':>9s} {'TFLOP/s':>8s} {'x bf16':>7s} "
+          f"{'copies vs in-kernel':>20s}")
     for r in shared:
         print(f"{r['seqs']:>6d} x ({r['shared']} + {r['new']}) pages {r['distinct_pages']:>5d} {r['path']:14s} "
               f"{r['us']:9.1f} {r['tflops']:8.1f} {r['vs_bf16']:7.2f} {r['fp8_copies_vs_in_kernel_rel_err']:20.1e}")
+    if args.shared_only:
+        return
     print(f"\nchecks: {sum(c['ok'] for c in checks)}/{len(checks)} ok")
     print(f"{'shape':>22s} {'kernel':16s} {'kv':9s} {'TFLOP/s':>8s} {'of bf16':>8s}")
     bf16 = {(r["seqs"], r["cached"], r["new"]): r["tflops"] for r in times if r["kv_dtype"] == "bf16"}
