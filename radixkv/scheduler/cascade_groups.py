@@ -38,7 +38,7 @@ CASCADE_MIN_SHARED_TOKENS_16BIT = 1024
 # FP8 pages: the prefix kernel reads fp16 copies of a group's prefix, widened once a layer (kernels/cascade.py).
 # Over the copies (RESULTS.md "FP8 cascades at 64 rows", 2026-12-03): 64 rows x 1k still LOSES to the Gluon FP8
 # plain decode (0.92x with 64 own tokens, 0.87x with 256: the widening pass and the merge cost more than the
-# reads saved), 64 x 2k wins 1.24-1.27x, 64 x 4k 1.65-1.77x, 128 x 2k 1.52-1.85x; 256 x 1k wins 1.42-1.63x.
+# reads saved), 64 x 2k wins 1.24-1.27x, 64 x 4k 1.65-1.77x, 128 x 2k 1.52-1.85x; 256 x 1k wins 1.41-1.63x (results/cascade_short.json).
 # That holds where prefixes can be widened (a power-of-two head_dim: dequant_pages' rows).
 CASCADE_FP8 = ((64, 2048), (256, 1024))
 # Prefixes dequantised in-kernel (other head_dims): 64 rows x 1k LOSES to the Gluon FP8 plain decode
