@@ -346,12 +346,17 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
 HOPPER_PREFILL_MIN_NEW = 64
 
 
+def _hopper_prefill_host(device: torch.device, head_dim: int, max_q_len: int) -> bool:
+    """hopper_prefill_supported's conditions that need no tensor: device, head_dim, length, switch, GPU."""
+    return (device.type == "cuda" and head_dim == 128 and max_q_len > HOPPER_PREFILL_MIN_NEW
+            and hopper_prefill_enabled() and _gluon_hopper_gpu(_index(device)))
+
+
 def extend_copies_wanted(device: torch.device, head_dim: int, max_q_len: int) -> bool:
     """Host-only: whether an extend over FP8 / INT4 pages on `device` may read dequant_pages' fp16 copies (the
-    Hopper kernel's device, head_dim and length conditions, and the switches), so the engine lists a step's
-    distinct pages (radixkv/engine/page_copies.py) only where they can be used."""
-    return (device.type == "cuda" and head_dim == 128 and max_q_len > HOPPER_PREFILL_MIN_NEW
-            and extend_dequant_enabled() and hopper_prefill_enabled() and _gluon_hopper_gpu(_index(device)))
+    Hopper kernel's host conditions and RADIXKV_EXTEND_DEQUANT), so the engine lists a step's distinct pages
+    (radixkv/engine/page_copies.py) only where they can be used."""
+    return extend_dequant_enabled() and _hopper_prefill_host(device, head_dim, max_q_len)
 
 
 def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor, max_q_len: int,
@@ -375,6 +380,4 @@ def hopper_prefill_supported(q: Tensor, k_cache: Tensor, v_cache: Tensor, out: T
         return False
     if any(st % 16 for st in k_cache.stride()[:3]) or k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16:
         return False
-    if not hopper_prefill_enabled():
-        return False
-    return _gluon_hopper_gpu(_index(q.device))
+    return _hopper_prefill_host(q.device, q.shape[2], max_q_len)  # the switch and the GPU, asked last

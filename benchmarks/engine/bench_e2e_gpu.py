@@ -149,12 +149,16 @@ def check_sampler(device: torch.device, smoke: bool) -> dict:
     return out
 
 
+def device_events(prof: Any) -> list[Any]:
+    """The device kernels and copies of a torch.profiler window."""
+    return [e for e in prof.events() if getattr(e, "device_type", None) is not None and e.device_type.name == "CUDA"]
+
+
 def device_gaps(prof: Any, steps: int) -> tuple[float | None, float | None]:
     """(device kernels and copies a step, device idle microseconds a step) of a torch.profiler window of
     `steps` steps: idle is the span from the window's first device op to its last less the union of their
     intervals, i.e. the time the GPU waits between kernels (the launch gaps a graph or the host leaves)."""
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if getattr(e, "device_type", None) is not None and e.device_type.name == "CUDA")
+    spans = sorted((e.time_range.start, e.time_range.end) for e in device_events(prof))
     if not spans:
         return None, None
     busy, (lo, hi) = 0.0, spans[0]
@@ -176,9 +180,7 @@ ATTENTION_NAMES = ("_decode_kernel", "_merge_kernel", "_prefix_kernel", "_window
 def phase_times(prof: Any, steps: int) -> dict:
     """Device microseconds a step by phase (GEMM_NAMES, ATTENTION_NAMES, other) of a profiler window."""
     us = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
-    for e in prof.events():
-        if getattr(e, "device_type", None) is None or e.device_type.name != "CUDA":
-            continue
+    for e in device_events(prof):
         name = e.name.lower()
         kind = ("gemm" if any(k in name for k in GEMM_NAMES) else
                 "attention" if any(k in name for k in ATTENTION_NAMES) else "other")
