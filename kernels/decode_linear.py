@@ -1,4 +1,4 @@
-"""decode_linear: a decode batch's projection y = x W^T (x: M <= 16 rows) with its neighbours fused in.
+"""decode_linear: a decode batch's projection y = x W^T (x: M <= 64 rows) with its neighbours fused in.
 
 One kernel a projection instead of a GEMM plus one or two elementwise kernels (issue 35):
 
@@ -21,9 +21,9 @@ rounded as its own kernel rounds. The sums differ in order from cuBLAS's (and rs
 outputs agree with the unfused chain to a few ulps, not bit for bit.
 
 Tiles: a program owns BLOCK_N output columns (two tiles of BLOCK_N rows of W for silu_mul and rope: gate and
-up, or a head's two halves) and all M <= 16 rows (padded to 16 for the tensor cores), and streams its
-[BLOCK_N, K] slab of W in BLOCK_K steps through Triton's software pipeline (num_stages). No split over K:
-the epilogue needs whole sums, so small BLOCK_N keeps enough programs in flight.
+up, or a head's two halves) and all M rows (padded to 16 for the tensor cores, to 64 above 16 rows), and
+streams its [BLOCK_N, K] slab of W in BLOCK_K steps through Triton's software pipeline (num_stages). No split
+over K: the epilogue needs whole sums, so small BLOCK_N keeps enough programs in flight.
 """
 from __future__ import annotations
 
@@ -43,10 +43,9 @@ from .launch import KernelConfig, for_device, launch_options
 Epilogue = Literal["store", "residual", "silu_mul", "rope"]
 _EPILOGUES = {"store": 0, "residual": 1, "silu_mul": 2, "rope": 3}
 DTYPES = (torch.float16, torch.bfloat16)
-# Rows a launch takes: one row tile. Taller tiles were slower than cuBLAS plus the elementwise kernels at
-# 64 rows on the H200 (qkv 0.60x, gate_up 0.48x), and gate_up's output there differed from the unfused
-# chain's by more than rounding explains (benchmarks/RESULTS.md): not offered until that is understood.
-MAX_ROWS = 16
+# Rows a launch takes: one row tile of 16 (1-16 rows) or of 64 (17-64 rows, TALL_TILES).
+MAX_ROWS = 64
+SHORT_ROWS = 16
 
 
 @triton.jit
@@ -178,27 +177,41 @@ GPU_TILES: dict[str, tuple[KernelConfig, int]] = {
     "silu_mul": (KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=3), 256),
     "rope": (KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 256),
 }
+# 17-64 rows: one tile of 64 rows (bench_decode_linear.py --sweep-rows 64).
+TALL_TILES: dict[str, tuple[KernelConfig, int]] = {
+    "store": (KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 128),
+    "residual": (KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 128),
+    "silu_mul": (KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 128),
+    "rope": (KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 128),
+}
 CPU_TILE = (KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1), 32)
 # With programmatic dependent launch each program asks L2 for the first PREFETCH_K values of its W rows
 # before it waits for the previous kernel: the DRAM stream runs on across the kernel boundary.
 PREFETCH_K = 1024
 
 
-def tile(epilogue: Epilogue, device: torch.device) -> tuple[KernelConfig, int]:
-    """(config, block_k) of the launch on `device`."""
-    return GPU_TILES[epilogue] if device.type == "cuda" else CPU_TILE
+def tile(epilogue: Epilogue, device: torch.device, rows: int = 1) -> tuple[KernelConfig, int]:
+    """(config, block_k) of a launch over `rows` rows on `device`."""
+    if device.type != "cuda":
+        return CPU_TILE
+    return (GPU_TILES if rows <= SHORT_ROWS else TALL_TILES)[epilogue]
 
 
 def rope_fits(head_dim: int, device: torch.device) -> bool:
-    """Whether the "rope" epilogue takes heads of head_dim on device (half a head a multiple of its tile)."""
+    """Whether the "rope" epilogue takes heads of head_dim on device at any row count (half a head a
+    multiple of its tile)."""
     half = head_dim // 2
-    bn = min(tile("rope", device)[0].block_n, half)
-    return head_dim % 2 == 0 and bn > 0 and bn & (bn - 1) == 0 and half % bn == 0
+    for rows in (1, MAX_ROWS):
+        bn = min(tile("rope", device, rows)[0].block_n, half)
+        if not (head_dim % 2 == 0 and bn > 0 and bn & (bn - 1) == 0 and half % bn == 0):
+            return False
+    return True
 
 
-def partials(n: int, device: torch.device) -> int:
-    """Sums of squares a row that the "residual" epilogue writes for n output columns (ssq_out's width)."""
-    return triton.cdiv(n, tile("residual", device)[0].block_n)
+def partials(n: int, device: torch.device, rows: int = 1) -> int:
+    """Sums of squares a row that the "residual" epilogue writes for n output columns over `rows` rows
+    (ssq_out's width)."""
+    return triton.cdiv(n, tile("residual", device, rows)[0].block_n)
 
 
 def _overlap(a: Tensor, b: Tensor) -> bool:
@@ -227,11 +240,11 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
                   config: KernelConfig | None = None, block_k: int | None = None) -> Tensor:
     """y = x W^T with the module docstring's fusions; returns out.
 
-    x: [M, K] (M <= 16; with `norm`, the residual stream h). w: [N_w, K], row-major.
+    x: [M, K] (M <= 64; with `norm`, the residual stream h). w: [N_w, K], row-major.
     norm: (ln_weight [K], eps): x is normalised by RMSNorm first (rstd in fp32, as norm.rms_norm), from
     ssq (float32 [M, P]: x's sums of squares in P parts, e.g. a "residual" launch's ssq_out) when given.
     epilogue "store": out [M, N_w] (fresh when None). "residual": out [M, N_w] given, out += y; ssq_out
-    (float32 [M, partials(N_w, device)]) receives the new out's sums of squares by column tile.
+    (float32 [M, partials(N_w, device, M)]) receives the new out's sums of squares by column tile.
     "silu_mul": N_w = 2 N, out [M, N] = silu(gate) * up. "rope": heads = (Hq, Hkv, D) with
     N_w = (Hq + 2 Hkv) D, rope = (cos, sin) [M, D] or [M, 1, D] in x's dtype, out [M, N_w] (q | k | v);
     kv = (k_cache, v_cache [P, S, Hkv, D] in x's dtype, slots int64 [M]): k and v are written into the
@@ -256,7 +269,7 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
     n = n_w // 2 if epilogue == "silu_mul" else n_w
     if epilogue == "silu_mul" and n_w % 2:
         raise ValueError(f"decode_linear: silu_mul needs w = [gate | up] with an even row count, got {n_w}")
-    cfg, bk = tile(epilogue, x.device)
+    cfg, bk = tile(epilogue, x.device, M)
     if config is not None:
         cfg, bk = config, block_k or bk
     hq = hkv = hd = 0

@@ -82,13 +82,13 @@ FUSED_DECODE_ROWS = 16  # decode batches up to this many rows take the fused lay
 def fused_decode_rows() -> int:
     """RADIXKV_FUSED_DECODE_ROWS, read once: the most rows a step may have to run its projections as the
     fused decode kernels (kernels/decode_linear.py), 0 for never; FUSED_DECODE_ROWS (their most) when unset.
-    A power of two (or 0): the CUDA graphs' batch buckets up to 16 are, so a step and the bucket it is
-    replayed in fall on the same side."""
+    A power of two up to 64 (or 0): the CUDA graphs' batch buckets fall on each, so a step and the bucket
+    it is replayed in fall on the same side."""
     value = os.environ.get(FUSED_DECODE_ROWS_ENV, "").strip()
     if not value:
         return FUSED_DECODE_ROWS
-    if value not in ("0", "1", "2", "4", "8", "16"):
-        raise ValueError(f"{FUSED_DECODE_ROWS_ENV}={value!r}: expected 0, 1, 2, 4, 8 or 16 (rows)")
+    if value not in ("0", "1", "2", "4", "8", "16", "32", "64"):
+        raise ValueError(f"{FUSED_DECODE_ROWS_ENV}={value!r}: expected 0, 1, 2, 4, 8, 16, 32 or 64 (rows)")
     return int(value)
 
 

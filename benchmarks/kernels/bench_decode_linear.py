@@ -57,7 +57,7 @@ class Case:
         self.xn, _ = kernels.rms_norm(self.x, self.ln, EPS)  # the unfused chain's input: normed before
         # the fused norm's input: x's sums of squares in parts, as the residual kernel before it leaves them
         self.ssq = self.x.float().pow(2).view(m, dl.partials(k, dev), -1).sum(-1)
-        self.ssq_out = torch.empty(m, dl.partials(n, dev), device=dev)
+        self.ssq_out = torch.empty(m, dl.partials(n, dev, m), device=dev)
         self.ln_next = 1 + 0.1 * torch.randn(n, device=dev, generator=g, dtype=torch.bfloat16)
         self.h = torch.randn(m, n, device=dev, generator=g, dtype=torch.bfloat16)
         pos = torch.arange(m, device=dev) * 37 + 511
@@ -72,14 +72,17 @@ class Case:
     def weight_bytes(self) -> int:
         return self.w[0].numel() * 2
 
-    def fused(self, i: int, cfg: KernelConfig | None = None, bk: int | None = None) -> torch.Tensor:
+    def fused(self, i: int, cfg: KernelConfig | None = None, bk: int | None = None,
+              prenorm: bool = False) -> torch.Tensor:
+        """prenorm: qkv and gate_up read x normed beforehand (the unfused chain's input), no norm prologue."""
         w, p = self.w[i % len(self.w)], self.proj
         kw = dict(config=cfg, block_k=bk)
+        x, norm = (self.xn, {}) if prenorm else (self.x, dict(norm=(self.ln, EPS), ssq=self.ssq))
         if p == "qkv":
-            return dl.decode_linear(self.x, w, "rope", out=self.out, norm=(self.ln, EPS), ssq=self.ssq,
-                                    rope=(self.cos, self.sin), heads=(HQ, HKV, D), kv=(*self.pages, self.slots), **kw)
+            return dl.decode_linear(x, w, "rope", out=self.out, rope=(self.cos, self.sin), heads=(HQ, HKV, D),
+                                    kv=(*self.pages, self.slots), **norm, **kw)
         if p == "gate_up":
-            return dl.decode_linear(self.x, w, "silu_mul", out=self.out, norm=(self.ln, EPS), ssq=self.ssq, **kw)
+            return dl.decode_linear(x, w, "silu_mul", out=self.out, **norm, **kw)
         # out: the residual stream; ssq_out: its sums of squares for the next norm
         return dl.decode_linear(self.x, w, "residual", out=self.out, ssq_out=self.ssq_out if cfg is None else None, **kw)
 
@@ -96,8 +99,9 @@ class Case:
         return self.out
 
 
-def graph_us(fn: Callable[[int], object], calls: int = CALLS) -> tuple[float, int]:
-    """(us a call, kernels a call) of `calls` calls captured in one CUDA graph, best of 5 replays."""
+def graph_us(fn: Callable[[int], object], calls: int = CALLS, count: bool = True) -> tuple[float, float]:
+    """(us a call, kernels a call) of `calls` calls captured in one CUDA graph, best of 5 replays; kernels
+    counted by the profiler when `count` (else 0)."""
     from torch.profiler import ProfilerActivity, profile
 
     for i in range(2):
@@ -121,6 +125,8 @@ def graph_us(fn: Callable[[int], object], calls: int = CALLS) -> tuple[float, in
         b.record()
         torch.cuda.synchronize()
         best = min(best, a.elapsed_time(b) * 1e3 / calls)
+    if not count:
+        return best, 0
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         g.replay()
         torch.cuda.synchronize()
@@ -128,8 +134,8 @@ def graph_us(fn: Callable[[int], object], calls: int = CALLS) -> tuple[float, in
     return best, round(n / calls, 1)
 
 
-def ulps(case: Case) -> float:
-    """Largest |fused - unfused| over the outputs (and the K/V pages for qkv), in bf16 ulps of the value."""
+def ulps(case: Case, fused: Callable[[int], torch.Tensor]) -> float:
+    """Largest |fused(0) - unfused| over the outputs (and the K/V pages for qkv), in bf16 ulps of the value."""
     residual = case.proj in ("o", "down")  # out is the residual stream: both start from the same h
     pages0 = [p.clone() for p in case.pages]
     if residual:
@@ -140,7 +146,7 @@ def ulps(case: Case) -> float:
         p.copy_(p0)
     if residual:
         case.out.copy_(case.h)
-    got = case.fused(0).float()
+    got = fused(0).float()
     pairs = [(got, want)] + ([(p.float(), q) for p, q in zip(case.pages, pages_want)] if case.proj == "qkv" else [])
     if case.proj == "qkv":
         pairs[0] = (got[:, :HQ * D], want[:, :HQ * D])  # k and v went to the pages
@@ -151,13 +157,41 @@ def ulps(case: Case) -> float:
     return worst
 
 
-def sweep(case: Case) -> tuple[KernelConfig, int, float]:
-    """The fastest (tile, BLOCK_K) for this case: (config, block_k, us)."""
+def fp64_error(case: Case, fn: Callable[[int], torch.Tensor]) -> float:
+    """max |out - exact| / mean |exact| of fn(0)'s output (qkv: the rotated q heads), the exact value taken in
+    fp64 from the same rounded inputs (the unfused chain's normed x): a measure of each path's own error,
+    where ulps() measures how far the two paths are from each other."""
+    p = case.proj
+    residual = p in ("o", "down")
+    if residual:
+        case.out.copy_(case.h)
+    got = fn(0).double()
+    x = (case.x if residual else case.xn).double()
+    y = x @ case.w[0].double().T  # [m, N_w]
+    if residual:
+        want = case.h.double() + y
+    elif p == "gate_up":
+        g, u = y.chunk(2, dim=-1)
+        want = g * torch.sigmoid(g) * u
+    else:
+        q = y[:, :HQ * D].view(case.m, HQ, D)
+        rot = torch.cat((-q[..., D // 2:], q[..., :D // 2]), dim=-1)
+        want = (q * case.cos.double() + rot * case.sin.double()).reshape(case.m, -1)
+        got = got[:, :HQ * D]
+    return float((got - want).abs().max() / want.abs().mean())
+
+
+def sweep(case: Case, prenorm: bool = False) -> tuple[KernelConfig, int, float]:
+    """The fastest (tile, BLOCK_K) for this case: (config, block_k, us). Above 16 rows: one tile of 64 rows."""
     best = (None, 0, float("inf"))
-    for bn, bk, (warps, stages) in itertools.product((16, 32), (128, 256, 512), ((4, 3), (4, 4), (8, 4), (4, 6))):
-        cfg = KernelConfig(block_m=16, block_n=bn, num_warps=warps, num_stages=stages)
+    if case.m <= dl.SHORT_ROWS:
+        space = itertools.product((16,), (16, 32), (128, 256, 512), ((4, 3), (4, 4), (8, 4), (4, 6)))
+    else:
+        space = itertools.product((64,), (32, 64), (64, 128, 256), ((4, 3), (8, 3), (8, 4)))
+    for bm, bn, bk, (warps, stages) in space:
+        cfg = KernelConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
         try:
-            us, _ = graph_us(lambda i: case.fused(i, cfg, bk), calls=8)
+            us, _ = graph_us(lambda i: case.fused(i, cfg, bk, prenorm), calls=8, count=False)
         except Exception as e:  # shared memory over the limit
             print(f"#   {case.proj} m={case.m} bn={bn} bk={bk} w={warps} s={stages}: {type(e).__name__}", flush=True)
             continue
@@ -170,43 +204,52 @@ def sweep(case: Case) -> tuple[KernelConfig, int, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", default=None)
-    ap.add_argument("--sweep", action="store_true", help="pick tiles per projection first (1 and 16 rows)")
+    ap.add_argument("--sweep", action="store_true", help="pick tiles per projection first (at --sweep-rows)")
+    ap.add_argument("--sweep-rows", default="1,16", help="row counts the sweep tries tiles at (one tile shape each)")
     ap.add_argument("--rows", default="1,4,16")
+    ap.add_argument("--prenorm", action="store_true",
+                    help="also time qkv and gate_up over x normed beforehand (rms_norm's kernel, no norm prologue)")
     a = ap.parse_args()
     dev = torch.device("cuda")
     bw = read_bandwidth(dev, False)
     print(f"# streaming read {bw / 1e12:.2f} TB/s", flush=True)
-    picked: dict[str, tuple[KernelConfig, int]] = {}
+    variants = [(proj, pre) for proj in PROJ for pre in ((False, True) if a.prenorm and proj in ("qkv", "gate_up")
+                                                          else (False,))]
+    picked: dict[tuple[str, bool], tuple[KernelConfig, int]] = {}
     if a.sweep:
-        for proj in PROJ:
-            results = [sweep(Case(proj, m, dev)) for m in (1, 16)]
-            # the tile best over both row counts: smallest sum of the two times among those tried at both
-            cfg, bk, _ = min(results, key=lambda r: r[2])
-            picked[proj] = (cfg, bk)
-            print(f"# {proj}: picked {cfg} block_k={bk} ({[round(r[2], 1) for r in results]} us at 1 / 16 rows)",
-                  flush=True)
+        sweep_rows = [int(r) for r in a.sweep_rows.split(",")]
+        for proj, pre in variants:
+            results = [sweep(Case(proj, m, dev), pre) for m in sweep_rows]
+            cfg, bk, _ = min(results, key=lambda r: r[2])  # the fastest at any of the row counts tried
+            picked[proj, pre] = (cfg, bk)
+            print(f"# {proj}{' prenorm' if pre else ''}: picked {cfg} block_k={bk} "
+                  f"({[round(r[2], 1) for r in results]} us at {sweep_rows} rows)", flush=True)
     rows = []
-    for proj, m in itertools.product(PROJ, [int(r) for r in a.rows.split(",")]):
+    for (proj, pre), m in itertools.product(variants, [int(r) for r in a.rows.split(",")]):
         case = Case(proj, m, dev)
-        cfg, bk = picked.get(proj, (None, None))
-        fused_us, fused_k = graph_us(lambda i: case.fused(i, cfg, bk))
+        cfg, bk = picked.get((proj, pre), (None, None))
+        fused = lambda i: case.fused(i, cfg, bk, pre)  # noqa: E731
+        fused_us, fused_k = graph_us(fused)
         unfused_us, unfused_k = graph_us(case.unfused)
-        row = dict(proj=proj, rows=m, fused_us=round(fused_us, 2), unfused_us=round(unfused_us, 2),
+        row = dict(proj=proj, rows=m, prenorm=pre, fused_us=round(fused_us, 2), unfused_us=round(unfused_us, 2),
                    speedup=round(unfused_us / fused_us, 3),
                    fused_read_frac=round(case.weight_bytes / (fused_us * 1e-6) / bw, 3),
                    unfused_read_frac=round(case.weight_bytes / (unfused_us * 1e-6) / bw, 3),
-                   fused_kernels=fused_k, unfused_kernels=unfused_k, max_ulps=round(ulps(case), 1),
-                   tile=None if cfg is None else f"bn{cfg.block_n} bk{bk} w{cfg.num_warps} s{cfg.num_stages}")
+                   fused_kernels=fused_k, unfused_kernels=unfused_k, max_ulps=round(ulps(case, fused), 1),
+                   fused_err=float(f"{fp64_error(case, fused):.3g}"),
+                   unfused_err=float(f"{fp64_error(case, case.unfused):.3g}"),
+                   tile=None if cfg is None else f"bm{cfg.block_m} bn{cfg.block_n} bk{bk} w{cfg.num_warps} s{cfg.num_stages}")
         rows.append(row)
         print(json.dumps(row), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"\n{'proj':8} {'rows':>4} {'fused us':>9} {'unfused us':>10} {'x':>6} {'read frac':>10} {'was':>6} "
-          f"{'kernels':>8} {'ulps':>5}")
+    print(f"\n{'proj':12} {'rows':>4} {'fused us':>9} {'unfused us':>10} {'x':>6} {'read frac':>10} {'was':>6} "
+          f"{'kernels':>8} {'ulps':>7} {'err fused/unfused':>18}")
     for r in rows:
-        print(f"{r['proj']:8} {r['rows']:4d} {r['fused_us']:9.1f} {r['unfused_us']:10.1f} {r['speedup']:6.2f} "
+        name = r['proj'] + (' pre' if r['prenorm'] else '')
+        print(f"{name:12} {r['rows']:4d} {r['fused_us']:9.1f} {r['unfused_us']:10.1f} {r['speedup']:6.2f} "
               f"{r['fused_read_frac']:10.3f} {r['unfused_read_frac']:6.3f} {r['fused_kernels']:>3}/{r['unfused_kernels']:<4} "
-              f"{r['max_ulps']:5.1f}")
+              f"{r['max_ulps']:7.1f} {r['fused_err']:9.2e}/{r['unfused_err']:.2e}")
     return 0
 
 

@@ -231,7 +231,7 @@ class LlamaModel:
         ssq = h.float().pow(2).sum(-1, keepdim=True)  # [T, 1]: layer 0's norm input
         # h's sums of squares by column tile: each residual kernel writes them after the kernel before it
         # read them (one stream), so one buffer serves every norm after layer 0's
-        parts = torch.empty(T, partials(H, h.device), dtype=torch.float32, device=h.device)
+        parts = torch.empty(T, partials(H, h.device, T), dtype=torch.float32, device=h.device)
         qkv = torch.empty(T, (Hq + 2 * Hkv) * D, dtype=h.dtype, device=h.device)
         heads = qkv.view(T, Hq + 2 * Hkv, D)
         act = torch.empty(T, self.layers[0].w_down.shape[1], dtype=h.dtype, device=h.device)  # [T, I]

@@ -81,10 +81,39 @@ def test_rope_stores_kv_into_pages(page_size: int) -> None:
         assert got.flatten(0, 1)[[i for i in range(12) if i not in (0, 5, 9)]].eq(7).all()
 
 
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_tall_decode_batches(block_m: int) -> None:
+    """17-64 rows: one tile of 64 rows (the GPU's tall tile) or several of 16, every epilogue against the twin."""
+    from radixkv.kernels.launch import KernelConfig
+
+    cfg = dict(config=KernelConfig(block_m=block_m, block_n=16, num_warps=4, num_stages=1), block_k=32)
+    m, hq, hkv, d = 40, 2, 1, 32
+    x, w, cos, sin = _rope_case(m, hq, hkv, d, seed=11)
+    ln = (1 + 0.1 * torch.randn(64, generator=torch.Generator().manual_seed(12))).to(DT)
+    slots = torch.randperm(48, generator=torch.Generator().manual_seed(13))[:m]
+    caches = [torch.zeros(12, 4, hkv, d, dtype=DT) for _ in range(4)]
+    outs = [torch.zeros(m, (hq + 2 * hkv) * d, dtype=DT) for _ in range(2)]
+    kw = dict(norm=(ln, 1e-5), rope=(cos, sin), heads=(hq, hkv, d))
+    decode_linear(x, w, "rope", out=outs[0], kv=(*caches[:2], slots), **kw, **cfg)
+    decode_linear_ref(x, w, "rope", out=outs[1], kv=(*caches[2:], slots), **kw)
+    _close(outs[0][:, :hq * d], outs[1][:, :hq * d])
+    for got, want in zip(caches[:2], caches[2:]):
+        _close(got, want)
+    _close(decode_linear(x, w[:96], "silu_mul", norm=(ln, 1e-5), **cfg),
+           decode_linear_ref(x, w[:96], "silu_mul", norm=(ln, 1e-5)))
+    h = torch.randn(m, 48, generator=torch.Generator().manual_seed(14)).to(DT)
+    got, want = h.clone(), h.clone()
+    ssq = torch.empty(m, 3)
+    decode_linear(x, w[:48], "residual", out=got, ssq_out=ssq, **cfg)
+    decode_linear_ref(x, w[:48], "residual", out=want)
+    _close(got, want)
+    torch.testing.assert_close(ssq.sum(1), got.float().pow(2).sum(1), rtol=1e-5, atol=1e-5)
+
+
 def test_errors_name_the_problem() -> None:
     x, w = _inputs(2, 16, 32)
-    with pytest.raises(ValueError, match="rows > 16"):
-        decode_linear(torch.zeros(17, 32, dtype=DT), w)
+    with pytest.raises(ValueError, match="rows > 64"):
+        decode_linear(torch.zeros(65, 32, dtype=DT), w)
     with pytest.raises(ValueError, match="residual"):
         decode_linear(x, w, "residual")
     with pytest.raises(ValueError, match=r"w must be \[N, 32\]"):

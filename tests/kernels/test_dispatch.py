@@ -282,15 +282,16 @@ def test_hopper_prefill_rule_on_cpu_tensors(fresh_switches):
 
 
 def test_fused_decode_rows_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RADIXKV_FUSED_DECODE_ROWS: unset -> 16, a power of two up to 16 (or 0) as given, anything else named."""
-    from radixkv.kernels.dispatch import FUSED_DECODE_ROWS_ENV, fused_decode_rows
+    """RADIXKV_FUSED_DECODE_ROWS: unset -> the default, a power of two up to 64 (or 0) as given, anything else
+    named."""
+    from radixkv.kernels.dispatch import FUSED_DECODE_ROWS, FUSED_DECODE_ROWS_ENV, fused_decode_rows
 
     try:
-        for value, want in (("", 16), ("0", 0), (" 8 ", 8)):
+        for value, want in (("", FUSED_DECODE_ROWS), ("0", 0), (" 8 ", 8), ("64", 64)):
             monkeypatch.setenv(FUSED_DECODE_ROWS_ENV, value)
             fused_decode_rows.cache_clear()
             assert fused_decode_rows() == want
-        for bad in ("17", "10", "-1", "many"):
+        for bad in ("17", "10", "128", "-1", "many"):
             monkeypatch.setenv(FUSED_DECODE_ROWS_ENV, bad)
             fused_decode_rows.cache_clear()
             with pytest.raises(ValueError, match=FUSED_DECODE_ROWS_ENV):
