@@ -27,7 +27,7 @@ over K: the epilogue needs whole sums, so small BLOCK_N keeps enough programs in
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import triton
@@ -62,7 +62,8 @@ def _decode_linear_kernel(
         BLOCK_P: tl.constexpr, WRITE_SSQ: tl.constexpr, LIBDEVICE: tl.constexpr,
         HEAD_DIM: tl.constexpr, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr,
         STORE_KV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        PDL: tl.constexpr, PREFETCH_K: tl.constexpr):
+        PDL: tl.constexpr, PREFETCH_K: tl.constexpr, ws_ptr, cnt_ptr, N_W: tl.constexpr, SPLIT_K: tl.constexpr,
+        K_SPLIT: tl.constexpr):
     pid = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
@@ -112,7 +113,8 @@ def _decode_linear_kernel(
     # ---- y = x W^T over the program's columns: [BLOCK_M, BLOCK_N] fp32 (two of them for silu_mul / rope)
     acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_lo = tl.program_id(2) * K_SPLIT  # this program's share of K (all of it without a split)
+    for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         kmask = (ks < K)[None, :]
         x = tl.load(x_rows + ks[None, :], mask=rmask[:, None] & kmask, other=0.0)  # [BLOCK_M, BLOCK_K]
@@ -124,6 +126,27 @@ def _decode_linear_kernel(
         if TWO:
             wb = tl.load(wb_rows + ks[None, :], mask=amask[:, None] & kmask, other=0.0)
             acc_b = tl.dot(x, tl.trans(wb), acc_b)
+    if SPLIT_K > 1:  # leave the partial sums; the split that finishes last adds them in order and goes on
+        ws_rows = ws_ptr + (tl.program_id(2) * M + rows.to(tl.int64))[:, None] * N_W
+        pmask = rmask[:, None] & amask[None, :]
+        tl.store(ws_rows + cols_a[None, :], acc_a, mask=pmask)
+        if TWO:
+            tl.store(ws_rows + cols_b[None, :], acc_b, mask=pmask)
+        tl.debug_barrier()  # every thread's partials written before the count says so (release below)
+        cnt = cnt_ptr + pid * tl.num_programs(1) + tl.program_id(1)
+        lane = tl.arange(0, BLOCK_M)
+        # (as a [BLOCK_M] mask: the interpreter stores under tensor masks only)
+        last = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") + lane * 0 == SPLIT_K - 1
+        rmask = rmask & last  # only the last split reads the partials and writes anything below
+        pmask = rmask[:, None] & amask[None, :]
+        acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for sp in tl.static_range(SPLIT_K):
+            sp_rows = ws_ptr + (sp * M + rows.to(tl.int64))[:, None] * N_W
+            acc_a += tl.load(sp_rows + cols_a[None, :], mask=pmask, other=0.0, cache_modifier=".cg")
+            if TWO:
+                acc_b += tl.load(sp_rows + cols_b[None, :], mask=pmask, other=0.0, cache_modifier=".cg")
+        tl.store(cnt + lane * 0, lane * 0, mask=last & (lane == 0))  # ready for the next launch
     ya = acc_a.to(dtype).to(tl.float32)  # what F.linear returns, rounded once
     omask = rmask[:, None] & amask[None, :]
     out_rows = out_ptr + rows.to(tl.int64)[:, None] * stride_om
@@ -169,29 +192,39 @@ def _decode_linear_kernel(
             tl.store(out_rows + cols_b[None, :], yb.to(dtype), mask=omask)
 
 
+class Tile(NamedTuple):
+    """A launch's tile: config (block_m rows, block_n columns, warps, stages), block_k, and split_k: K cut
+    into that many shares, each its own program; the share that finishes last sums the partials (in
+    share order: deterministic) and runs the epilogue."""
+
+    config: KernelConfig
+    block_k: int
+    split_k: int = 1
+
+
 # GPU tiles by epilogue, the best of benchmarks/kernels/bench_decode_linear.py --sweep on the H200 (2026-12-02,
 # 8B shapes, at 1 and 16 rows); rows are one tile of 16 (padded) for the tensor cores.
-GPU_TILES: dict[str, tuple[KernelConfig, int]] = {
-    "store": (KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 512),
-    "residual": (KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 512),
-    "silu_mul": (KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=3), 256),
-    "rope": (KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 256),
+GPU_TILES: dict[str, Tile] = {
+    "store": Tile(KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 512),
+    "residual": Tile(KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 512),
+    "silu_mul": Tile(KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=3), 256),
+    "rope": Tile(KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 256),
 }
 # 17-64 rows: one tile of 64 rows (bench_decode_linear.py --sweep-rows 64).
-TALL_TILES: dict[str, tuple[KernelConfig, int]] = {
-    "store": (KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 128),
-    "residual": (KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 128),
-    "silu_mul": (KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 128),
-    "rope": (KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 128),
+TALL_TILES: dict[str, Tile] = {
+    "store": Tile(KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 256),
+    "residual": Tile(KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 256),
+    "silu_mul": Tile(KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=3), 64),
+    "rope": Tile(KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 256),
 }
-CPU_TILE = (KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1), 32)
+CPU_TILE = Tile(KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1), 32)
 # With programmatic dependent launch each program asks L2 for the first PREFETCH_K values of its W rows
 # before it waits for the previous kernel: the DRAM stream runs on across the kernel boundary.
 PREFETCH_K = 1024
 
 
-def tile(epilogue: Epilogue, device: torch.device, rows: int = 1) -> tuple[KernelConfig, int]:
-    """(config, block_k) of a launch over `rows` rows on `device`."""
+def tile(epilogue: Epilogue, device: torch.device, rows: int = 1) -> Tile:
+    """The tile of a launch over `rows` rows on `device`."""
     if device.type != "cuda":
         return CPU_TILE
     return (GPU_TILES if rows <= SHORT_ROWS else TALL_TILES)[epilogue]
@@ -212,6 +245,24 @@ def partials(n: int, device: torch.device, rows: int = 1) -> int:
     """Sums of squares a row that the "residual" epilogue writes for n output columns over `rows` rows
     (ssq_out's width)."""
     return triton.cdiv(n, tile("residual", device, rows)[0].block_n)
+
+
+# Split-K scratch by device: (partials float32, counters int32). The counters start at 0 and each launch's
+# last share puts them back; buffers a CUDA graph captured are kept alive after they are outgrown.
+_SCRATCH: dict[torch.device, tuple[Tensor, Tensor]] = {}
+_OUTGROWN: list[tuple[Tensor, Tensor]] = []
+
+
+def _split_scratch(device: torch.device, partials_numel: int, counters: int) -> tuple[Tensor, Tensor]:
+    """Partials of at least partials_numel floats and at least `counters` zeroed counters on device."""
+    ws, cnt = _SCRATCH.get(device, (None, None))
+    if ws is None or ws.numel() < partials_numel or cnt.numel() < counters:
+        if ws is not None:
+            _OUTGROWN.append((ws, cnt))
+        ws = torch.empty(max(partials_numel, 0 if ws is None else ws.numel()), dtype=torch.float32, device=device)
+        cnt = torch.zeros(max(counters, 0 if cnt is None else cnt.numel()), dtype=torch.int32, device=device)
+        _SCRATCH[device] = (ws, cnt)
+    return ws, cnt
 
 
 def _overlap(a: Tensor, b: Tensor) -> bool:
@@ -237,7 +288,8 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
                   ssq_out: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
                   heads: tuple[int, int, int] | None = None,
                   kv: tuple[Tensor, Tensor, Tensor] | None = None,
-                  config: KernelConfig | None = None, block_k: int | None = None) -> Tensor:
+                  config: KernelConfig | None = None, block_k: int | None = None,
+                  split_k: int | None = None) -> Tensor:
     """y = x W^T with the module docstring's fusions; returns out.
 
     x: [M, K] (M <= 64; with `norm`, the residual stream h). w: [N_w, K], row-major.
@@ -249,7 +301,7 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
     N_w = (Hq + 2 Hkv) D, rope = (cos, sin) [M, D] or [M, 1, D] in x's dtype, out [M, N_w] (q | k | v);
     kv = (k_cache, v_cache [P, S, Hkv, D] in x's dtype, slots int64 [M]): k and v are written into the
     caches at slots instead of out (out's k and v columns are left as they were).
-    config / block_k: override the tile (benchmarks).
+    config / block_k / split_k: override the tile (benchmarks).
     """
     if not isinstance(x, Tensor) or x.dim() != 2:
         raise ValueError(f"decode_linear: x must be [M, K], got {getattr(x, 'shape', type(x))}")
@@ -269,9 +321,12 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
     n = n_w // 2 if epilogue == "silu_mul" else n_w
     if epilogue == "silu_mul" and n_w % 2:
         raise ValueError(f"decode_linear: silu_mul needs w = [gate | up] with an even row count, got {n_w}")
-    cfg, bk = tile(epilogue, x.device, M)
+    cfg, bk, splits = tile(epilogue, x.device, M)
     if config is not None:
         cfg, bk = config, block_k or bk
+    splits = splits if split_k is None else split_k
+    if not isinstance(splits, int) or splits < 1:
+        raise ValueError(f"decode_linear: split_k must be a positive int, got {splits!r}")
     hq = hkv = hd = 0
     cos = sin = None
     if epilogue == "rope":
@@ -325,13 +380,19 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
     if M == 0:
         return out
     parts = ssq.shape[1] if ssq is not None else 0
+    k_split = triton.cdiv(triton.cdiv(K, splits), bk) * bk  # each share a whole number of BLOCK_K steps
+    splits = triton.cdiv(K, k_split)
+    row_tiles = triton.cdiv(M, cfg.block_m)
+    ws = cnt = x  # placeholders without a split
+    if splits > 1:
+        ws, cnt = _split_scratch(x.device, splits * M * n_w, tiles * row_tiles)
     opts = launch_options(cfg, x.device)
     if x.device.type == "cuda":
         opts["enable_fp_fusion"] = False  # the elementwise steps rounded one by one, as the unfused kernels
     pdl = pdl_enabled(x.device)
     if pdl:
         opts["launch_pdl"] = True
-    for_device(_decode_linear_kernel, x.device)[(tiles, triton.cdiv(M, cfg.block_m))](
+    for_device(_decode_linear_kernel, x.device)[(tiles, row_tiles, splits)](
         x, x.stride(0), ln, float(eps), ssq if ssq is not None else x, ssq.stride(0) if ssq is not None else 0,
         ssq_out if ssq_out is not None else x, ssq_out.stride(0) if ssq_out is not None else 0,
         w, w.stride(0), out, out.stride(0),
@@ -341,5 +402,6 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
         BLOCK_P=triton.next_power_of_2(max(parts, 1)), WRITE_SSQ=ssq_out is not None,
         LIBDEVICE=x.device.type == "cuda", HEAD_DIM=max(hd, 2), Q_HEADS=hq, KV_HEADS=hkv, PAGE_SIZE=page_size,
         STORE_KV=kv is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk, PDL=pdl,
-        PREFETCH_K=min(PREFETCH_K, triton.next_power_of_2(K)), **opts)
+        PREFETCH_K=min(PREFETCH_K, triton.next_power_of_2(K)), ws_ptr=ws, cnt_ptr=cnt, N_W=n_w, SPLIT_K=splits,
+        K_SPLIT=k_split, **opts)
     return out

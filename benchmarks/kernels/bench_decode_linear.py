@@ -67,22 +67,27 @@ class Case:
         self.pages = [torch.zeros(64, 16, HKV, D, device=dev, dtype=torch.bfloat16) for _ in range(2)]
         self.slots = torch.randperm(64 * 16, device=dev)[:m].long()
         self.out = torch.empty(m, n // 2 if proj == "gate_up" else n, device=dev, dtype=torch.bfloat16)
+        self.y = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
 
     @property
     def weight_bytes(self) -> int:
         return self.w[0].numel() * 2
 
-    def fused(self, i: int, cfg: KernelConfig | None = None, bk: int | None = None,
-              prenorm: bool = False) -> torch.Tensor:
-        """prenorm: qkv and gate_up read x normed beforehand (the unfused chain's input), no norm prologue."""
+    def fused(self, i: int, cfg: KernelConfig | None = None, bk: int | None = None, prenorm: bool = False,
+              split_k: int | None = None) -> torch.Tensor:
+        """prenorm: the tall batches' chain (model.decode_rows_tall): qkv and gate_up read x normed
+        beforehand (no norm prologue); o and down store y and rms_norm adds it and norms, as unfused."""
         w, p = self.w[i % len(self.w)], self.proj
-        kw = dict(config=cfg, block_k=bk)
+        kw = dict(config=cfg, block_k=bk, split_k=split_k)
         x, norm = (self.xn, {}) if prenorm else (self.x, dict(norm=(self.ln, EPS), ssq=self.ssq))
         if p == "qkv":
             return dl.decode_linear(x, w, "rope", out=self.out, rope=(self.cos, self.sin), heads=(HQ, HKV, D),
                                     kv=(*self.pages, self.slots), **norm, **kw)
         if p == "gate_up":
             return dl.decode_linear(x, w, "silu_mul", out=self.out, **norm, **kw)
+        if prenorm:
+            kernels.rms_norm(dl.decode_linear(self.x, w, out=self.y, **kw), self.ln_next, EPS, self.out)
+            return self.out
         # out: the residual stream; ssq_out: its sums of squares for the next norm
         return dl.decode_linear(self.x, w, "residual", out=self.out, ssq_out=self.ssq_out if cfg is None else None, **kw)
 
@@ -181,23 +186,32 @@ def fp64_error(case: Case, fn: Callable[[int], torch.Tensor]) -> float:
     return float((got - want).abs().max() / want.abs().mean())
 
 
-def sweep(case: Case, prenorm: bool = False) -> tuple[KernelConfig, int, float]:
-    """The fastest (tile, BLOCK_K) for this case: (config, block_k, us). Above 16 rows: one tile of 64 rows."""
-    best = (None, 0, float("inf"))
+def tall_space(proj: str) -> list[tuple[int, int, int, tuple[int, int], int]]:
+    """(block_m, block_n, block_k, (warps, stages), split_k) tried for 17-64 rows."""
+    bns = {"qkv": (32, 64), "gate_up": (64, 128)}.get(proj, (32, 64, 128))
+    bks = (64, 128) if proj == "gate_up" else (128, 256)
+    splits = {"qkv": (1, 2, 4), "gate_up": (1, 2)}.get(proj, (1, 2, 4, 8))
+    return list(itertools.product((64,), bns, bks, ((4, 3), (8, 4)), splits))
+
+
+def sweep(case: Case, prenorm: bool = False) -> tuple[KernelConfig, int, int, float]:
+    """The fastest tile for this case: (config, block_k, split_k, us). Above 16 rows: one tile of 64 rows."""
+    best = (None, 0, 1, float("inf"))
     if case.m <= dl.SHORT_ROWS:
-        space = itertools.product((16,), (16, 32), (128, 256, 512), ((4, 3), (4, 4), (8, 4), (4, 6)))
+        space = itertools.product((16,), (16, 32), (128, 256, 512), ((4, 3), (4, 4), (8, 4), (4, 6)), (1,))
     else:
-        space = itertools.product((64,), (32, 64), (64, 128, 256), ((4, 3), (8, 3), (8, 4)))
-    for bm, bn, bk, (warps, stages) in space:
+        space = tall_space(case.proj)
+    for bm, bn, bk, (warps, stages), split in space:
         cfg = KernelConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
+        name = f"{case.proj} m={case.m} bn={bn} bk={bk} w={warps} s={stages} split={split}"
         try:
-            us, _ = graph_us(lambda i: case.fused(i, cfg, bk, prenorm), calls=8, count=False)
+            us, _ = graph_us(lambda i: case.fused(i, cfg, bk, prenorm, split), calls=8, count=False)
         except Exception as e:  # shared memory over the limit
-            print(f"#   {case.proj} m={case.m} bn={bn} bk={bk} w={warps} s={stages}: {type(e).__name__}", flush=True)
+            print(f"#   {name}: {type(e).__name__}", flush=True)
             continue
-        print(f"#   {case.proj} m={case.m} bn={bn} bk={bk} w={warps} s={stages}: {us:.1f} us", flush=True)
-        if us < best[2]:
-            best = (cfg, bk, us)
+        print(f"#   {name}: {us:.1f} us", flush=True)
+        if us < best[3]:
+            best = (cfg, bk, split, us)
     return best
 
 
@@ -208,27 +222,29 @@ def main() -> int:
     ap.add_argument("--sweep-rows", default="1,16", help="row counts the sweep tries tiles at (one tile shape each)")
     ap.add_argument("--rows", default="1,4,16")
     ap.add_argument("--prenorm", action="store_true",
-                    help="also time qkv and gate_up over x normed beforehand (rms_norm's kernel, no norm prologue)")
+                    help="also time the tall batches' chain: qkv and gate_up over x normed beforehand, o and down "
+                         "storing y for rms_norm (model.decode_rows_tall)")
+    ap.add_argument("--prenorm-only", action="store_true", help="time the tall batches' chain only")
     a = ap.parse_args()
     dev = torch.device("cuda")
     bw = read_bandwidth(dev, False)
     print(f"# streaming read {bw / 1e12:.2f} TB/s", flush=True)
-    variants = [(proj, pre) for proj in PROJ for pre in ((False, True) if a.prenorm and proj in ("qkv", "gate_up")
+    variants = [(proj, pre) for proj in PROJ for pre in ((True,) if a.prenorm_only else (False, True) if a.prenorm
                                                           else (False,))]
-    picked: dict[tuple[str, bool], tuple[KernelConfig, int]] = {}
+    picked: dict[tuple[str, bool], tuple[KernelConfig, int, int]] = {}
     if a.sweep:
         sweep_rows = [int(r) for r in a.sweep_rows.split(",")]
         for proj, pre in variants:
             results = [sweep(Case(proj, m, dev), pre) for m in sweep_rows]
-            cfg, bk, _ = min(results, key=lambda r: r[2])  # the fastest at any of the row counts tried
-            picked[proj, pre] = (cfg, bk)
-            print(f"# {proj}{' prenorm' if pre else ''}: picked {cfg} block_k={bk} "
-                  f"({[round(r[2], 1) for r in results]} us at {sweep_rows} rows)", flush=True)
+            cfg, bk, split, _ = min(results, key=lambda r: r[3])  # the fastest at any of the row counts tried
+            picked[proj, pre] = (cfg, bk, split)
+            print(f"# {proj}{' prenorm' if pre else ''}: picked {cfg} block_k={bk} split_k={split} "
+                  f"({[round(r[3], 1) for r in results]} us at {sweep_rows} rows)", flush=True)
     rows = []
     for (proj, pre), m in itertools.product(variants, [int(r) for r in a.rows.split(",")]):
         case = Case(proj, m, dev)
-        cfg, bk = picked.get((proj, pre), (None, None))
-        fused = lambda i: case.fused(i, cfg, bk, pre)  # noqa: E731
+        cfg, bk, split = picked.get((proj, pre), (None, None, None))
+        fused = lambda i: case.fused(i, cfg, bk, pre, split)  # noqa: E731
         fused_us, fused_k = graph_us(fused)
         unfused_us, unfused_k = graph_us(case.unfused)
         row = dict(proj=proj, rows=m, prenorm=pre, fused_us=round(fused_us, 2), unfused_us=round(unfused_us, 2),
@@ -238,7 +254,8 @@ def main() -> int:
                    fused_kernels=fused_k, unfused_kernels=unfused_k, max_ulps=round(ulps(case, fused), 1),
                    fused_err=float(f"{fp64_error(case, fused):.3g}"),
                    unfused_err=float(f"{fp64_error(case, case.unfused):.3g}"),
-                   tile=None if cfg is None else f"bm{cfg.block_m} bn{cfg.block_n} bk{bk} w{cfg.num_warps} s{cfg.num_stages}")
+                   tile=None if cfg is None else
+                   f"bm{cfg.block_m} bn{cfg.block_n} bk{bk} w{cfg.num_warps} s{cfg.num_stages} split{split}")
         rows.append(row)
         print(json.dumps(row), flush=True)
     if a.json:

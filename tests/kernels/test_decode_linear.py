@@ -81,12 +81,15 @@ def test_rope_stores_kv_into_pages(page_size: int) -> None:
         assert got.flatten(0, 1)[[i for i in range(12) if i not in (0, 5, 9)]].eq(7).all()
 
 
-@pytest.mark.parametrize("block_m", [16, 64])
-def test_tall_decode_batches(block_m: int) -> None:
-    """17-64 rows: one tile of 64 rows (the GPU's tall tile) or several of 16, every epilogue against the twin."""
+@pytest.mark.parametrize("block_m,split_k", [(16, 1), (64, 1), (64, 3), (16, 2)])
+def test_tall_decode_batches(block_m: int, split_k: int) -> None:
+    """17-64 rows: one tile of 64 rows (the GPU's tall tile) or several of 16, every epilogue against the twin;
+    K split into shares whose last one sums the partials and runs the epilogue (the counters end at 0)."""
+    from radixkv.kernels import decode_linear as dl
     from radixkv.kernels.launch import KernelConfig
 
-    cfg = dict(config=KernelConfig(block_m=block_m, block_n=16, num_warps=4, num_stages=1), block_k=32)
+    cfg = dict(config=KernelConfig(block_m=block_m, block_n=16, num_warps=4, num_stages=1), block_k=16,
+               split_k=split_k)
     m, hq, hkv, d = 40, 2, 1, 32
     x, w, cos, sin = _rope_case(m, hq, hkv, d, seed=11)
     ln = (1 + 0.1 * torch.randn(64, generator=torch.Generator().manual_seed(12))).to(DT)
@@ -108,6 +111,8 @@ def test_tall_decode_batches(block_m: int) -> None:
     decode_linear_ref(x, w[:48], "residual", out=want)
     _close(got, want)
     torch.testing.assert_close(ssq.sum(1), got.float().pow(2).sum(1), rtol=1e-5, atol=1e-5)
+    if split_k > 1:
+        assert dl._SCRATCH[x.device][1].eq(0).all()
 
 
 def test_errors_name_the_problem() -> None:
