@@ -210,12 +210,13 @@ GPU_TILES: dict[str, Tile] = {
     "silu_mul": Tile(KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=3), 256),
     "rope": Tile(KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 256),
 }
-# 17-64 rows: one tile of 64 rows (bench_decode_linear.py --sweep-rows 64).
+# 17-64 rows: one tile of 64 rows, the best of bench_decode_linear.py --sweep --sweep-rows 64 --prenorm-only on
+# the H200 (2026-12-03), over the tall chain (model.decode_rows_tall: the norms stay rms_norm's kernel).
 TALL_TILES: dict[str, Tile] = {
-    "store": Tile(KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 256),
+    "store": Tile(KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=3), 256, split_k=2),
     "residual": Tile(KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 256),
-    "silu_mul": Tile(KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=3), 64),
-    "rope": Tile(KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 256),
+    "silu_mul": Tile(KernelConfig(block_m=64, block_n=64, num_warps=8, num_stages=4), 128),
+    "rope": Tile(KernelConfig(block_m=64, block_n=64, num_warps=8, num_stages=4), 128, split_k=2),
 }
 CPU_TILE = Tile(KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1), 32)
 # With programmatic dependent launch each program asks L2 for the first PREFETCH_K values of its W rows
@@ -385,7 +386,8 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
     row_tiles = triton.cdiv(M, cfg.block_m)
     ws = cnt = x  # placeholders without a split
     if splits > 1:
-        ws, cnt = _split_scratch(x.device, splits * M * n_w, tiles * row_tiles)
+        # sized for MAX_ROWS rows, so a batch bucket's eager warm-up leaves what its graph capture needs
+        ws, cnt = _split_scratch(x.device, splits * max(M, MAX_ROWS) * n_w, tiles * triton.cdiv(MAX_ROWS, cfg.block_m))
     opts = launch_options(cfg, x.device)
     if x.device.type == "cuda":
         opts["enable_fp_fusion"] = False  # the elementwise steps rounded one by one, as the unfused kernels

@@ -71,12 +71,14 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=128, ignore_eos=True)
 
 
-def check_graph_equals_eager(device: torch.device, kv: str, smoke: bool) -> dict:
-    """Same batch through the graph and eagerly: identical logits; then generate with and without."""
+def check_graph_equals_eager(device: torch.device, kv: str, smoke: bool, rows: int = 3) -> dict:
+    """Same batch of `rows` rows through the graph and eagerly: identical logits; then generate with and
+    without (20 rows: the tall decode path, model.decode_rows_tall, where the fused rows reach it)."""
     cfg = small_config("llama", smoke)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in (37, 150, 64)]
-    out: dict[str, Any] = dict(check=f"graph == eager ({kv})")
+    lengths = ((37, 150, 64) * rows)[:rows]
+    prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    out: dict[str, Any] = dict(check=f"graph == eager ({kv})" + (f", {rows} rows" if rows != 3 else ""))
     llm = LLM(cfg, dtype="bfloat16", kv_dtype=kv, device=device, num_pages=512)
     eager = LLM(cfg, dtype="bfloat16", kv_dtype=kv, device=device, num_pages=512, enforce_eager=True)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -686,6 +688,8 @@ def part_a(device: torch.device, a: argparse.Namespace, rows: list[dict], emit: 
         for kv in ("auto", "fp8_e4m3"):
             if f"graph == eager ({kv})" not in have_checks:
                 emit(check_graph_equals_eager(device, kv, a.smoke))
+        if "graph == eager (auto), 20 rows" not in have_checks:
+            emit(check_graph_equals_eager(device, "auto", a.smoke, rows=20))
     batches = [int(b) for b in a.batches.split(",")]
     graphs_on = device.type == "cuda"  # LLM captures graphs on CUDA (Triton) unless enforce_eager
     # (batch, graphs, sampled, async): graphs with async scheduling on and off, eager without

@@ -151,12 +151,14 @@ class LlamaModel:
         self.layers = [_Layer(spec, state_dict, i, dtype, device, rank, world) for i in range(spec.num_layers)]
         self.inv_freq = rope_inv_freq(spec.rope, spec.head_dim).to(device)  # [D/2] fp32
         self.ops = layer_ops(fused)
-        # decode steps of up to this many rows run each projection as one fused kernel (decode_rows_fused)
-        self.fused_decode_rows = 0
+        # decode steps of up to this many rows run their projections as decode_linear's fused kernels: up to
+        # short_rows rows four kernels a layer (decode_rows_fused), above that decode_rows_tall
+        self.fused_decode_rows, self.short_rows = 0, 16
         if fused and device.type == "cuda" and self._fusable():
+            from radixkv.kernels.decode_linear import SHORT_ROWS
             from radixkv.kernels.dispatch import fused_decode_rows
 
-            self.fused_decode_rows = fused_decode_rows()
+            self.fused_decode_rows, self.short_rows = fused_decode_rows(), SHORT_ROWS
 
     def _fusable(self) -> bool:
         """Whether decode_linear's fused kernels cover this model: 16-bit weights, one device, no biases or
@@ -200,9 +202,11 @@ class LlamaModel:
         Built from the pieces piecewise_graphs.py captures (embed, layer_qkv, layer_rest): a step replayed
         from those graphs runs the same ops, with attention between them. Decode steps over 16-bit pages
         take layer_q_stored instead of layer_qkv (RoPE and the K/V store in one kernel: the same q and pages)."""
-        if (0 < input_ids.shape[0] <= self.fused_decode_rows and hasattr(attn, "store_target")
-                and attn.decode_only):  # eager decode steps run what their graphs replay
-            return self.decode_rows_fused(input_ids, positions, attn)
+        T = input_ids.shape[0]
+        if 0 < T <= self.fused_decode_rows and hasattr(attn, "store_target") and attn.decode_only:
+            # eager decode steps run what their graphs replay
+            fused = self.decode_rows_fused if T <= self.short_rows else self.decode_rows_tall
+            return fused(input_ids, positions, attn)
         h, x, cos, sin = self.embed_tokens(input_ids, positions)
         stores = hasattr(attn, "store_target") and attn.decode_only  # decode steps: RoPE and K/V store fused
         for i in range(len(self.layers)):
@@ -246,6 +250,33 @@ class LlamaModel:
             decode_linear(act, L.w_down, "residual", out=h, ssq_out=parts)
             ssq = parts
         return h
+
+    def decode_rows_tall(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: StoringAttention
+                         ) -> torch.Tensor:
+        """hidden() for a decode batch of 17-64 rows: decode_linear's kernels for qkv (RoPE and the K/V store
+        in its epilogue), gate/up (SiLU-and-mul) and down; o_proj on cuBLAS, and the norms as rms_norm's
+        kernel adding into h (at 64 rows a norm prologue costs more than that kernel: benchmarks/RESULTS.md).
+        input_ids, positions: [T] int64 -> h [T, H]."""
+        from radixkv.kernels.decode_linear import decode_linear
+
+        s, eps, ops = self.shard_spec, self.spec.rms_norm_eps, self.ops
+        T, Hq, Hkv, D = input_ids.shape[0], s.num_q_heads, s.num_kv_heads, s.head_dim
+        h, x, cos, sin = self.embed_tokens(input_ids, positions)
+        qkv = torch.empty(T, (Hq + 2 * Hkv) * D, dtype=h.dtype, device=h.device)
+        heads = qkv.view(T, Hq + 2 * Hkv, D)
+        act = torch.empty(T, self.layers[0].w_down.shape[1], dtype=h.dtype, device=h.device)  # [T, I]
+        down = torch.empty_like(h)
+        for i, L in enumerate(self.layers):
+            kv = attn.store_target(i)
+            decode_linear(x, L.w_qkv, "rope", out=qkv, rope=(cos, sin), heads=(Hq, Hkv, D), kv=kv)
+            q = heads[:, :Hq]
+            o = attn.attend(q, i) if kv is not None else attn.run(q, heads[:, Hq:Hq + Hkv], heads[:, Hq + Hkv:], i)
+            x, h = ops.rms_norm(F.linear(o.reshape(T, -1), L.w_o), L.ln_mlp, eps, h)  # h += attn
+            decode_linear(x, L.w_gate_up, "silu_mul", out=act)
+            decode_linear(act, L.w_down, out=down)
+            if i + 1 < len(self.layers):
+                x, h = ops.rms_norm(down, self.layers[i + 1].ln_attn, eps, h)  # h += mlp, next layer's norm
+        return h + down
 
     def embed_tokens(self, input_ids: torch.Tensor, positions: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
