@@ -75,7 +75,7 @@ def widen_first(int4: bool, max_q_len: int, reuse: float = 1.0) -> bool:
 
 
 FUSED_DECODE_ROWS_ENV = "RADIXKV_FUSED_DECODE_ROWS"
-FUSED_DECODE_ROWS = 16  # decode batches up to this many rows take the fused layer kernels (decode_linear.py)
+FUSED_DECODE_ROWS = 64  # decode batches up to this many rows take the fused layer kernels (decode_linear.py)
 
 
 @functools.cache

@@ -151,14 +151,15 @@ class LlamaModel:
         self.layers = [_Layer(spec, state_dict, i, dtype, device, rank, world) for i in range(spec.num_layers)]
         self.inv_freq = rope_inv_freq(spec.rope, spec.head_dim).to(device)  # [D/2] fp32
         self.ops = layer_ops(fused)
-        # decode steps of up to this many rows run their projections as decode_linear's fused kernels: up to
-        # short_rows rows four kernels a layer (decode_rows_fused), above that decode_rows_tall
-        self.fused_decode_rows, self.short_rows = 0, 16
+        # decode steps of up to fused_decode_rows rows run their projections as decode_linear's fused kernels:
+        # up to short_rows rows four kernels a layer (decode_rows_fused), from tall_rows decode_rows_tall;
+        # the rows between take cuBLAS
+        self.fused_decode_rows, self.short_rows, self.tall_rows = 0, 16, 57
         if fused and device.type == "cuda" and self._fusable():
-            from radixkv.kernels.decode_linear import SHORT_ROWS
+            from radixkv.kernels.decode_linear import SHORT_ROWS, TALL_MIN_ROWS
             from radixkv.kernels.dispatch import fused_decode_rows
 
-            self.fused_decode_rows, self.short_rows = fused_decode_rows(), SHORT_ROWS
+            self.fused_decode_rows, self.short_rows, self.tall_rows = fused_decode_rows(), SHORT_ROWS, TALL_MIN_ROWS
 
     def _fusable(self) -> bool:
         """Whether decode_linear's fused kernels cover this model: 16-bit weights, one device, no biases or
@@ -203,8 +204,8 @@ class LlamaModel:
         from those graphs runs the same ops, with attention between them. Decode steps over 16-bit pages
         take layer_q_stored instead of layer_qkv (RoPE and the K/V store in one kernel: the same q and pages)."""
         T = input_ids.shape[0]
-        if 0 < T <= self.fused_decode_rows and hasattr(attn, "store_target") and attn.decode_only:
-            # eager decode steps run what their graphs replay
+        if (0 < T <= self.fused_decode_rows and (T <= self.short_rows or T >= self.tall_rows)
+                and hasattr(attn, "store_target") and attn.decode_only):  # eager steps run what graphs replay
             fused = self.decode_rows_fused if T <= self.short_rows else self.decode_rows_tall
             return fused(input_ids, positions, attn)
         h, x, cos, sin = self.embed_tokens(input_ids, positions)
@@ -253,7 +254,7 @@ class LlamaModel:
 
     def decode_rows_tall(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: StoringAttention
                          ) -> torch.Tensor:
-        """hidden() for a decode batch of 17-64 rows: decode_linear's kernels for qkv (RoPE and the K/V store
+        """hidden() for a decode batch of tall_rows-64 rows: decode_linear's kernels for qkv (RoPE and the K/V store
         in its epilogue), gate/up (SiLU-and-mul) and down; o_proj on cuBLAS, and the norms as rms_norm's
         kernel adding into h (at 64 rows a norm prologue costs more than that kernel: benchmarks/RESULTS.md).
         input_ids, positions: [T] int64 -> h [T, H]."""

@@ -128,7 +128,7 @@ def test_tall_decode_batch_matches_unfused(store_in_kernel: bool) -> None:
     ckpt = random_checkpoint(config, seed=0, dtype=torch.float16, device=torch.device("cpu"))
     spec = ModelSpec.from_hf(config)
     models = [LlamaModel(spec, ckpt.state_dict, torch.float16, torch.device("cpu"), fused=True) for _ in range(2)]
-    models[0].fused_decode_rows = 64  # CPU leaves it off: turned on here
+    models[0].fused_decode_rows, models[0].tall_rows = 64, 17  # CPU leaves it off: turned on here
     calls = []
     models[0].decode_rows_tall = lambda *a, _f=models[0].decode_rows_tall: calls.append(1) or _f(*a)
     attns = [RowsOwnContexts(spec.num_layers, spec.num_kv_heads, spec.head_dim, store_in_kernel) for _ in models]
