@@ -46,9 +46,9 @@ DTYPES = (torch.float16, torch.bfloat16)
 # Rows a launch takes: one row tile of 16 (1-16 rows) or of 64 (17-64 rows, TALL_TILES).
 MAX_ROWS = 64
 SHORT_ROWS = 16
-# The model's tall decode path (model.decode_rows_tall) from this many rows: at 64 rows it beat cuBLAS plus
-# the elementwise kernels (6.01-6.02 against 6.09 ms a step), at 32 it lost (5.56 against 5.43; H200,
-# 2026-12-03, benchmarks/RESULTS.md). 57 is the graphs' 64-row bucket's first row count.
+# The model's tall decode path (model.decode_rows_tall, with RADIXKV_FUSED_DECODE_ROWS=64) from this many
+# rows: against cuBLAS plus the elementwise kernels it lost at 32, 48 and 56 rows and tied or won by 1% at
+# 64 (H200, 2026-12-03, benchmarks/RESULTS.md). 57 is the graphs' 64-row bucket's first row count.
 TALL_MIN_ROWS = 57
 
 

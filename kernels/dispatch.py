@@ -75,7 +75,10 @@ def widen_first(int4: bool, max_q_len: int, reuse: float = 1.0) -> bool:
 
 
 FUSED_DECODE_ROWS_ENV = "RADIXKV_FUSED_DECODE_ROWS"
-FUSED_DECODE_ROWS = 64  # decode batches up to this many rows take the fused layer kernels (decode_linear.py)
+# decode batches up to this many rows take the fused layer kernels (decode_linear.py); 64 adds the tall path
+# (model.decode_rows_tall) for the 64-row bucket, off by default: at best 1% faster there than cuBLAS
+# (benchmarks/RESULTS.md, 2026-12-03)
+FUSED_DECODE_ROWS = 16
 
 
 @functools.cache
