@@ -27,7 +27,6 @@ over K: the epilogue needs whole sums, so small BLOCK_N keeps enough programs in
 """
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
 
 import torch
 import triton
@@ -37,19 +36,12 @@ from triton.language.extra import libdevice
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .checks import check_slots, host_float
+from .decode_linear_tiles import MAX_ROWS, Epilogue, SplitScratch, rope_fits, tile
 from .dispatch import pdl_enabled
 from .launch import KernelConfig, for_device, launch_options
 
-Epilogue = Literal["store", "residual", "silu_mul", "rope"]
 _EPILOGUES = {"store": 0, "residual": 1, "silu_mul": 2, "rope": 3}
 DTYPES = (torch.float16, torch.bfloat16)
-# Rows a launch takes: one row tile of 16 (1-16 rows) or of 64 (17-64 rows, TALL_TILES).
-MAX_ROWS = 64
-SHORT_ROWS = 16
-# The model's tall decode path (model.decode_rows_tall, with RADIXKV_FUSED_DECODE_ROWS=64) from this many
-# rows: against cuBLAS plus the elementwise kernels it lost at 32, 48 and 56 rows and tied or won by 1% at
-# 64 (H200, 2026-12-03, benchmarks/RESULTS.md). 57 is the graphs' 64-row bucket's first row count.
-TALL_MIN_ROWS = 57
 
 
 @triton.jit
@@ -196,78 +188,9 @@ def _decode_linear_kernel(
             tl.store(out_rows + cols_b[None, :], yb.to(dtype), mask=omask)
 
 
-class Tile(NamedTuple):
-    """A launch's tile: config (block_m rows, block_n columns, warps, stages), block_k, and split_k: K cut
-    into that many shares, each its own program; the share that finishes last sums the partials (in
-    share order: deterministic) and runs the epilogue."""
-
-    config: KernelConfig
-    block_k: int
-    split_k: int = 1
-
-
-# GPU tiles by epilogue, the best of benchmarks/kernels/bench_decode_linear.py --sweep on the H200 (2026-12-02,
-# 8B shapes, at 1 and 16 rows); rows are one tile of 16 (padded) for the tensor cores.
-GPU_TILES: dict[str, Tile] = {
-    "store": Tile(KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 512),
-    "residual": Tile(KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 512),
-    "silu_mul": Tile(KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=3), 256),
-    "rope": Tile(KernelConfig(block_m=16, block_n=32, num_warps=4, num_stages=4), 256),
-}
-# 17-64 rows: one tile of 64 rows, the best of bench_decode_linear.py --sweep --sweep-rows 64 --prenorm-only on
-# the H200 (2026-12-03), over the tall chain (model.decode_rows_tall: the norms stay rms_norm's kernel).
-TALL_TILES: dict[str, Tile] = {
-    "store": Tile(KernelConfig(block_m=64, block_n=64, num_warps=4, num_stages=3), 256, split_k=2),
-    "residual": Tile(KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=3), 256),
-    "silu_mul": Tile(KernelConfig(block_m=64, block_n=64, num_warps=8, num_stages=4), 128),
-    "rope": Tile(KernelConfig(block_m=64, block_n=64, num_warps=8, num_stages=4), 128, split_k=2),
-}
-CPU_TILE = Tile(KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1), 32)
 # With programmatic dependent launch each program asks L2 for the first PREFETCH_K values of its W rows
 # before it waits for the previous kernel: the DRAM stream runs on across the kernel boundary.
 PREFETCH_K = 1024
-
-
-def tile(epilogue: Epilogue, device: torch.device, rows: int = 1) -> Tile:
-    """The tile of a launch over `rows` rows on `device`."""
-    if device.type != "cuda":
-        return CPU_TILE
-    return (GPU_TILES if rows <= SHORT_ROWS else TALL_TILES)[epilogue]
-
-
-def rope_fits(head_dim: int, device: torch.device) -> bool:
-    """Whether the "rope" epilogue takes heads of head_dim on device at any row count (half a head a
-    multiple of its tile)."""
-    half = head_dim // 2
-    for rows in (1, MAX_ROWS):
-        bn = min(tile("rope", device, rows)[0].block_n, half)
-        if not (head_dim % 2 == 0 and bn > 0 and bn & (bn - 1) == 0 and half % bn == 0):
-            return False
-    return True
-
-
-def partials(n: int, device: torch.device, rows: int = 1) -> int:
-    """Sums of squares a row that the "residual" epilogue writes for n output columns over `rows` rows
-    (ssq_out's width)."""
-    return triton.cdiv(n, tile("residual", device, rows)[0].block_n)
-
-
-# Split-K scratch by device: (partials float32, counters int32). The counters start at 0 and each launch's
-# last share puts them back; buffers a CUDA graph captured are kept alive after they are outgrown.
-_SCRATCH: dict[torch.device, tuple[Tensor, Tensor]] = {}
-_OUTGROWN: list[tuple[Tensor, Tensor]] = []
-
-
-def _split_scratch(device: torch.device, partials_numel: int, counters: int) -> tuple[Tensor, Tensor]:
-    """Partials of at least partials_numel floats and at least `counters` zeroed counters on device."""
-    ws, cnt = _SCRATCH.get(device, (None, None))
-    if ws is None or ws.numel() < partials_numel or cnt.numel() < counters:
-        if ws is not None:
-            _OUTGROWN.append((ws, cnt))
-        ws = torch.empty(max(partials_numel, 0 if ws is None else ws.numel()), dtype=torch.float32, device=device)
-        cnt = torch.zeros(max(counters, 0 if cnt is None else cnt.numel()), dtype=torch.int32, device=device)
-        _SCRATCH[device] = (ws, cnt)
-    return ws, cnt
 
 
 def _overlap(a: Tensor, b: Tensor) -> bool:
@@ -294,7 +217,7 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
                   heads: tuple[int, int, int] | None = None,
                   kv: tuple[Tensor, Tensor, Tensor] | None = None,
                   config: KernelConfig | None = None, block_k: int | None = None,
-                  split_k: int | None = None) -> Tensor:
+                  split_k: int | None = None, scratch: SplitScratch | None = None) -> Tensor:
     """y = x W^T with the module docstring's fusions; returns out.
 
     x: [M, K] (M <= 64; with `norm`, the residual stream h). w: [N_w, K], row-major.
@@ -307,6 +230,8 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
     kv = (k_cache, v_cache [P, S, Hkv, D] in x's dtype, slots int64 [M]): k and v are written into the
     caches at slots instead of out (out's k and v columns are left as they were).
     config / block_k / split_k: override the tile (benchmarks).
+    scratch: where a launch split over K leaves its partials (SplitScratch); a fresh one when None, which a
+    CUDA graph must not capture (it would be freed under the graph).
     """
     if not isinstance(x, Tensor) or x.dim() != 2:
         raise ValueError(f"decode_linear: x must be [M, K], got {getattr(x, 'shape', type(x))}")
@@ -390,8 +315,14 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
     row_tiles = triton.cdiv(M, cfg.block_m)
     ws = cnt = x  # placeholders without a split
     if splits > 1:
-        # sized for MAX_ROWS rows, so a batch bucket's eager warm-up leaves what its graph capture needs
-        ws, cnt = _split_scratch(x.device, splits * max(M, MAX_ROWS) * n_w, tiles * triton.cdiv(MAX_ROWS, cfg.block_m))
+        need = (splits * M * n_w, tiles * row_tiles)
+        scratch = SplitScratch(x.device, *need) if scratch is None else scratch
+        if not isinstance(scratch, SplitScratch) or scratch.partials.device != x.device:
+            raise ValueError(f"decode_linear: scratch must be a SplitScratch on {x.device}")
+        if scratch.partials.numel() < need[0] or scratch.counters.numel() < need[1]:
+            raise ValueError(f"decode_linear: scratch holds {scratch.partials.numel()} partials and "
+                             f"{scratch.counters.numel()} counters; this launch needs {need[0]} and {need[1]}")
+        ws, cnt = scratch.partials, scratch.counters
     opts = launch_options(cfg, x.device)
     if x.device.type == "cuda":
         opts["enable_fp_fusion"] = False  # the elementwise steps rounded one by one, as the unfused kernels

@@ -33,6 +33,7 @@ from decode_floor import read_bandwidth  # noqa: E402
 
 from radixkv import kernels  # noqa: E402
 from radixkv.kernels import decode_linear as dl  # noqa: E402
+from radixkv.kernels import decode_linear_tiles as tiles  # noqa: E402
 from radixkv.kernels.launch import KernelConfig  # noqa: E402
 
 H, I, HQ, HKV, D = 4096, 14336, 32, 8, 128
@@ -56,8 +57,8 @@ class Case:
         self.ln = 1 + 0.1 * torch.randn(k, device=dev, generator=g, dtype=torch.bfloat16)
         self.xn, _ = kernels.rms_norm(self.x, self.ln, EPS)  # the unfused chain's input: normed before
         # the fused norm's input: x's sums of squares in parts, as the residual kernel before it leaves them
-        self.ssq = self.x.float().pow(2).view(m, dl.partials(k, dev), -1).sum(-1)
-        self.ssq_out = torch.empty(m, dl.partials(n, dev, m), device=dev)
+        self.ssq = self.x.float().pow(2).view(m, tiles.partials(k, dev), -1).sum(-1)
+        self.ssq_out = torch.empty(m, tiles.partials(n, dev, m), device=dev)
         self.ln_next = 1 + 0.1 * torch.randn(n, device=dev, generator=g, dtype=torch.bfloat16)
         self.h = torch.randn(m, n, device=dev, generator=g, dtype=torch.bfloat16)
         pos = torch.arange(m, device=dev) * 37 + 511
@@ -68,6 +69,8 @@ class Case:
         self.slots = torch.randperm(64 * 16, device=dev)[:m].long()
         self.out = torch.empty(m, n // 2 if proj == "gate_up" else n, device=dev, dtype=torch.bfloat16)
         self.y = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+        # room for any tile the sweep tries: up to 8 shares, column tiles of 16, row tiles of 16
+        self.scratch = tiles.SplitScratch(dev, 8 * m * n, -(-n // 16) * -(-m // 16))
 
     @property
     def weight_bytes(self) -> int:
@@ -78,7 +81,7 @@ class Case:
         """prenorm: the tall batches' chain (model.decode_rows_tall): qkv and gate_up read x normed
         beforehand (no norm prologue); o and down store y and rms_norm adds it and norms, as unfused."""
         w, p = self.w[i % len(self.w)], self.proj
-        kw = dict(config=cfg, block_k=bk, split_k=split_k)
+        kw = dict(config=cfg, block_k=bk, split_k=split_k, scratch=self.scratch)
         x, norm = (self.xn, {}) if prenorm else (self.x, dict(norm=(self.ln, EPS), ssq=self.ssq))
         if p == "qkv":
             return dl.decode_linear(x, w, "rope", out=self.out, rope=(self.cos, self.sin), heads=(HQ, HKV, D),
@@ -197,7 +200,7 @@ def tall_space(proj: str) -> list[tuple[int, int, int, tuple[int, int], int]]:
 def sweep(case: Case, prenorm: bool = False) -> tuple[KernelConfig, int, int, float]:
     """The fastest tile for this case: (config, block_k, split_k, us). Above 16 rows: one tile of 64 rows."""
     best = (None, 0, 1, float("inf"))
-    if case.m <= dl.SHORT_ROWS:
+    if case.m <= tiles.SHORT_ROWS:
         space = itertools.product((16,), (16, 32), (128, 256, 512), ((4, 3), (4, 4), (8, 4), (4, 6)), (1,))
     else:
         space = tall_space(case.proj)

@@ -155,16 +155,22 @@ class LlamaModel:
         # up to short_rows rows four kernels a layer (decode_rows_fused), from tall_rows decode_rows_tall;
         # the rows between take cuBLAS
         self.fused_decode_rows, self.short_rows, self.tall_rows = 0, 16, 57
-        if fused and device.type == "cuda" and self._fusable():
-            from radixkv.kernels.decode_linear import SHORT_ROWS, TALL_MIN_ROWS
+        self.split_scratch = None  # where decode_rows_tall's launches split over K leave their partials
+        if fused and self._fusable():
+            from radixkv.kernels.decode_linear_tiles import SHORT_ROWS, TALL_MIN_ROWS, SplitScratch
             from radixkv.kernels.dispatch import fused_decode_rows
 
-            self.fused_decode_rows, self.short_rows, self.tall_rows = fused_decode_rows(), SHORT_ROWS, TALL_MIN_ROWS
+            L = self.layers[0]
+            self.split_scratch = SplitScratch.for_weights(
+                device, [("rope", L.w_qkv), ("silu_mul", L.w_gate_up), ("store", L.w_down)])
+            if device.type == "cuda":
+                self.fused_decode_rows, self.short_rows, self.tall_rows = (fused_decode_rows(), SHORT_ROWS,
+                                                                           TALL_MIN_ROWS)
 
     def _fusable(self) -> bool:
         """Whether decode_linear's fused kernels cover this model: 16-bit weights, one device, no biases or
         per-head norms, RoPE halves that split into the kernel's column tiles."""
-        from radixkv.kernels.decode_linear import rope_fits
+        from radixkv.kernels.decode_linear_tiles import rope_fits
 
         L = self.layers[0]
         return (self.dtype in (torch.float16, torch.bfloat16) and self.tp is None and L.b_qkv is None
@@ -227,7 +233,8 @@ class LlamaModel:
         residual stream h; gate/up with the MLP's norm and SiLU-and-mul; down_proj adding into h. The
         residual adds leave h's sums of squares by column tile (ssq), from which the next norm takes rstd.
         input_ids, positions: [T] int64 -> h [T, H]."""
-        from radixkv.kernels.decode_linear import decode_linear, partials
+        from radixkv.kernels.decode_linear import decode_linear
+        from radixkv.kernels.decode_linear_tiles import partials
 
         s, eps = self.shard_spec, self.spec.rms_norm_eps
         T, H, Hq, Hkv, D = input_ids.shape[0], self.spec.hidden_size, s.num_q_heads, s.num_kv_heads, s.head_dim
@@ -260,7 +267,7 @@ class LlamaModel:
         input_ids, positions: [T] int64 -> h [T, H]."""
         from radixkv.kernels.decode_linear import decode_linear
 
-        s, eps, ops = self.shard_spec, self.spec.rms_norm_eps, self.ops
+        s, eps, ops, scratch = self.shard_spec, self.spec.rms_norm_eps, self.ops, self.split_scratch
         T, Hq, Hkv, D = input_ids.shape[0], s.num_q_heads, s.num_kv_heads, s.head_dim
         h, x, cos, sin = self.embed_tokens(input_ids, positions)
         qkv = torch.empty(T, (Hq + 2 * Hkv) * D, dtype=h.dtype, device=h.device)
@@ -269,12 +276,12 @@ class LlamaModel:
         down = torch.empty_like(h)
         for i, L in enumerate(self.layers):
             kv = attn.store_target(i)
-            decode_linear(x, L.w_qkv, "rope", out=qkv, rope=(cos, sin), heads=(Hq, Hkv, D), kv=kv)
+            decode_linear(x, L.w_qkv, "rope", out=qkv, rope=(cos, sin), heads=(Hq, Hkv, D), kv=kv, scratch=scratch)
             q = heads[:, :Hq]
             o = attn.attend(q, i) if kv is not None else attn.run(q, heads[:, Hq:Hq + Hkv], heads[:, Hq + Hkv:], i)
             x, h = ops.rms_norm(F.linear(o.reshape(T, -1), L.w_o), L.ln_mlp, eps, h)  # h += attn
-            decode_linear(x, L.w_gate_up, "silu_mul", out=act)
-            decode_linear(act, L.w_down, out=down)
+            decode_linear(x, L.w_gate_up, "silu_mul", out=act, scratch=scratch)
+            decode_linear(act, L.w_down, out=down, scratch=scratch)
             if i + 1 < len(self.layers):
                 x, h = ops.rms_norm(down, self.layers[i + 1].ln_attn, eps, h)  # h += mlp, next layer's norm
         return h + down

@@ -85,11 +85,12 @@ def test_rope_stores_kv_into_pages(page_size: int) -> None:
 def test_tall_decode_batches(block_m: int, split_k: int) -> None:
     """17-64 rows: one tile of 64 rows (the GPU's tall tile) or several of 16, every epilogue against the twin;
     K split into shares whose last one sums the partials and runs the epilogue (the counters end at 0)."""
-    from radixkv.kernels import decode_linear as dl
+    from radixkv.kernels.decode_linear_tiles import SplitScratch
     from radixkv.kernels.launch import KernelConfig
 
+    scratch = SplitScratch(torch.device("cpu"), split_k * 40 * 128, 16)
     cfg = dict(config=KernelConfig(block_m=block_m, block_n=16, num_warps=4, num_stages=1), block_k=16,
-               split_k=split_k)
+               split_k=split_k, scratch=scratch)
     m, hq, hkv, d = 40, 2, 1, 32
     x, w, cos, sin = _rope_case(m, hq, hkv, d, seed=11)
     ln = (1 + 0.1 * torch.randn(64, generator=torch.Generator().manual_seed(12))).to(DT)
@@ -111,8 +112,10 @@ def test_tall_decode_batches(block_m: int, split_k: int) -> None:
     decode_linear_ref(x, w[:48], "residual", out=want)
     _close(got, want)
     torch.testing.assert_close(ssq.sum(1), got.float().pow(2).sum(1), rtol=1e-5, atol=1e-5)
+    assert scratch.counters.eq(0).all()
     if split_k > 1:
-        assert dl._SCRATCH[x.device][1].eq(0).all()
+        with pytest.raises(ValueError, match="scratch holds"):
+            decode_linear(x, w, "silu_mul", **dict(cfg, scratch=SplitScratch(x.device, 8, 1)))
 
 
 def test_errors_name_the_problem() -> None:
@@ -133,7 +136,7 @@ def test_errors_name_the_problem() -> None:
 
 def test_residual_leaves_sums_of_squares_for_the_next_norm() -> None:
     """ssq_out holds the new h's sums of squares by column tile; a norm from them equals a norm from h."""
-    from radixkv.kernels.decode_linear import partials
+    from radixkv.kernels.decode_linear_tiles import partials
 
     m = 3
     x, w = _inputs(m, 64, 48, seed=7)
