@@ -22,8 +22,9 @@ outputs agree with the unfused chain to a few ulps, not bit for bit.
 
 Tiles: a program owns BLOCK_N output columns (two tiles of BLOCK_N rows of W for silu_mul and rope: gate and
 up, or a head's two halves) and all M rows (padded to 16 for the tensor cores, to 64 above 16 rows), and
-streams its [BLOCK_N, K] slab of W in BLOCK_K steps through Triton's software pipeline (num_stages). No split
-over K: the epilogue needs whole sums, so small BLOCK_N keeps enough programs in flight.
+streams its [BLOCK_N, K] slab of W in BLOCK_K steps through Triton's software pipeline (num_stages). A tile
+may split K into shares (decode_linear_tiles.Tile.split_k): each share leaves its partial sums in a
+SplitScratch and the last to finish adds them in share order and runs the epilogue, which needs whole sums.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from triton.language.extra import libdevice
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .checks import check_slots, host_float
-from .decode_linear_tiles import MAX_ROWS, Epilogue, SplitScratch, rope_fits, tile
+from .decode_linear_tiles import MAX_ROWS, Epilogue, SplitScratch, rope_block_n, tile
 from .dispatch import pdl_enabled
 from .launch import KernelConfig, for_device, launch_options
 
@@ -265,14 +266,15 @@ def decode_linear(x: Tensor, w: Tensor, epilogue: Epilogue = "store", *, out: Te
         hq, hkv, hd = heads
         if min(heads) < 1 or hd % 2 or (hq + 2 * hkv) * hd != n_w:
             raise ValueError(f"decode_linear: heads {heads} do not cover w's {n_w} rows as (Hq + 2 Hkv) * D, D even")
-        if not rope_fits(hd, x.device):
+        bn = rope_block_n(hd, cfg.block_n)
+        if not bn:
             raise ValueError(f"decode_linear: head_dim {hd}: half a head must be a multiple of a power-of-two tile")
         cos, sin = (c.reshape(M, hd) if isinstance(c, Tensor) and c.numel() == M * hd else c for c in rope)
         _check("cos", cos, (M, hd), x)
         _check("sin", sin, (M, hd), x)
         if sin.stride(0) != cos.stride(0):
             raise ValueError("decode_linear: cos and sin must share their row stride")
-        cfg = cfg._replace(block_n=min(cfg.block_n, hd // 2))
+        cfg = cfg._replace(block_n=bn)
     elif rope is not None or kv is not None or heads is not None:
         raise ValueError("decode_linear: rope, heads and kv go with epilogue 'rope' only")
     if epilogue == "residual" and out is None:

@@ -17,8 +17,9 @@ MAX_ROWS = 64
 SHORT_ROWS = 16
 # The model's tall decode path (model.decode_rows_tall, with RADIXKV_FUSED_DECODE_ROWS=64) from this many
 # rows: against cuBLAS plus the elementwise kernels it lost at 32, 48 and 56 rows and tied or won by 1% at
-# 64 (H200, 2026-12-03, benchmarks/RESULTS.md). 57 is the graphs' 64-row bucket's first row count.
-TALL_MIN_ROWS = 57
+# 64 (H200, 2026-12-03, benchmarks/RESULTS.md). 33 is the first row count whose CUDA-graph buckets are all
+# tall: cascade graphs come in powers of two, so 33-64 rows replay the 64-row one.
+TALL_MIN_ROWS = 33
 
 
 class Tile(NamedTuple):
@@ -57,15 +58,22 @@ def tile(epilogue: Epilogue, device: torch.device, rows: int = 1) -> Tile:
     return (GPU_TILES if rows <= SHORT_ROWS else TALL_TILES)[epilogue]
 
 
-def rope_fits(head_dim: int, device: torch.device) -> bool:
-    """Whether the "rope" epilogue takes heads of head_dim on device at any row count (half a head a
-    multiple of its tile)."""
+def rope_block_n(head_dim: int, block_n: int) -> int:
+    """The "rope" epilogue's columns a tile for heads of head_dim under a tile of block_n: the largest power
+    of two <= min(block_n, head_dim / 2) that divides half a head, or 0 when that is under 16 (and under
+    min(block_n, head_dim / 2)): the tensor cores' narrowest tile."""
     half = head_dim // 2
-    for rows in (1, MAX_ROWS):
-        bn = min(tile("rope", device, rows)[0].block_n, half)
-        if not (head_dim % 2 == 0 and bn > 0 and bn & (bn - 1) == 0 and half % bn == 0):
-            return False
-    return True
+    if head_dim % 2 or half < 1:
+        return 0
+    bn = 1 << (min(block_n, half).bit_length() - 1)
+    while half % bn:
+        bn //= 2
+    return bn if bn >= min(16, block_n, half) else 0
+
+
+def rope_fits(head_dim: int, device: torch.device) -> bool:
+    """Whether the "rope" epilogue takes heads of head_dim on device at every row count."""
+    return all(rope_block_n(head_dim, tile("rope", device, rows).config.block_n) for rows in (1, MAX_ROWS))
 
 
 def partials(n: int, device: torch.device, rows: int = 1) -> int:

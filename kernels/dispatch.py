@@ -76,7 +76,7 @@ def widen_first(int4: bool, max_q_len: int, reuse: float = 1.0) -> bool:
 
 FUSED_DECODE_ROWS_ENV = "RADIXKV_FUSED_DECODE_ROWS"
 # decode batches up to this many rows take the fused layer kernels (decode_linear.py); 64 adds the tall path
-# (model.decode_rows_tall) for the 64-row bucket, off by default: at best 1% faster there than cuBLAS
+# (model.decode_rows_tall) for 33-64 rows, off by default: at best 1% faster than cuBLAS at 64 rows
 # (benchmarks/RESULTS.md, 2026-12-03)
 FUSED_DECODE_ROWS = 16
 
@@ -85,13 +85,13 @@ FUSED_DECODE_ROWS = 16
 def fused_decode_rows() -> int:
     """RADIXKV_FUSED_DECODE_ROWS, read once: the most rows a step may have to run its projections as the
     fused decode kernels (kernels/decode_linear.py), 0 for never; FUSED_DECODE_ROWS (their most) when unset.
-    A power of two up to 64 (or 0): the CUDA graphs' batch buckets fall on each, so a step and the bucket
-    it is replayed in fall on the same side."""
+    A power of two up to 16, or 64 (the tall path, TALL_MIN_ROWS and up), or 0: the CUDA graphs' batch
+    buckets fall on each, so a step and the bucket it is replayed in fall on the same side."""
     value = os.environ.get(FUSED_DECODE_ROWS_ENV, "").strip()
     if not value:
         return FUSED_DECODE_ROWS
-    if value not in ("0", "1", "2", "4", "8", "16", "32", "64"):
-        raise ValueError(f"{FUSED_DECODE_ROWS_ENV}={value!r}: expected 0, 1, 2, 4, 8, 16, 32 or 64 (rows)")
+    if value not in ("0", "1", "2", "4", "8", "16", "64"):
+        raise ValueError(f"{FUSED_DECODE_ROWS_ENV}={value!r}: expected 0, 1, 2, 4, 8, 16 or 64 (rows)")
     return int(value)
 
 

@@ -42,7 +42,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny models (CPU when no GPU)")
-    ap.add_argument("--rows", type=int, default=8, help="prompts, each step's decode rows (17-64: the tall path)")
+    ap.add_argument("--rows", type=int, default=8, help="prompts, each step's decode rows (33-64: the tall path)")
     a = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = []

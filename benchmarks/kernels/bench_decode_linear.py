@@ -234,19 +234,23 @@ def main() -> int:
     print(f"# streaming read {bw / 1e12:.2f} TB/s", flush=True)
     variants = [(proj, pre) for proj in PROJ for pre in ((True,) if a.prenorm_only else (False, True) if a.prenorm
                                                           else (False,))]
-    picked: dict[tuple[str, bool], tuple[KernelConfig, int, int]] = {}
+    # picks by (projection, prenorm, tall): a tile swept at 1-16 rows times 1-16 rows, one swept above at 17-64
+    picked: dict[tuple[str, bool, bool], tuple[KernelConfig, int, int]] = {}
     if a.sweep:
         sweep_rows = [int(r) for r in a.sweep_rows.split(",")]
-        for proj, pre in variants:
-            results = [sweep(Case(proj, m, dev), pre) for m in sweep_rows]
+        for (proj, pre), tall in itertools.product(variants, (False, True)):
+            side = [m for m in sweep_rows if (m > tiles.SHORT_ROWS) == tall]
+            if not side:
+                continue
+            results = [sweep(Case(proj, m, dev), pre) for m in side]
             cfg, bk, split, _ = min(results, key=lambda r: r[3])  # the fastest at any of the row counts tried
-            picked[proj, pre] = (cfg, bk, split)
+            picked[proj, pre, tall] = (cfg, bk, split)
             print(f"# {proj}{' prenorm' if pre else ''}: picked {cfg} block_k={bk} split_k={split} "
-                  f"({[round(r[3], 1) for r in results]} us at {sweep_rows} rows)", flush=True)
+                  f"({[round(r[3], 1) for r in results]} us at {side} rows)", flush=True)
     rows = []
     for (proj, pre), m in itertools.product(variants, [int(r) for r in a.rows.split(",")]):
         case = Case(proj, m, dev)
-        cfg, bk, split = picked.get((proj, pre), (None, None, None))
+        cfg, bk, split = picked.get((proj, pre, m > tiles.SHORT_ROWS), (None, None, None))
         fused = lambda i: case.fused(i, cfg, bk, pre, split)  # noqa: E731
         fused_us, fused_k = graph_us(fused)
         unfused_us, unfused_k = graph_us(case.unfused)

@@ -154,7 +154,7 @@ class LlamaModel:
         # decode steps of up to fused_decode_rows rows run their projections as decode_linear's fused kernels:
         # up to short_rows rows four kernels a layer (decode_rows_fused), from tall_rows decode_rows_tall;
         # the rows between take cuBLAS
-        self.fused_decode_rows, self.short_rows, self.tall_rows = 0, 16, 57
+        self.fused_decode_rows, self.short_rows, self.tall_rows = 0, 16, 33
         self.split_scratch = None  # where decode_rows_tall's launches split over K leave their partials
         if fused and self._fusable():
             from radixkv.kernels.decode_linear_tiles import SHORT_ROWS, TALL_MIN_ROWS, SplitScratch

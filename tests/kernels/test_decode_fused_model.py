@@ -121,18 +121,27 @@ class RowsOwnContexts:
 
 
 @pytest.mark.parametrize("store_in_kernel", [True, False])
-def test_tall_decode_batch_matches_unfused(store_in_kernel: bool) -> None:
-    """Decode batches of 17-64 rows take decode_rows_tall (qkv, gate/up and down as decode_linear kernels,
-    split over K on the GPU's tiles): two steps of 20 rows, logits and pages as the unfused path's."""
+def test_tall_decode_batch_matches_unfused(store_in_kernel: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode batches of 33-64 rows take decode_rows_tall (qkv, gate/up and down as decode_linear kernels in
+    one tile of 64 rows, here split over K in two shares as the GPU's tall tiles split qkv and down): two steps
+    of 40 rows, logits and pages as the unfused path's."""
+    from radixkv.kernels import decode_linear as dl, decode_linear_tiles as tiles
+    from radixkv.kernels.launch import KernelConfig
+
+    tall = tiles.Tile(KernelConfig(block_m=64, block_n=16, num_warps=4, num_stages=1), 32, split_k=2)
+    pick = lambda epilogue, device, rows=1: tall if rows > tiles.SHORT_ROWS else tiles.CPU_TILE  # noqa: E731
+    monkeypatch.setattr(tiles, "tile", pick)
+    monkeypatch.setattr(dl, "tile", pick)
     config = tiny_config("llama3", hidden_size=128, intermediate_size=192)
     ckpt = random_checkpoint(config, seed=0, dtype=torch.float16, device=torch.device("cpu"))
     spec = ModelSpec.from_hf(config)
     models = [LlamaModel(spec, ckpt.state_dict, torch.float16, torch.device("cpu"), fused=True) for _ in range(2)]
-    models[0].fused_decode_rows, models[0].tall_rows = 64, 17  # CPU leaves it off: turned on here
+    models[0].fused_decode_rows, models[0].tall_rows = 64, tiles.TALL_MIN_ROWS  # CPU leaves it off: on here
+    assert models[0].split_scratch.counters.numel() > 0
     calls = []
     models[0].decode_rows_tall = lambda *a, _f=models[0].decode_rows_tall: calls.append(1) or _f(*a)
     attns = [RowsOwnContexts(spec.num_layers, spec.num_kv_heads, spec.head_dim, store_in_kernel) for _ in models]
-    rows = 20
+    rows = 40
     g = torch.Generator().manual_seed(3)
     for step in range(2):
         ids = torch.randint(3, config.vocab_size, (rows,), generator=g)
@@ -144,5 +153,36 @@ def test_tall_decode_batch_matches_unfused(store_in_kernel: bool) -> None:
             outs.append(m.forward(ids, pos, attn, torch.arange(rows)))
         torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=2e-2)
     assert len(calls) == 2
+    assert models[0].split_scratch.counters.eq(0).all()
     for got, want in zip(attns[0].k + attns[0].v, attns[1].k + attns[1].v):
         torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_decode_paths_by_rows() -> None:
+    """With the fused rows at 64: 1-16 rows decode_rows_fused, 17-32 the unfused layers, 33-64 the tall path
+    (every CUDA-graph bucket, the cascade graphs' powers of two included, falls on its rows' side)."""
+    from radixkv.kernels.decode_linear_tiles import TALL_MIN_ROWS
+
+    config = tiny_config("llama3", hidden_size=128, intermediate_size=192)
+    ckpt = random_checkpoint(config, seed=0, dtype=torch.float16, device=torch.device("cpu"))
+    model = LlamaModel(ModelSpec.from_hf(config), ckpt.state_dict, torch.float16, torch.device("cpu"), fused=True)
+    model.fused_decode_rows, model.tall_rows = 64, TALL_MIN_ROWS
+    taken = []
+
+    class Unfused(Exception):
+        pass
+
+    def unfused(*args):
+        raise Unfused
+
+    model.decode_rows_fused = lambda *a: taken.append("short")
+    model.decode_rows_tall = lambda *a: taken.append("tall")
+    model.embed_tokens = unfused  # the unfused layers' first step
+    attn = RowsOwnContexts(1, 1, 1, True)
+    for rows in (16, 17, 32, 33, 64):
+        try:
+            model.hidden(torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long), attn)
+        except Unfused:
+            taken.append("unfused")
+    assert taken == ["short", "unfused", "unfused", "tall", "tall"]
+    assert 32 < TALL_MIN_ROWS <= 33

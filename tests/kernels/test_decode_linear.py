@@ -118,6 +118,20 @@ def test_tall_decode_batches(block_m: int, split_k: int) -> None:
             decode_linear(x, w, "silu_mul", **dict(cfg, scratch=SplitScratch(x.device, 8, 1)))
 
 
+@pytest.mark.parametrize("k,split_k", [(100, 3), (80, 5)])
+def test_store_split_over_k_with_a_short_last_share(k: int, split_k: int) -> None:
+    """K = 100 in 3 shares of 48 (the last holds 4) or 80 in 5 of 16: every K counted once."""
+    from radixkv.kernels.decode_linear_tiles import SplitScratch
+    from radixkv.kernels.launch import KernelConfig
+
+    x, w = _inputs(24, 40, k, seed=15)
+    scratch = SplitScratch(torch.device("cpu"), split_k * 24 * 40, 8)
+    got = decode_linear(x, w, config=KernelConfig(block_m=64, block_n=16, num_warps=4, num_stages=1), block_k=16,
+                        split_k=split_k, scratch=scratch)
+    _close(got, decode_linear_ref(x, w))
+    assert scratch.counters.eq(0).all()
+
+
 def test_errors_name_the_problem() -> None:
     x, w = _inputs(2, 16, 32)
     with pytest.raises(ValueError, match="rows > 64"):

@@ -282,8 +282,8 @@ def test_hopper_prefill_rule_on_cpu_tensors(fresh_switches):
 
 
 def test_fused_decode_rows_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RADIXKV_FUSED_DECODE_ROWS: unset -> the default, a power of two up to 64 (or 0) as given, anything else
-    named."""
+    """RADIXKV_FUSED_DECODE_ROWS: unset -> the default, a power of two up to 16, 64 or 0 as given, anything
+    else named."""
     from radixkv.kernels.dispatch import FUSED_DECODE_ROWS, FUSED_DECODE_ROWS_ENV, fused_decode_rows
 
     try:
@@ -291,7 +291,7 @@ def test_fused_decode_rows_switch(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.setenv(FUSED_DECODE_ROWS_ENV, value)
             fused_decode_rows.cache_clear()
             assert fused_decode_rows() == want
-        for bad in ("17", "10", "128", "-1", "many"):
+        for bad in ("17", "10", "32", "128", "-1", "many"):
             monkeypatch.setenv(FUSED_DECODE_ROWS_ENV, bad)
             fused_decode_rows.cache_clear()
             with pytest.raises(ValueError, match=FUSED_DECODE_ROWS_ENV):
