@@ -28,7 +28,6 @@ SplitScratch and the last to finish adds them in share order and runs the epilog
 """
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
