@@ -107,6 +107,7 @@ class SplitScratch:
 
     @classmethod
     def for_weights(cls, device: torch.device, launches: list[tuple[Epilogue, Tensor]]) -> SplitScratch:
-        """A scratch big enough for each (epilogue, w) launch at up to MAX_ROWS rows on device's tiles."""
-        needs = [cls.need(e, w.shape[0], device) for e, w in launches]
+        """A scratch big enough for each (epilogue, w) launch at up to MAX_ROWS rows on device's tiles
+        (the short tiles' and the tall ones')."""
+        needs = [cls.need(e, w.shape[0], device, rows) for e, w in launches for rows in (SHORT_ROWS, MAX_ROWS)]
         return cls(device, max((p for p, _ in needs), default=0), max((c for _, c in needs), default=0))

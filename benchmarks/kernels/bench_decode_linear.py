@@ -197,11 +197,12 @@ def tall_space(proj: str) -> list[tuple[int, int, int, tuple[int, int], int]]:
     return list(itertools.product((64,), bns, bks, ((4, 3), (8, 4)), splits))
 
 
-def sweep(case: Case, prenorm: bool = False) -> tuple[KernelConfig, int, int, float]:
-    """The fastest tile for this case: (config, block_k, split_k, us). Above 16 rows: one tile of 64 rows."""
+def sweep(case: Case, prenorm: bool = False, splits: tuple[int, ...] = (1,)) -> tuple[KernelConfig, int, int, float]:
+    """The fastest tile for this case: (config, block_k, split_k, us). Above 16 rows: one tile of 64 rows
+    (tall_space's splits); up to 16, `splits` over K."""
     best = (None, 0, 1, float("inf"))
     if case.m <= tiles.SHORT_ROWS:
-        space = itertools.product((16,), (16, 32), (128, 256, 512), ((4, 3), (4, 4), (8, 4), (4, 6)), (1,))
+        space = itertools.product((16,), (16, 32), (128, 256, 512), ((4, 3), (4, 4), (8, 4), (4, 6)), splits)
     else:
         space = tall_space(case.proj)
     for bm, bn, bk, (warps, stages), split in space:
@@ -228,6 +229,8 @@ def main() -> int:
                     help="also time the tall batches' chain: qkv and gate_up over x normed beforehand, o and down "
                          "storing y for rms_norm (model.decode_rows_tall)")
     ap.add_argument("--prenorm-only", action="store_true", help="time the tall batches' chain only")
+    ap.add_argument("--short-splits", type=lambda v: tuple(int(s) for s in v.split(",")), default=(1,),
+                    help="splits over K the sweep tries at 1-16 rows, e.g. 1,2,4")
     a = ap.parse_args()
     dev = torch.device("cuda")
     bw = read_bandwidth(dev, False)
@@ -242,7 +245,7 @@ def main() -> int:
             side = [m for m in sweep_rows if (m > tiles.SHORT_ROWS) == tall]
             if not side:
                 continue
-            results = [sweep(Case(proj, m, dev), pre) for m in side]
+            results = [sweep(Case(proj, m, dev), pre, a.short_splits) for m in side]
             cfg, bk, split, _ = min(results, key=lambda r: r[3])  # the fastest at any of the row counts tried
             picked[proj, pre, tall] = (cfg, bk, split)
             print(f"# {proj}{' prenorm' if pre else ''}: picked {cfg} block_k={bk} split_k={split} "

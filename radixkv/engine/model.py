@@ -161,8 +161,9 @@ class LlamaModel:
             from radixkv.kernels.dispatch import fused_decode_rows
 
             L = self.layers[0]
-            self.split_scratch = SplitScratch.for_weights(
-                device, [("rope", L.w_qkv), ("silu_mul", L.w_gate_up), ("store", L.w_down)])
+            self.split_scratch = SplitScratch.for_weights(device, [
+                ("rope", L.w_qkv), ("residual", L.w_o), ("silu_mul", L.w_gate_up), ("residual", L.w_down),
+                ("store", L.w_down)])
             if device.type == "cuda":
                 self.fused_decode_rows, self.short_rows, self.tall_rows = (fused_decode_rows(), SHORT_ROWS,
                                                                            TALL_MIN_ROWS)
@@ -236,7 +237,7 @@ class LlamaModel:
         from radixkv.kernels.decode_linear import decode_linear
         from radixkv.kernels.decode_linear_tiles import partials
 
-        s, eps = self.shard_spec, self.spec.rms_norm_eps
+        s, eps, scratch = self.shard_spec, self.spec.rms_norm_eps, self.split_scratch
         T, H, Hq, Hkv, D = input_ids.shape[0], self.spec.hidden_size, s.num_q_heads, s.num_kv_heads, s.head_dim
         cos, sin = self.rope(positions)
         h = F.embedding(input_ids, self.embed)  # [T, H], the residual stream (updated in place)
@@ -250,12 +251,12 @@ class LlamaModel:
         for i, L in enumerate(self.layers):
             kv = attn.store_target(i)
             decode_linear(h, L.w_qkv, "rope", out=qkv, norm=(L.ln_attn, eps), ssq=ssq, rope=(cos, sin),
-                          heads=(Hq, Hkv, D), kv=kv)
+                          heads=(Hq, Hkv, D), kv=kv, scratch=scratch)
             q = heads[:, :Hq]
             o = attn.attend(q, i) if kv is not None else attn.run(q, heads[:, Hq:Hq + Hkv], heads[:, Hq + Hkv:], i)
-            decode_linear(o.reshape(T, -1), L.w_o, "residual", out=h, ssq_out=parts)
-            decode_linear(h, L.w_gate_up, "silu_mul", out=act, norm=(L.ln_mlp, eps), ssq=parts)
-            decode_linear(act, L.w_down, "residual", out=h, ssq_out=parts)
+            decode_linear(o.reshape(T, -1), L.w_o, "residual", out=h, ssq_out=parts, scratch=scratch)
+            decode_linear(h, L.w_gate_up, "silu_mul", out=act, norm=(L.ln_mlp, eps), ssq=parts, scratch=scratch)
+            decode_linear(act, L.w_down, "residual", out=h, ssq_out=parts, scratch=scratch)
             ssq = parts
         return h
 
