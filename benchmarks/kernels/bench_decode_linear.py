@@ -1,7 +1,9 @@
 """The fused decode projections (kernels/decode_linear.py) against the unfused chain the model runs today,
-Llama-3-8B shapes, batch rows 1 / 4 / 16, on the GPU:
+Llama-3-8B shapes, batch rows 1 / 4 / 16 (or any up to 64), on the GPU:
 
     python benchmarks/kernels/bench_decode_linear.py --json OUT.json [--sweep]
+    python benchmarks/kernels/bench_decode_linear.py --sweep --sweep-rows 64 --rows 32,64 --prenorm-only --json OUT
+        (the tall chain, model.decode_rows_tall: 64-row tiles, splits over K)
 
 Each projection of a layer, fused vs unfused (cuBLAS F.linear plus radixkv's elementwise kernels):
     qkv      qkv GEMM -> RoPE -> store_kv                 vs  decode_linear(norm, "rope", kv=pages)
@@ -13,8 +15,10 @@ attention against the fused 4).
 Timed as CUDA-graph replays of 32 calls cycling through enough weight copies (>= 4x L2) that every call
 reads its weights from DRAM, as a decode step does. Each row: us a call, the weight bytes' share of the
 streaming-read rate measured in the same run, kernels a call, and the fused output's largest difference
-from the unfused chain's in units of the output's bf16 ulp. --sweep first tries tiles at 1 and 16 rows
-and times the rest with the best per projection (printed; GPU_TILES in decode_linear.py takes them).
+from the unfused chain's in units of the output's bf16 ulp (large near zero outputs), and each path's own
+error against fp64 (max |out - exact| / mean |exact|). --sweep first tries tiles at --sweep-rows and times
+the rest with the best per projection on that side of 16 rows (printed; GPU_TILES / TALL_TILES in
+decode_linear_tiles.py take them).
 """
 from __future__ import annotations
 
