@@ -90,25 +90,14 @@ def test_unfused_decode_storing_in_the_rope_kernel_is_bit_exact() -> None:
         assert torch.equal(got, want)
 
 
-class RowsOwnContexts:
+class RowsOwnContexts(PagedOnePerSlot):
     """A decode batch of independent rows: row r attends to the slots in ctx[r] (its own earlier tokens and
     this step's), pages of one token."""
 
     def __init__(self, layers: int, hkv: int, d: int, store_in_kernel: bool) -> None:
-        self.k = [torch.zeros(128, 1, hkv, d, dtype=torch.float16) for _ in range(layers)]
-        self.v = [torch.zeros_like(c) for c in self.k]
-        self.store_in_kernel = store_in_kernel
-        self.slots = torch.zeros(0, dtype=torch.int64)
+        super().__init__(layers, hkv, d, store_in_kernel)
         self.ctx: list[list[int]] = []
         self.decode_only = True
-
-    def store_target(self, layer: int):
-        return (self.k[layer], self.v[layer], self.slots) if self.store_in_kernel else None
-
-    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        self.k[layer][self.slots, 0] = k
-        self.v[layer][self.slots, 0] = v
-        return self.attend(q, layer)
 
     def attend(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         out = torch.empty_like(q)
