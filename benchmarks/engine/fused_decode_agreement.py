@@ -7,9 +7,9 @@ transformers (its own attention, bf16) continues `--rows` prompts of 64 tokens g
 engine then reads prompt + continuation with every continuation position computed as a decode step of
 all rows (radixkv.engine.teacher.teacher_forced, decode_from = 64), and the row is the share of
 positions whose argmax is transformers' next token. The same LLM runs it with the fused decode path
-(model.fused_decode_rows = 64: decode_rows_fused up to 16 rows, decode_rows_tall above) and without (0). gpu_engine_check.py's parity models (initializer_range
-0.1: peaked next-token distributions); Qwen2 (q/k/v biases) and Qwen3 (q/k norms) do not take the fused
-path and are left out.
+(model.fused_decode_rows = 64: decode_rows_fused up to 16 rows, decode_rows_tall from 33) and without (0).
+gpu_engine_check.py's parity models (initializer_range 0.1: peaked next-token distributions); Qwen2 (q/k/v
+biases) and Qwen3 (q/k norms) do not take the fused path and are left out.
 """
 from __future__ import annotations
 

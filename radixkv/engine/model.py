@@ -155,7 +155,7 @@ class LlamaModel:
         # up to short_rows rows four kernels a layer (decode_rows_fused), from tall_rows decode_rows_tall;
         # the rows between take cuBLAS
         self.fused_decode_rows, self.short_rows, self.tall_rows = 0, 16, 33
-        self.split_scratch = None  # where decode_rows_tall's launches split over K leave their partials
+        self.split_scratch = None  # where decode_linear's launches split over K leave their partials
         if fused and self._fusable():
             from radixkv.kernels.decode_linear_tiles import SHORT_ROWS, TALL_MIN_ROWS, SplitScratch
             from radixkv.kernels.dispatch import fused_decode_rows
@@ -262,8 +262,8 @@ class LlamaModel:
 
     def decode_rows_tall(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: StoringAttention
                          ) -> torch.Tensor:
-        """hidden() for a decode batch of tall_rows-64 rows: decode_linear's kernels for qkv (RoPE and the K/V store
-        in its epilogue), gate/up (SiLU-and-mul) and down; o_proj on cuBLAS, and the norms as rms_norm's
+        """hidden() for a decode batch of tall_rows-64 rows: decode_linear's kernels for qkv (RoPE and the K/V
+        store in its epilogue), gate/up (SiLU-and-mul) and down; o_proj on cuBLAS, and the norms as rms_norm's
         kernel adding into h (at 64 rows a norm prologue costs more than that kernel: benchmarks/RESULTS.md).
         input_ids, positions: [T] int64 -> h [T, H]."""
         from radixkv.kernels.decode_linear import decode_linear
