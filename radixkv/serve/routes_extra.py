@@ -263,6 +263,17 @@ def _template_limits(seconds: float, bound: int) -> Iterator[None]:
         sys.settrace(old)
 
 
+def _products_at_render_time() -> None:
+    """Jinja folds constant expressions while it compiles: a request template's {{ 'ab' * 2500000 }} became
+    a 5 MB literal that repr() and compile() hold the GIL over, ~0.1 s in two C calls that _template_limits
+    cannot interrupt (the event loop, /health included, waited that long). With * and ** intercepted
+    (jinja's sandbox hook for them, same results) they run when the template renders, where what they write
+    is bounded. Set on the sandbox class transformers compiles chat templates with."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    ImmutableSandboxedEnvironment.intercepted_binops = ImmutableSandboxedEnvironment.intercepted_binops | {"*", "**"}
+
+
 def render_chat(tok: Any, messages: list[dict[str, Any]], template: str | None, kwargs: dict[str, Any], bound: int,
                 *, add_generation_prompt: bool, continue_final_message: bool) -> str:
     """The chat prompt's text (run it on a worker thread): `template` (the request's own, already allowed
@@ -272,6 +283,8 @@ def render_chat(tok: Any, messages: list[dict[str, Any]], template: str | None, 
     if template is None and getattr(tok, "chat_template", None) is None:
         raise APIError(400, "the model's tokenizer has no chat template; pass `chat_template`", param="chat_template")
     limits = _template_limits(TEMPLATE_TIME_LIMIT_S, bound) if template is not None else contextlib.nullcontext()
+    if template is not None:
+        _products_at_render_time()
     try:
         with limits:
             text = tok.apply_chat_template(messages, tokenize=False, chat_template=template,

@@ -144,6 +144,25 @@ def test_health_answers_within_100ms_while_a_hostile_request_is_prepared(trustin
     assert worst < HEALTH_BOUND_S, f"/health took {worst * 1e3:.0f} ms while {path} was prepared"
 
 
+def test_request_template_products_run_at_render_time() -> None:
+    """* and ** in a request template are not folded while jinja compiles (a 5 MB literal held the GIL for
+    ~0.1 s in repr and compile): small ones render as before, a huge one is refused as it is written."""
+    from e2e.conftest import CHATML, char_tokenizer
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from radixkv.serve.api_errors import APIError
+    from radixkv.serve.routes_extra import render_chat
+
+    tok = char_tokenizer(CHATML)
+    kw = dict(add_generation_prompt=False, continue_final_message=False)
+    assert render_chat(tok, MSGS, "{{ messages[0]['content'] * 2 }}{{ 2 ** 3 }}", {}, 1000, **kw) == "hihi8"
+    assert {"*", "**"} <= ImmutableSandboxedEnvironment.intercepted_binops
+    t0 = time.perf_counter()
+    with pytest.raises(APIError, match="wrote more than 1000"):
+        render_chat(tok, MSGS, "{{ 'cd' * 2500000 }}", {}, 1000, **kw)
+    assert time.perf_counter() - t0 < 1.0
+
+
 # ------------------------------------------------------------------ item 5: lone surrogates
 
 def _post_ascii(url: str, body: Any) -> httpx.Response:
