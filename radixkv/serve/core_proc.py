@@ -21,6 +21,7 @@ ends with EngineDeadError naming why, and /health answers 503.
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -82,6 +83,8 @@ def core_main(model: Any, engine_kwargs: dict[str, Any], to_core: str, from_core
         core = EngineCore(runner, cfg)
         core.grammars = Grammars(loaded.tokenizer, runner.limits.vocab_size)  # structured outputs' matchers
         prepare_engine(core, budget_given=budget_given(engine_kwargs))  # warm before reporting ready
+        gc.collect()
+        gc.freeze()  # what loading built leaves the collector's full passes, which would stall a step (app.py)
     except BaseException as err:  # noqa: BLE001 - the API process reports it and exits
         conn.send(f"{type(err).__name__}: {err}")
         return
